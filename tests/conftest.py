@@ -1,0 +1,83 @@
+"""Shared fixtures: an isolated runtime directory, a daemon, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import psutil
+import pytest
+
+# Every test session talks only to daemons it started itself.
+_RUNTIME = tempfile.mkdtemp(prefix="krex-test-")
+os.chmod(_RUNTIME, 0o700)
+os.environ["KREX_RUNTIME_DIR"] = _RUNTIME
+os.environ.setdefault("KREX_IDLE_EXIT_S", "120")
+
+from helpers import (  # noqa: E402  (the environment must be set first)
+    INFRASTRUCTURE,
+    descendants,
+    infrastructure_pids,
+    reap,
+    stopped,
+)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for p in descendants():
+        reap(p)
+    shutil.rmtree(_RUNTIME, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves a child running or any process stopped."""
+    before = {p.pid for p in descendants()}
+    yield
+    grace = time.monotonic() + 3.0
+    while True:
+        infra = infrastructure_pids()
+        leaked = [p for p in descendants() if p.pid not in before and p.pid not in infra]
+        leaked = [p for p in leaked if _alive(p)]
+        if not leaked or time.monotonic() > grace:
+            break
+        time.sleep(0.05)
+    frozen = stopped(descendants())
+    for p in frozen:
+        reap(p)
+    for p in leaked:
+        reap(p)
+    problems = []
+    if leaked:
+        problems.append("left running: " + ", ".join(_describe(p) for p in leaked))
+    if frozen:
+        problems.append("left stopped: " + ", ".join(_describe(p) for p in frozen))
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {' '.join(p.cmdline())[:80]}"
+    except psutil.Error:
+        return str(p.pid)
+
+
+@pytest.fixture
+def runtime_dir(tmp_path):
+    """A fresh runtime directory (socket, logs) for one daemon."""
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    return d
+
+
+__all__ = ["INFRASTRUCTURE"]

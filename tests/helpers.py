@@ -1,0 +1,114 @@
+"""Spawn, reap and wait: the only way tests start processes.
+
+Every process a test starts must be reaped before the test ends; the
+``no_leaks`` fixture in conftest.py fails a test that leaves a child running
+or a process stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import psutil
+
+PY = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# PIDs of long-lived helpers (daemons) that fixtures own; their descendants
+# are infrastructure, not leaks.
+INFRASTRUCTURE: set[int] = set()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01):
+    """Poll ``predicate`` until it returns a truthy value; return that value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s: {predicate}")
+        time.sleep(interval_s)
+
+
+def spawn(args: list[str], **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    kwargs.setdefault("text", True)
+    return subprocess.Popen(args, **kwargs)
+
+
+def krex(*args: str, **kwargs) -> subprocess.Popen:
+    """Start ``python -m krex ARGS`` (the CLI as users run it)."""
+    return spawn([PY, "-m", "krex", *args], **kwargs)
+
+
+def run_krex(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    return subprocess.run([PY, "-m", "krex", *args], timeout=timeout, **kwargs)
+
+
+def reap(proc: subprocess.Popen | psutil.Process, timeout_s: float = 5.0) -> None:
+    """Terminate (then kill) a process and wait for it; tolerate it being gone."""
+    try:
+        if isinstance(proc, subprocess.Popen):
+            if proc.poll() is None:
+                _cont(proc.pid)
+                proc.terminate()
+                try:
+                    proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout_s)
+            for stream in (proc.stdout, proc.stderr, proc.stdin):
+                if stream:
+                    stream.close()
+        else:
+            _cont(proc.pid)
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except psutil.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout_s)
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        pass
+
+
+def _cont(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def infrastructure_pids() -> set[int]:
+    pids = set()
+    for pid in INFRASTRUCTURE:
+        pids.add(pid)
+        pids.update(p.pid for p in descendants(pid))
+    return pids
+
+
+def stopped(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.status() == psutil.STATUS_STOPPED:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
