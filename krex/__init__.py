@@ -5,8 +5,9 @@ has the device to itself, everything else runs concurrently.  The map of the
 code is docs/architecture.md.
 """
 
+from krex.client import Client, Region, region
 from krex.errors import KrexError
 
 __version__ = "0.1.0"
 
-__all__ = ["KrexError", "__version__"]
+__all__ = ["Client", "KrexError", "Region", "__version__", "region"]

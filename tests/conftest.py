@@ -81,3 +81,17 @@ def runtime_dir(tmp_path):
 
 
 __all__ = ["INFRASTRUCTURE"]
+
+
+@pytest.fixture
+def daemon(runtime_dir, monkeypatch):
+    """A private daemon for one test; yields its handle, stops and reaps it after."""
+    from helpers import Daemon
+
+    d = Daemon(str(runtime_dir))
+    d.start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    try:
+        yield d
+    finally:
+        d.stop()

@@ -112,3 +112,70 @@ def stopped(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+class Daemon:
+    """A ``krex serve`` child process on a private runtime directory."""
+
+    def __init__(self, runtime_dir: str, *extra: str) -> None:
+        self.runtime_dir = runtime_dir
+        self.socket = os.path.join(runtime_dir, "krexd.sock")
+        self.extra = list(extra)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def events_path(self) -> str:
+        return os.path.join(self.runtime_dir, "events.jsonl")
+
+    def start(self, timeout_s: float = 20.0) -> Daemon:
+        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+        self.proc = subprocess.Popen(
+            [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir, *self.extra],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.runtime_dir, "log"), "ab"),
+            env=env,
+        )
+        INFRASTRUCTURE.add(self.proc.pid)
+        wait_for(self._up, timeout_s)
+        return self
+
+    def _up(self) -> bool:
+        import socket
+
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.log()}")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def log(self) -> str:
+        try:
+            with open(os.path.join(self.runtime_dir, "log")) as f:
+                return f.read()[-3000:]
+        except OSError:
+            return ""
+
+    def client(self):
+        from krex.client.connection import Client
+
+        return Client(self.socket, autostart=False)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        kids = descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for k in kids:
+            reap(k)
+        INFRASTRUCTURE.discard(self.proc.pid)
+        self.proc = None

@@ -1,0 +1,56 @@
+"""``krex run`` and ``krex region``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+from krex.client.job import exit_code_of, run_job
+from krex.client.region import Region
+from krex.errors import BadRequest
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise BadRequest("no command given", hint="put the command after --, e.g. krex run -- "
+                         "python bench.py")
+    return cmd
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a command as a managed job")
+    p.add_argument("--device", help="device the job benchmarks on (default cpu or $KREX_DEVICE)")
+    p.add_argument("--name", help="job name shown in status and reports")
+    p.add_argument("--mode", choices=["region", "command", "none"], default="region",
+                   help="region: exclusivity inside regions (default); command: the job holds "
+                        "its device from start to exit; none: no exclusivity")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return run_job(_command(args), device=args.device, name=args.name, mode=args.mode)
+
+
+def add_region(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("region", help="run a command inside a critical region")
+    p.add_argument("--device", help="device (default $KREX_DEVICE or cpu)")
+    p.add_argument("--label", help="label recorded in the region report")
+    p.add_argument("--max-hold-s", type=float, help="revoke the region after this long")
+    p.add_argument("--timeout-s", type=float, help="give up waiting for the device after this")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
+    p.set_defaults(func=cmd_region)
+
+
+def cmd_region(args: argparse.Namespace) -> int:
+    cmd = _command(args)
+    with Region(args.device or os.environ.get("KREX_DEVICE"), label=args.label or cmd[0],
+                max_hold_s=args.max_hold_s, timeout_s=args.timeout_s):
+        try:
+            return exit_code_of(subprocess.call(cmd))
+        except FileNotFoundError as exc:
+            raise BadRequest(f"cannot run {cmd[0]!r}: {exc.strerror}") from None

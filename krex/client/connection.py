@@ -1,0 +1,125 @@
+"""A connection to the node daemon and the blocking request/reply calls.
+
+One :class:`Connection` is used by one thread at a time (``krex.region``
+keeps one per thread).  Replies are matched to requests by id; a
+``revoked`` notice that arrives in between is remembered, not lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from typing import Any
+
+from krex.client.autostart import ensure_daemon
+from krex.errors import DaemonNotRunning, from_wire
+from krex.protocol import messages as m
+from krex.protocol.address import socket_path
+from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+
+
+class Connection:
+    def __init__(self, path: str | None = None, *, autostart: bool = True,
+                 client: str = "python") -> None:
+        self.path = path or socket_path()
+        if autostart and "KREX_SOCKET" not in os.environ and path is None:
+            ensure_daemon(self.path)
+        self.sock = _connect(self.path)
+        self.reader = FrameReader(self.sock)
+        self._ids = itertools.count(1)
+        self.revoked: dict[int, str] = {}
+        self.welcome = self.call(m.Hello(version=m.VERSION, client=client))
+
+    def call(self, message: m.Message) -> dict[str, Any]:
+        """Send a request and block until its reply; raise the daemon's error if any."""
+        rid = next(self._ids)
+        payload = message.to_dict()
+        payload["id"] = rid
+        try:
+            self.sock.sendall(encode_frame(payload))
+        except OSError as exc:
+            raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+        return self.wait_reply(rid)
+
+    def wait_reply(self, rid: int) -> dict[str, Any]:
+        while True:
+            try:
+                data = self.reader.read()
+            except (ConnectionClosed, OSError) as exc:
+                raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+            kind = data.get("type")
+            if kind == "revoked":
+                self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
+                continue
+            if data.get("re") not in (rid, None):
+                continue
+            if kind == "error":
+                raise from_wire(data)
+            return data.get("data") or {}
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise DaemonNotRunning(f"no krex daemon at {path} ({exc.strerror})") from None
+    return sock
+
+
+class Client:
+    """The Python API to a node daemon: jobs, regions, status."""
+
+    def __init__(self, path: str | None = None, *, autostart: bool = True) -> None:
+        self.conn = Connection(path, autostart=autostart)
+        self._lock = threading.Lock()
+
+    def _call(self, message: m.Message) -> dict[str, Any]:
+        with self._lock:
+            return self.conn.call(message)
+
+    def status(self) -> dict[str, Any]:
+        return self._call(m.Status())
+
+    def regions(self, job_ids: list[int] | None = None, limit: int = 1000) -> list[dict]:
+        return self._call(m.Regions(job_ids=job_ids, limit=limit))["regions"]
+
+    def register(self, job_id: int | None = None, *, name: str | None = None,
+                 device: str | None = None) -> dict[str, Any]:
+        return self._call(m.Register(job_id=job_id, name=name, device=device))
+
+    def create_job(self, *, device: str | None, name: str | None, mode: str) -> dict[str, Any]:
+        return self._call(m.CreateJob(device=device, name=name, mode=mode))
+
+    def attach_job(self, job_id: int, pid: int) -> dict[str, Any]:
+        return self._call(m.AttachJob(job_id=job_id, pid=pid))
+
+    def end_job(self, job_id: int, exit_code: int | None) -> dict[str, Any]:
+        return self._call(m.EndJob(job_id=job_id, exit_code=exit_code))
+
+    def acquire(self, job_id: int, device: str | None = None, **kw: Any) -> dict[str, Any]:
+        return self._call(m.Acquire(job_id=job_id, device=device, **kw))
+
+    def release(self, region: int) -> dict[str, Any]:
+        return self._call(m.Release(region=region))
+
+    def stop(self) -> dict[str, Any]:
+        return self._call(m.Stop())
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

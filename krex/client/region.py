@@ -1,0 +1,150 @@
+"""``krex.region()``: the critical region as a context manager and decorator.
+
+Entering blocks until the daemon grants the device; leaving releases it and
+fills ``Region.report`` with the daemon's evidence.  Re-entrant within one
+thread (an inner region on the same device is part of the outer one); each
+thread has its own connection, so regions from several threads of one job
+queue at the daemon and are serialised there.  A process not started by
+``krex run`` registers itself as an ad-hoc job on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from krex.client.connection import Connection
+from krex.devices.discovery import parse_device
+from krex.errors import DaemonNotRunning
+from krex.protocol import messages as m
+from krex.protocol.address import socket_path
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RegionRevokedWarning(UserWarning):
+    """A region outlived its maximum hold: the daemon revoked it."""
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conn: Connection | None = None
+        self.depth: dict[str, int] = {}
+
+
+_state = _State()
+_jobs: dict[tuple[Any, ...], int] = {}
+_jobs_lock = threading.Lock()
+
+
+def _connection(fresh: bool = False) -> Connection:
+    """This thread's connection; a new one after fork, or when the daemon changed."""
+    conn = _state.conn
+    if fresh or conn is None or _state.pid != os.getpid() or conn.path != socket_path():
+        if conn is not None and _state.pid == os.getpid():
+            conn.close()
+        if _state.pid != os.getpid():
+            _state.depth = {}
+        _state.pid = os.getpid()
+        _state.conn = Connection()
+    return _state.conn
+
+
+def _job_id(conn: Connection, device: str) -> int:
+    """The job this process belongs to: the managed one, or an ad-hoc one of its own."""
+    env_job = os.environ.get("KREX_JOB_ID")
+    key = (os.getpid(), conn.path, conn.welcome.get("daemon_pid"), env_job or device)
+    with _jobs_lock:
+        if key not in _jobs:
+            if env_job:
+                reply = conn.call(m.Register(job_id=int(env_job)))
+            else:
+                reply = conn.call(m.Register(device=device, name=_program_name()))
+            _jobs[key] = int(reply["job_id"])
+        return _jobs[key]
+
+
+def _program_name() -> str:
+    import sys
+
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else f"pid-{os.getpid()}"
+
+
+class Region:
+    """One critical region; use ``with krex.region(...)`` or ``@krex.region(...)``."""
+
+    def __init__(self, device: str | None = None, *, max_hold_s: float | None = None,
+                 label: str | None = None, timeout_s: float | None = None) -> None:
+        self.device = parse_device(device)
+        self.max_hold_s = max_hold_s
+        self.label = label
+        self.timeout_s = timeout_s
+        self.report: dict[str, Any] | None = None
+        self.grant: dict[str, Any] | None = None
+        self._nested = False
+        self._t0 = 0.0
+
+    @property
+    def region_id(self) -> int | None:
+        return self.grant["region"] if self.grant else None
+
+    def __enter__(self) -> Region:
+        conn = _connection()
+        depth = _state.depth.get(self.device, 0)
+        _state.depth[self.device] = depth + 1
+        self._nested = depth > 0
+        self._t0 = time.monotonic()
+        if self._nested:
+            return self
+        try:
+            try:
+                self.grant = self._acquire(conn)
+            except DaemonNotRunning:  # the daemon restarted since this thread last used it
+                self.grant = self._acquire(_connection(fresh=True))
+        except BaseException:
+            _state.depth[self.device] = depth
+            raise
+        return self
+
+    def _acquire(self, conn: Connection) -> dict[str, Any]:
+        job = _job_id(conn, self.device)
+        return conn.call(m.Acquire(job_id=job, device=self.device, label=self.label,
+                                   max_hold_s=self.max_hold_s, timeout_s=self.timeout_s))
+
+    def __exit__(self, *exc: object) -> None:
+        _state.depth[self.device] -= 1
+        if self._nested:
+            self.report = {"nested": True, "device": self.device, "label": self.label,
+                           "held_s": time.monotonic() - self._t0, "clean": None}
+            return
+        conn = _connection()
+        assert self.grant is not None
+        rid = self.grant["region"]
+        self.report = conn.call(m.Release(region=rid))["report"]
+        reason = conn.revoked.pop(rid, None) or self.report.get("revoke_reason")
+        if self.report.get("revoked"):
+            warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
+                          stacklevel=2)
+
+    def __call__(self, fn: F) -> F:
+        params = dict(device=self.device, max_hold_s=self.max_hold_s, label=self.label,
+                      timeout_s=self.timeout_s)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with Region(**params):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def region(device: str | None = None, *, max_hold_s: float | None = None,
+           label: str | None = None, timeout_s: float | None = None) -> Region:
+    """A critical region on ``device`` (default: ``$KREX_DEVICE`` or ``cpu``)."""
+    return Region(device, max_hold_s=max_hold_s, label=label, timeout_s=timeout_s)

@@ -1,0 +1,38 @@
+"""Daemon settings, filled from ``krex serve`` flags or the embedded defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from krex.protocol.address import SOCKET_NAME, runtime_dir
+
+
+@dataclass
+class DaemonConfig:
+    runtime_dir: str = field(default_factory=runtime_dir)
+    socket_path: str = ""
+    max_hold_s: float = 60.0
+    idle_exit_s: float | None = None
+    group_access: bool = False
+    freeze: str = "auto"  # auto | cgroup2 | cgroup1 | signal | off
+    freeze_scope: str = "device"  # device | node
+    isolate: bool = True
+    measure_cores: list[int] | None = None
+    gate: bool = True
+    drain_timeout_s: float = 5.0
+    drain_policy: str = "abort"  # abort | wait | kill
+    cgroups: bool = True
+    embedded: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.socket_path:
+            self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
+
+    @property
+    def event_log(self) -> str:
+        return os.path.join(self.runtime_dir, "events.jsonl")
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.runtime_dir, "krexd.lock")

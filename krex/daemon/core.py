@@ -1,0 +1,424 @@
+"""The daemon's state and request handling, independent of sockets.
+
+In: validated messages from a :class:`Session` (who sent them is known from
+``SO_PEERCRED``).  Out: replies, pushed grants and revocations, enforcement
+actions and events.  Every state change happens under one lock; the
+scheduler decides, :mod:`krex.daemon.exclusivity` acts.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from krex.daemon.config import DaemonConfig
+from krex.daemon.eventlog import EventLog
+from krex.daemon.exclusivity import Exclusivity, Held
+from krex.daemon.jobs import MODES, Job, JobRegistry, Pid
+from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke, Scheduler
+from krex.devices import discover, parse_device
+from krex.errors import (
+    AccessDenied,
+    BadRequest,
+    EnforcementFailed,
+    KrexError,
+    RegionTimeout,
+    ShuttingDown,
+    UnknownJob,
+    UnknownRegion,
+)
+from krex.protocol import messages as m
+from krex.protocol.peer import Peer, is_descendant
+
+
+class Session(Protocol):
+    """What the core needs from a connection."""
+
+    peer: Peer
+
+    def push(self, message: m.Message) -> None: ...
+
+
+@dataclass
+class RegionState:
+    request: Request
+    session: Session
+    acquire_id: int | None
+    requested_wall: float
+    held: Held | None = None
+    report: dict[str, Any] | None = None
+    granted_mono: float | None = None
+
+
+@dataclass
+class Counters:
+    granted: int = 0
+    released: int = 0
+    revoked: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    by_code: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, exclusivity: Exclusivity | None = None) -> None:
+        self.config = config
+        self.lock = threading.RLock()
+        self.jobs = JobRegistry()
+        self.scheduler = Scheduler()
+        self.regions: dict[int, RegionState] = {}
+        self.finished: collections.deque[dict[str, Any]] = collections.deque(maxlen=20000)
+        self.devices = discover()
+        self.events = EventLog(config.event_log)
+        self.exclusivity = exclusivity or Exclusivity(config)
+        self.counters = Counters()
+        self.started_mono = time.monotonic()
+        self.accepting = True
+        self.wakeup = threading.Condition(self.lock)
+        self._region_ids = iter(range(1, 1 << 62))
+        self.last_activity = time.monotonic()
+
+    # -- dispatch --------------------------------------------------------------
+
+    def handle(self, session: Session, msg: m.Message) -> dict[str, Any] | None:
+        """Handle one request; return reply data, or None when the reply comes later."""
+        handler = getattr(self, "_on_" + msg.type, None)
+        if handler is None:
+            raise BadRequest(f"{msg.type} is not a request")
+        with self.lock:
+            self.last_activity = time.monotonic()
+            return handler(session, msg)
+
+    def _on_register(self, session: Session, msg: m.Register) -> dict[str, Any]:
+        me = self._pid_of(session)
+        if msg.job_id is not None:
+            job = self._member_job(session, msg.job_id)
+            job.members.add(me)
+            return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
+        job = self.jobs.adhoc_for(me)
+        if job is None:
+            device = self._device(msg.device)
+            job = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
+        return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
+
+    def _on_create_job(self, session: Session, msg: m.CreateJob) -> dict[str, Any]:
+        self._admitting()
+        if msg.mode not in MODES:
+            raise BadRequest(f"unknown mode {msg.mode!r}: expected one of {', '.join(MODES)}")
+        device = self._device(msg.device)
+        owner = self._pid_of(session)
+        job = self._new_job(msg.name or "job", device, msg.mode, "managed", owner)
+        job.cgroups = self.exclusivity.create_cgroups(job.job_id)
+        return {"job_id": job.job_id, "device": device, "mode": job.mode, **self._job_env(job)}
+
+    def _on_attach_job(self, session: Session, msg: m.AttachJob) -> dict[str, Any]:
+        job = self._owned_job(session, msg.job_id)
+        if not is_descendant(msg.pid, session.peer.pid):
+            raise AccessDenied(
+                f"process {msg.pid} is not process {session.peer.pid} or its descendant",
+                pid=msg.pid,
+            )
+        root = Pid.of(msg.pid)
+        if root is None:
+            return {"attached": False}
+        job.root = root
+        from krex.protocol.peer import process_group
+
+        job.pgid = process_group(msg.pid)
+        self.events.emit("job_attached", job_id=job.job_id, pid=msg.pid, pgid=job.pgid)
+        return {"attached": True}
+
+    def _on_end_job(self, session: Session, msg: m.EndJob) -> dict[str, Any]:
+        job = self._owned_job(session, msg.job_id)
+        job.exit_code = msg.exit_code
+        self._remove_job(job, "ended")
+        return {}
+
+    def _on_acquire(self, session: Session, msg: m.Acquire) -> None:
+        self._admitting()
+        job = self._member_job(session, msg.job_id)
+        device = self._device(msg.device or job.device)
+        if msg.whole_job and session.peer.pid != job.owner.pid:
+            raise AccessDenied("only the job's owner may hold its device for the whole job")
+        req = self._request(session, job, device, msg)
+        self.regions[req.region] = RegionState(req, session, msg.id, time.time())
+        self.events.emit(
+            "requested", region=req.region, job_id=job.job_id, device=device, label=msg.label
+        )
+        self._apply(self.scheduler.submit(req, time.monotonic()))
+        return None
+
+    def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any]:
+        st = self.regions.get(msg.region)
+        if st is None or st.session is not session:
+            raise UnknownRegion(f"region {msg.region} is not held by this connection",
+                                region=msg.region)
+        if st.granted_mono is None:
+            raise UnknownRegion(f"region {msg.region} has not been granted yet", region=msg.region)
+        if st.report is None:
+            self._close(st, outcome="released")
+        del self.regions[msg.region]
+        self._apply(self.scheduler.release(msg.region, time.monotonic()))
+        return {"report": st.report}
+
+    def _on_status(self, session: Session, msg: m.Status) -> dict[str, Any]:
+        return self.status()
+
+    def _on_regions(self, session: Session, msg: m.Regions) -> dict[str, Any]:
+        wanted = set(msg.job_ids) if msg.job_ids is not None else None
+        rows = [r for r in self.finished if wanted is None or r["job_id"] in wanted]
+        return {"regions": rows[-max(0, msg.limit):]}
+
+    def _on_stop(self, session: Session, msg: m.Stop) -> dict[str, Any]:
+        self.accepting = False
+        self.wakeup.notify_all()
+        return {"stopping": True}
+
+    # -- decisions -------------------------------------------------------------
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            st = self.regions.get(d.request.region)
+            if st is None:
+                continue
+            if isinstance(d, Grant):
+                self._grant(st)
+            elif isinstance(d, Revoke):
+                self._revoke(st, d.reason)
+            elif isinstance(d, Cancel):
+                self._cancel(st, d.reason)
+        self.wakeup.notify_all()
+
+    def _grant(self, st: RegionState) -> None:
+        req = st.request
+        if req.exclusive and not req.nested:
+            try:
+                st.held = self.exclusivity.enter(self._holder_job(req), self._siblings(req), req)
+            except EnforcementFailed as exc:
+                self._abort(st, exc)
+                return
+        st.granted_mono = time.monotonic()
+        self.counters.granted += 1
+        waited = req.granted_at - req.requested_at
+        self.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
+                         waited_s=waited, nested=req.nested)
+        st.session.push(m.Reply(re=st.acquire_id, data=self._granted_data(st, waited)))
+
+    def _granted_data(self, st: RegionState, waited: float) -> dict[str, Any]:
+        req = st.request
+        return {"region": req.region, "device": req.device, "waited_s": waited,
+                "nested": req.nested, "exclusive": req.exclusive,
+                "max_hold_s": None if math.isinf(req.max_hold_s) else req.max_hold_s,
+                "granted_mono_ns": int(st.granted_mono * 1e9)}
+
+    def _abort(self, st: RegionState, exc: KrexError) -> None:
+        """Enforcement could not be set up: the request fails with that error."""
+        self.counters.errors += 1
+        self.events.emit("aborted", region=st.request.region, job_id=st.request.job_id,
+                         error=exc.code, message=exc.message)
+        del self.regions[st.request.region]
+        st.session.push(_error(exc, st.acquire_id))
+        self._apply(self.scheduler.release(st.request.region, time.monotonic()))
+
+    def _revoke(self, st: RegionState, reason: str) -> None:
+        self.counters.revoked += 1
+        self._close(st, outcome="revoked", reason=reason)
+        st.session.push(m.Revoked(region=st.request.region, reason=reason))
+
+    def _cancel(self, st: RegionState, reason: str) -> None:
+        self.counters.cancelled += 1
+        del self.regions[st.request.region]
+        self.events.emit("cancelled", region=st.request.region, job_id=st.request.job_id,
+                         reason=reason)
+        err = RegionTimeout(f"region on {st.request.device} {reason}",
+                            device=st.request.device, seconds=st.request.timeout_s)
+        st.session.push(_error(err, st.acquire_id))
+
+    def _close(self, st: RegionState, *, outcome: str, reason: str | None = None) -> None:
+        """End a granted region: undo enforcement and write its report."""
+        req = st.request
+        host = st.held.exit() if st.held is not None else None
+        st.held = None
+        held_s = time.monotonic() - (st.granted_mono or time.monotonic())
+        st.report = self._report(st, host, held_s, outcome, reason)
+        self.counters.released += outcome == "released"
+        self.finished.append(self._record(st, held_s, outcome))
+        self.events.emit(outcome, region=req.region, job_id=req.job_id, device=req.device,
+                         held_s=held_s, reason=reason)
+
+    def _report(self, st: RegionState, host: dict[str, Any] | None, held_s: float,
+                outcome: str, reason: str | None) -> dict[str, Any]:
+        req = st.request
+        job = self.jobs.get(req.job_id)
+        not_enforced = list(host.get("not_enforced", [])) if host else []
+        if not req.exclusive:
+            not_enforced.append({"what": "exclusivity", "why": "job runs in mode none"})
+        clean = (outcome == "released" and (req.nested or (host or {}).get("clean", False))
+                 and req.exclusive)
+        return {
+            "region": req.region, "device": req.device, "label": req.label,
+            "job_id": req.job_id, "mode": job.mode if job else None,
+            "waited_s": (req.granted_at or req.requested_at) - req.requested_at,
+            "held_s": held_s, "nested": req.nested, "exclusive": req.exclusive,
+            "revoked": outcome == "revoked", "revoke_reason": reason,
+            "clean": bool(clean), "not_enforced": not_enforced,
+            "host": host,
+        }
+
+    def _record(self, st: RegionState, held_s: float, outcome: str) -> dict[str, Any]:
+        req = st.request
+        job = self.jobs.get(req.job_id)
+        return {"region": req.region, "job_id": req.job_id, "job": job.name if job else None,
+                "device": req.device, "label": req.label, "outcome": outcome,
+                "waited_s": (req.granted_at or req.requested_at) - req.requested_at,
+                "held_s": held_s, "nested": req.nested, "exclusive": req.exclusive,
+                "granted_mono_ns": int((st.granted_mono or 0) * 1e9),
+                "jobs_served_while_waiting": req.jobs_served_while_waiting}
+
+    # -- connection and job life cycle ----------------------------------------
+
+    def session_closed(self, session: Session) -> None:
+        """The connection is gone: every region it held or waited for ends now."""
+        with self.lock:
+            mine = [st for st in self.regions.values() if st.session is session]
+            for st in mine:
+                if st.granted_mono is not None and st.report is None:
+                    self._close(st, outcome="owner_gone")
+                del self.regions[st.request.region]
+            self._apply(self.scheduler.drop_owner(session, time.monotonic()))
+            self.last_activity = time.monotonic()
+
+    def tick(self) -> float:
+        """Revoke overdue holders, cancel overdue waiters, drop dead jobs; next deadline."""
+        with self.lock:
+            now = time.monotonic()
+            self._apply(self.scheduler.expire(now))
+            for job in self.jobs.dead():
+                self._remove_job(job, "process gone")
+            return self.scheduler.next_deadline()
+
+    def shutdown(self) -> None:
+        """Release everything: every held region's enforcement is undone."""
+        with self.lock:
+            self.accepting = False
+            for st in list(self.regions.values()):
+                if st.granted_mono is not None and st.report is None:
+                    self._close(st, outcome="daemon_stopped")
+                elif st.granted_mono is None:
+                    st.session.push(_error(ShuttingDown("the daemon is stopping"), st.acquire_id))
+            self.regions.clear()
+            for job in list(self.jobs.jobs.values()):
+                self._remove_job(job, "daemon stopped")
+            self.exclusivity.close()
+            self.events.close()
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.regions and not self.jobs.jobs
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _admitting(self) -> None:
+        if not self.accepting:
+            raise ShuttingDown("the daemon is stopping and admits no new work")
+
+    def _device(self, text: str | None) -> str:
+        return parse_device(text, self.devices)
+
+    def _pid_of(self, session: Session) -> Pid:
+        return Pid(session.peer.pid, session.peer.start_time)
+
+    def _new_job(self, name: str, device: str, mode: str, kind: str, owner: Pid) -> Job:
+        job = self.jobs.add(Job(self.jobs.new_id(), name, device, mode, kind, owner))
+        self.events.emit("job_created", job_id=job.job_id, name=name, device=device,
+                         mode=mode, kind=kind, owner_pid=owner.pid)
+        return job
+
+    def _remove_job(self, job: Job, why: str) -> None:
+        if self.jobs.remove(job.job_id) is None:
+            return
+        self.exclusivity.remove_cgroups(job.cgroups)
+        self.events.emit("job_ended", job_id=job.job_id, why=why, exit_code=job.exit_code)
+
+    def _job_env(self, job: Job) -> dict[str, Any]:
+        env = {"KREX_SOCKET": self.config.socket_path, "KREX_JOB_ID": str(job.job_id),
+               "KREX_DEVICE": job.device}
+        env.update(self.exclusivity.job_env(job))
+        cg = self.exclusivity.cgroup_paths(job.cgroups)
+        return {"env": env, "cgroups": cg}
+
+    def _member_job(self, session: Session, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"job {job_id} does not exist (it ended, or the id is wrong)")
+        if not job.contains(session.peer.pid):
+            raise AccessDenied(
+                f"process {session.peer.pid} is not part of job {job_id}", pid=session.peer.pid
+            )
+        return job
+
+    def _owned_job(self, session: Session, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"job {job_id} does not exist")
+        if job.owner.pid != session.peer.pid:
+            raise AccessDenied(f"process {session.peer.pid} does not own job {job_id}",
+                               pid=session.peer.pid)
+        return job
+
+    def _request(self, session: Session, job: Job, device: str, msg: m.Acquire) -> Request:
+        if msg.max_hold_s is not None and msg.max_hold_s <= 0:
+            raise BadRequest("max_hold_s must be positive")
+        default_hold = math.inf if msg.whole_job else self.config.max_hold_s
+        return Request(
+            region=next(self._region_ids), job_id=job.job_id, device=device, owner=session,
+            requested_at=time.monotonic(), max_hold_s=msg.max_hold_s or default_hold,
+            timeout_s=msg.timeout_s if msg.timeout_s is not None else math.inf,
+            exclusive=job.mode != "none", whole_job=msg.whole_job, label=msg.label,
+        )
+
+    def _holder_job(self, req: Request) -> Job | None:
+        return self.jobs.get(req.job_id)
+
+    def _siblings(self, req: Request) -> list[Job]:
+        scope = None if self.config.freeze_scope == "node" else req.device
+        return [j for j in self.jobs.on_device(scope) if j.job_id != req.job_id]
+
+    def status(self) -> dict[str, Any]:
+        holders = {}
+        for name, dq in self.scheduler.devices.items():
+            holders[name] = {
+                "holder": _req_summary(dq.holder) if dq.holder else None,
+                "queue": [_req_summary(r) for r in dq.waiting()],
+            }
+        return {
+            "daemon": {"pid": _getpid(), "socket": self.config.socket_path,
+                       "uptime_s": time.monotonic() - self.started_mono,
+                       "event_log": self.config.event_log, "accepting": self.accepting},
+            "devices": [d.to_dict() for d in self.devices],
+            "scheduler": holders,
+            "jobs": [j.summary() for j in self.jobs.jobs.values()],
+            "counters": {"granted": self.counters.granted, "released": self.counters.released,
+                         "revoked": self.counters.revoked, "cancelled": self.counters.cancelled},
+            "enforcement": self.exclusivity.describe(),
+        }
+
+
+def _req_summary(r: Request) -> dict[str, Any]:
+    return {"region": r.region, "job_id": r.job_id, "label": r.label, "whole_job": r.whole_job,
+            "waiting_s": None if r.granted_at else time.monotonic() - r.requested_at,
+            "held_s": time.monotonic() - r.granted_at if r.granted_at else None}
+
+
+def _getpid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _error(exc: KrexError, re: int | None) -> m.ErrorReply:
+    return m.ErrorReply(re=re, code=exc.code, message=exc.message, **exc.fields())

@@ -1,0 +1,118 @@
+"""The job registry: which processes belong to which job.
+
+A job is either *managed* (created by ``krex run`` or the worker pool: its
+owner process starts it, in its own process group and cgroup) or *ad hoc* (a
+process that registered itself to use regions).  Membership is what every
+access check rests on: a process belongs to a job when it is the job's root
+or owner, in its process group or cgroup, a descendant of its root or owner,
+or a process that registered itself into it.  PIDs are always paired with
+their start time so a recycled PID belongs to nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from krex.protocol.peer import is_descendant, process_group, start_time
+
+MODES = ("region", "command", "none")
+
+
+@dataclass(frozen=True)
+class Pid:
+    pid: int
+    start: int
+
+    def alive(self) -> bool:
+        return start_time(self.pid) == self.start
+
+    @classmethod
+    def of(cls, pid: int) -> Pid | None:
+        st = start_time(pid)
+        return None if st is None else cls(pid, st)
+
+
+@dataclass
+class Job:
+    job_id: int
+    name: str
+    device: str
+    mode: str
+    kind: str  # "managed" | "adhoc" | "worker"
+    owner: Pid
+    root: Pid | None = None
+    pgid: int | None = None
+    cgroups: Any = None
+    members: set[Pid] = field(default_factory=set)
+    created_wall: float = field(default_factory=time.time)
+    exit_code: int | None = None
+
+    def anchors(self) -> list[Pid]:
+        return [p for p in (self.owner, self.root, *self.members) if p is not None]
+
+    def contains(self, pid: int) -> bool:
+        st = start_time(pid)
+        if st is None:
+            return False
+        if any(a.pid == pid and a.start == st for a in self.anchors()):
+            return True
+        if self.pgid is not None and process_group(pid) == self.pgid:
+            return True
+        if self.cgroups is not None and pid in _cgroup_pids(self.cgroups):
+            return True
+        return any(a.alive() and is_descendant(pid, a.pid) for a in self.anchors())
+
+    def alive(self) -> bool:
+        return any(a.alive() for a in self.anchors())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "device": self.device,
+            "mode": self.mode,
+            "kind": self.kind,
+            "owner_pid": self.owner.pid,
+            "root_pid": self.root.pid if self.root else None,
+        }
+
+
+def _cgroup_pids(cgroups: Any) -> list[int]:
+    try:
+        return cgroups.pids()
+    except (AttributeError, OSError):
+        return []
+
+
+class JobRegistry:
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def add(self, job: Job) -> Job:
+        self.jobs[job.job_id] = job
+        return job
+
+    def get(self, job_id: int) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def remove(self, job_id: int) -> Job | None:
+        return self.jobs.pop(job_id, None)
+
+    def adhoc_for(self, pid: Pid) -> Job | None:
+        for job in self.jobs.values():
+            if job.kind == "adhoc" and job.owner == pid:
+                return job
+        return None
+
+    def on_device(self, device: str | None) -> list[Job]:
+        return [j for j in self.jobs.values() if device is None or j.device == device]
+
+    def dead(self) -> list[Job]:
+        return [j for j in self.jobs.values() if not j.alive()]

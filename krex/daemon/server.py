@@ -1,0 +1,267 @@
+"""The socket server: accepts connections, one reader thread per session.
+
+In: connections on the owner-only Unix socket.  Out: frames.  Each session
+starts with the ``hello``/``welcome`` handshake; after that every frame is
+parsed and handed to :class:`~krex.daemon.core.Daemon`.  A bad frame gets a
+specific error reply; a frame that breaks framing (oversized, truncated)
+closes only that connection.  Nothing a peer sends can stop the daemon
+serving others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from krex.daemon.config import DaemonConfig
+from krex.daemon.core import Daemon, _error
+from krex.errors import KrexError, ProtocolError, VersionMismatch
+from krex.protocol import messages as m
+from krex.protocol.address import ensure_private_dir
+from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+from krex.protocol.peer import Peer, peer_of
+
+log = logging.getLogger("krex.daemon")
+SEND_TIMEOUT_S = 5.0
+
+
+class AlreadyRunning(KrexError):
+    code = "already_running"
+
+
+class Session:
+    """One client connection."""
+
+    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+        self.sock = sock
+        self.peer = peer
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def push(self, message: m.Message) -> None:
+        data = encode_frame(message.to_dict())
+        with self._send_lock:
+            if self.closed:
+                return
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def close(self) -> None:
+        with self._send_lock:
+            self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class Server:
+    def __init__(self, config: DaemonConfig, daemon: Daemon | None = None) -> None:
+        self.config = config
+        self.daemon = daemon
+        self.sock: socket.socket | None = None
+        self.sessions: set[Session] = set()
+        self._lockfile: int | None = None
+        self._signals = 0
+
+    # -- life cycle --------------------------------------------------------------
+
+    def bind(self) -> None:
+        ensure_private_dir(self.config.runtime_dir)
+        self._take_lock()
+        path = self.config.socket_path
+        if os.path.exists(path):
+            os.unlink(path)  # stale: we hold the lock, so no live daemon owns it
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117 if self.config.group_access else 0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o660 if self.config.group_access else 0o600)
+        sock.listen(128)
+        sock.settimeout(0.2)
+        self.sock = sock
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AlreadyRunning(
+                f"a krex daemon already serves {self.config.runtime_dir}",
+                hint="use it, or stop it with `krex stop`",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lockfile = fd
+
+    def serve_forever(self) -> None:
+        assert self.sock is not None and self.daemon is not None
+        threading.Thread(target=self._ticker, name="krex-tick", daemon=True).start()
+        while self.daemon.accepting:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                self._maybe_idle_exit()
+                continue
+            except OSError:
+                if not self.daemon.accepting:
+                    break
+                raise
+            threading.Thread(target=self._serve_session, args=(conn,), daemon=True).start()
+        self._finish()
+
+    def _maybe_idle_exit(self) -> None:
+        limit = self.config.idle_exit_s
+        d = self.daemon
+        if limit and not self.sessions and d.idle() and time.monotonic() - d.last_activity > limit:
+            log.info("idle for %.0f s: exiting", limit)
+            d.accepting = False
+
+    def _ticker(self) -> None:
+        d = self.daemon
+        while d.accepting:
+            deadline = d.tick()
+            with d.lock:
+                wait = min(max(deadline - time.monotonic(), 0.0), 0.5)
+                if d.accepting:
+                    d.wakeup.wait(wait)
+
+    def _finish(self) -> None:
+        assert self.daemon is not None
+        self.daemon.shutdown()
+        for s in list(self.sessions):
+            s.close()
+        if self.sock:
+            self.sock.close()
+        try:
+            os.unlink(self.config.socket_path)
+        except FileNotFoundError:
+            pass
+        if self._lockfile is not None:
+            os.close(self._lockfile)
+
+    def install_signal_handlers(self) -> None:
+        """First SIGTERM/SIGINT: stop admitting and finish; second: exit now (still thawing)."""
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self._signals += 1
+            assert self.daemon is not None
+            self.daemon.accepting = False
+            if self._signals >= 2:
+                self.daemon.shutdown()
+                os._exit(1)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    # -- sessions -----------------------------------------------------------------
+
+    def _serve_session(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
+        try:
+            peer = peer_of(conn)
+        except OSError:
+            conn.close()
+            return
+        session = Session(conn, peer)
+        if peer.uid != os.getuid() and peer.uid != 0:
+            session.push(m.ErrorReply(code="access_denied", message="wrong user"))
+            session.close()
+            return
+        self.sessions.add(session)
+        try:
+            self._session_loop(session, FrameReader(conn))
+        finally:
+            self.sessions.discard(session)
+            assert self.daemon is not None
+            self.daemon.session_closed(session)
+            session.close()
+
+    def _session_loop(self, session: Session, reader: FrameReader) -> None:
+        greeted = False
+        while True:
+            try:
+                data = reader.read()
+            except ConnectionClosed:
+                return
+            except ProtocolError as exc:  # oversized or undecodable: framing may be lost
+                session.push(_error(exc, None))
+                if exc.code == "frame_too_large":
+                    return
+                continue
+            except OSError:
+                return
+            re = data.get("id") if isinstance(data.get("id"), int) else None
+            try:
+                msg = m.parse_message(data)
+                if not greeted:
+                    self._greet(session, msg)
+                    greeted = True
+                    continue
+                reply = self.daemon.handle(session, msg)  # type: ignore[union-attr]
+            except VersionMismatch as exc:
+                session.push(_error(exc, re))
+                return
+            except KrexError as exc:
+                session.push(_error(exc, re))
+                continue
+            except Exception as exc:  # a bug must not take the daemon down
+                log.exception("internal error handling %s", data.get("type"))
+                session.push(m.ErrorReply(re=re, code="internal", message=repr(exc)))
+                continue
+            if reply is not None:
+                session.push(m.Reply(re=msg.id, data=reply))
+
+    def _greet(self, session: Session, msg: m.Message) -> None:
+        if not isinstance(msg, m.Hello):
+            raise ProtocolError(f"expected hello first, got {msg.type!r}")
+        if msg.version != m.VERSION:
+            raise VersionMismatch(
+                f"client speaks protocol version {msg.version}, daemon speaks {m.VERSION}"
+            )
+        data = {"version": m.VERSION, "daemon_pid": os.getpid(), "max_frame": reader_limit()}
+        session.push(m.Reply(re=msg.id, data=data))
+
+
+def reader_limit() -> int:
+    from krex.protocol.framing import MAX_FRAME
+
+    return MAX_FRAME
+
+
+def _timeval(seconds: float) -> bytes:
+    import struct
+
+    return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+
+
+def serve(config: DaemonConfig) -> int:
+    """Run a daemon in the foreground until stopped; returns an exit code."""
+    logging.basicConfig(level=logging.INFO, format="krexd: %(message)s", stream=sys.stderr)
+    server = Server(config)
+    try:
+        server.bind()
+    except AlreadyRunning as exc:
+        print(f"krex: {exc.message} (hint: {exc.hint})", file=sys.stderr)
+        return 0 if config.embedded else 1
+    server.daemon = Daemon(config)
+    server.install_signal_handlers()
+    log.info("pid %d serving on %s", os.getpid(), config.socket_path)
+    server.serve_forever()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,216 @@
+"""Typed protocol messages and their validation.
+
+Each message is a frozen dataclass registered under its ``type`` string.
+:func:`parse_message` checks the type and every field, and raises
+:class:`~krex.errors.UnknownMessage` or :class:`~krex.errors.BadRequest` with
+the offending field named.  Requests carry an optional ``id`` that the
+daemon echoes as ``re`` in the reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from krex.errors import BadRequest, ProtocolError, UnknownMessage
+
+VERSION = 1
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+@dataclass(frozen=True)
+class Message:
+    type: ClassVar[str] = ""
+    id: int | None = field(default=None, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.type:
+            _REGISTRY[cls.type] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"type": self.type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+
+# -- requests (client -> daemon) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    type: ClassVar[str] = "hello"
+    version: int
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    """Register the peer process itself: as a member of ``job_id``, or as an ad-hoc job."""
+
+    type: ClassVar[str] = "register"
+    job_id: int | None = None
+    name: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateJob(Message):
+    """Create a managed job owned by the peer (``krex run``); its processes come later."""
+
+    type: ClassVar[str] = "create_job"
+    device: str | None = None
+    name: str | None = None
+    mode: str = "region"
+
+
+@dataclass(frozen=True)
+class AttachJob(Message):
+    """Declare ``pid`` (the peer itself or a descendant) the root process of ``job_id``."""
+
+    type: ClassVar[str] = "attach_job"
+    job_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class EndJob(Message):
+    type: ClassVar[str] = "end_job"
+    job_id: int
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Acquire(Message):
+    """Ask for a region; the reply ``granted`` comes when it is granted."""
+
+    type: ClassVar[str] = "acquire"
+    job_id: int
+    device: str | None = None
+    label: str | None = None
+    max_hold_s: float | None = None
+    timeout_s: float | None = None
+    whole_job: bool = False
+
+
+@dataclass(frozen=True)
+class Release(Message):
+    type: ClassVar[str] = "release"
+    region: int
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    type: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Regions(Message):
+    """Recent finished regions, optionally only those of some jobs."""
+
+    type: ClassVar[str] = "regions"
+    job_ids: list[int] | None = None
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    type: ClassVar[str] = "stop"
+
+
+# -- replies and events (daemon -> client) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Reply(Message):
+    """Generic successful reply; ``data`` holds the result."""
+
+    type: ClassVar[str] = "ok"
+    re: int | None = None
+    data: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ErrorReply(Message):
+    type: ClassVar[str] = "error"
+    re: int | None = None
+    code: str = "error"
+    message: str = ""
+    hint: str | None = None
+    pid: int | None = None
+    device: str | None = None
+    region: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Revoked(Message):
+    """Pushed to a holder whose region exceeded its maximum hold."""
+
+    type: ClassVar[str] = "revoked"
+    region: int
+    reason: str = ""
+
+
+def message_types() -> dict[str, type[Message]]:
+    return dict(_REGISTRY)
+
+
+def parse_message(data: dict[str, Any]) -> Message:
+    """Validate a decoded frame and build its message object."""
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("malformed message: missing string field 'type'")
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise UnknownMessage(f"unknown message type {kind!r}")
+    hints, names = _schema(cls)
+    unknown = set(data) - names - {"type"}
+    if unknown:
+        raise BadRequest(f"{kind}: unknown field(s) {sorted(unknown)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            values[f.name] = _check(kind, f.name, data[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise BadRequest(f"{kind}: missing required field {f.name!r}")
+    return cls(**values)
+
+
+@functools.cache
+def _schema(cls: type[Message]) -> tuple[dict[str, Any], frozenset[str]]:
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _check(kind: str, name: str, value: Any, hint: Any) -> Any:
+    if _accepts(value, hint):
+        return float(value) if hint in (float, float | None) and value is not None else value
+    raise BadRequest(f"{kind}: field {name!r} has the wrong type ({type(value).__name__})")
+
+
+def _accepts(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_accepts(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_accepts(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
