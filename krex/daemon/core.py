@@ -39,6 +39,7 @@ class Session(Protocol):
     """What the core needs from a connection."""
 
     peer: Peer
+    verified: set[tuple[int, int]]
 
     def push(self, message: m.Message) -> None: ...
 
@@ -81,6 +82,7 @@ class Daemon:
         self.wakeup = threading.Condition(self.lock)
         self._region_ids = iter(range(1, 1 << 62))
         self.last_activity = time.monotonic()
+        self.planned_wake = 0.0  # when the ticker will next look at deadlines
 
     # -- dispatch --------------------------------------------------------------
 
@@ -191,7 +193,8 @@ class Daemon:
                 self._revoke(st, d.reason)
             elif isinstance(d, Cancel):
                 self._cancel(st, d.reason)
-        self.wakeup.notify_all()
+        if self.scheduler.next_deadline() < self.planned_wake:
+            self.wakeup.notify_all()  # the ticker must wake earlier than it planned
 
     def _grant(self, st: RegionState) -> None:
         req = st.request
@@ -293,13 +296,18 @@ class Daemon:
             self.last_activity = time.monotonic()
 
     def tick(self) -> float:
-        """Revoke overdue holders, cancel overdue waiters, drop dead jobs; next deadline."""
+        """Revoke overdue holders and cancel overdue waiters; return the next deadline."""
         with self.lock:
-            now = time.monotonic()
-            self._apply(self.scheduler.expire(now))
+            decisions = self.scheduler.expire(time.monotonic())
+            if decisions:
+                self._apply(decisions)
+            return self.scheduler.next_deadline()
+
+    def reap_jobs(self) -> None:
+        """Drop jobs none of whose processes is alive any more."""
+        with self.lock:
             for job in self.jobs.dead():
                 self._remove_job(job, "process gone")
-            return self.scheduler.next_deadline()
 
     def shutdown(self) -> None:
         """Release everything: every held region's enforcement is undone."""
@@ -355,10 +363,13 @@ class Daemon:
         job = self.jobs.get(job_id)
         if job is None:
             raise UnknownJob(f"job {job_id} does not exist (it ended, or the id is wrong)")
-        if not job.contains(session.peer.pid):
-            raise AccessDenied(
-                f"process {session.peer.pid} is not part of job {job_id}", pid=session.peer.pid
-            )
+        # The peer of a connection never changes, so one check per (connection, job) holds.
+        verified = session.verified
+        if (job_id, id(job)) not in verified:
+            if not job.contains(session.peer.pid):
+                raise AccessDenied(f"process {session.peer.pid} is not part of job {job_id}",
+                                   pid=session.peer.pid)
+            verified.add((job_id, id(job)))
         return job
 
     def _owned_job(self, session: Session, job_id: int) -> Job:

@@ -44,6 +44,7 @@ class Session:
         self.peer = peer
         self._send_lock = threading.Lock()
         self.closed = False
+        self.verified: set[tuple[int, int]] = set()
 
     def push(self, message: m.Message) -> None:
         data = encode_frame(message.to_dict())
@@ -131,13 +132,21 @@ class Server:
             d.accepting = False
 
     def _ticker(self) -> None:
+        """Wake at the scheduler's next deadline (revocations, wait timeouts); reap jobs."""
         d = self.daemon
+        next_reap = 0.0
         while d.accepting:
             deadline = d.tick()
+            now = time.monotonic()
+            if now >= next_reap:
+                d.reap_jobs()
+                next_reap = now + 1.0
             with d.lock:
-                wait = min(max(deadline - time.monotonic(), 0.0), 0.5)
-                if d.accepting:
+                wait = min(max(deadline - time.monotonic(), 0.0), next_reap - now, 0.5)
+                d.planned_wake = time.monotonic() + wait
+                if d.accepting and wait > 0:
                     d.wakeup.wait(wait)
+                d.planned_wake = 0.0
 
     def _finish(self) -> None:
         assert self.daemon is not None

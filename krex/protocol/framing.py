@@ -48,29 +48,35 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 
 class FrameReader:
-    """Reads frames from a blocking socket; one reader per socket."""
+    """Reads frames from a blocking socket; one reader per socket.
+
+    Reads in large chunks and keeps what follows a frame for the next call, so
+    a frame costs one ``recv`` in the common case.
+    """
+
+    CHUNK = 1 << 16
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
         self.sock = sock
         self.max_frame = max_frame
+        self._buf = bytearray()
 
     def read(self) -> dict[str, Any]:
-        header = self._exact(HEADER.size, at_boundary=True)
-        (length,) = HEADER.unpack(header)
+        self._fill(HEADER.size, at_boundary=True)
+        (length,) = HEADER.unpack_from(self._buf)
         if length > self.max_frame:
             raise FrameTooLarge(
                 f"frame of {length} bytes exceeds the {self.max_frame}-byte limit"
             )
-        return decode_body(self._exact(length, at_boundary=False))
+        self._fill(HEADER.size + length, at_boundary=False)
+        body = bytes(self._buf[HEADER.size : HEADER.size + length])
+        del self._buf[: HEADER.size + length]
+        return decode_body(body)
 
-    def _exact(self, n: int, *, at_boundary: bool) -> bytes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if k == 0:
-                where = "between frames" if at_boundary and got == 0 else "mid-frame"
+    def _fill(self, n: int, *, at_boundary: bool) -> None:
+        while len(self._buf) < n:
+            chunk = self.sock.recv(max(self.CHUNK, n - len(self._buf)))
+            if not chunk:
+                where = "between frames" if at_boundary and not self._buf else "mid-frame"
                 raise ConnectionClosed(f"peer closed the connection {where}")
-            got += k
-        return bytes(buf)
+            self._buf += chunk

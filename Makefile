@@ -1,0 +1,40 @@
+# krex — `make` lists the targets.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+EXTRAS  ?= dev
+NATIVE  := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.def' 2>/dev/null)
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast bench lint clean
+
+help:  ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml setup.py $(NATIVE)
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install krex (editable, builds the native parts)
+
+demo: $(STAMP)  ## the main job: examples run concurrently under an auto-started daemon
+	$(VENV)/bin/krex demo
+
+test: $(STAMP)  ## run the whole test suite
+	@$(VPY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test-fast: $(STAMP)  ## the tests not marked slow
+	$(VPY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)  ## all benchmarks; results in results/, tables for docs/benchmarks.md
+	$(VPY) benchmarks/run_all.py
+
+lint: $(STAMP)  ## ruff
+	$(VENV)/bin/ruff check krex tests benchmarks
+
+clean:  ## remove the venv and build outputs
+	rm -rf $(VENV) build *.egg-info krex/_native/*.so* krex/_native/bin krex/_native/fakegpu results
