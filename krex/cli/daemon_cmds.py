@@ -127,8 +127,12 @@ def _print_extra(st: dict[str, Any]) -> None:
     c = st["counters"]
     console.print(f"regions: {c['granted']} granted, {c['released']} released, "
                   f"{c['revoked']} revoked, {c['cancelled']} cancelled")
-    for name, pool in (st.get("pools") or {}).items():
-        console.print(f"pool {name}: {pool}")
+    pools = st.get("pools") or {}
+    if pools:
+        table("warm workers", ["device", "workers", "busy", "served", "queued", "recycles"],
+              [[name, len(p["workers"]), sum(w["busy"] for w in p["workers"]), p["served"],
+                p["queue_length"], ", ".join(f"{k} {v}" for k, v in p["recycles"].items())]
+               for name, p in pools.items()])
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:

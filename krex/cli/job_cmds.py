@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 
 from krex.client.job import exit_code_of, run_job
 from krex.client.region import Region
@@ -54,3 +55,34 @@ def cmd_region(args: argparse.Namespace) -> int:
             return exit_code_of(subprocess.call(cmd))
         except FileNotFoundError as exc:
             raise BadRequest(f"cannot run {cmd[0]!r}: {exc.strerror}") from None
+
+
+def add_exec(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("exec", help="run a Python program in a warm worker")
+    p.add_argument("--device", help="device whose warm workers run it (default cpu)")
+    p.add_argument("--timeout-s", type=float, help="kill the program (and its worker) after this")
+    p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    p.add_argument("program", help="PROG.py")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_exec)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from krex.cli.output import error, print_json
+    from krex.client.connection import Client
+
+    if not os.path.isfile(args.program):
+        raise BadRequest(f"no such program: {args.program}", hint="give the path of a .py file")
+    with Client() as client:
+        result = client.exec(args.program, args.args, device=args.device,
+                             timeout_s=args.timeout_s)
+    if args.json:
+        print_json(result.to_dict())
+    if result.status == "timeout":
+        error(f"program timed out after {args.timeout_s} s", "raise --timeout-s")
+    elif result.status != "ok" and not (result.exception or "").startswith("SystemExit"):
+        error(f"program ended {result.status}: {result.exception or result.exit_code}")
+    if result.recycled:
+        print(f"krex: worker {result.worker_pid} recycled: {result.recycle_reason}",
+              file=sys.stderr)
+    return result.exit_code

@@ -12,7 +12,7 @@ from krex.errors import KrexError, RegionTimeout
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     daemon_cmds.add_serve, daemon_cmds.add_stop, daemon_cmds.add_status, daemon_cmds.add_doctor,
-    job_cmds.add_run, job_cmds.add_region, demo.add_demo,
+    job_cmds.add_run, job_cmds.add_region, job_cmds.add_exec, demo.add_demo,
 ]
 
 

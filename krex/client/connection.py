@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from krex.client.autostart import ensure_daemon
@@ -18,6 +20,7 @@ from krex.errors import DaemonNotRunning, from_wire
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+from krex.workers.spec import ExecRequest, ExecResult
 
 
 class Connection:
@@ -32,8 +35,12 @@ class Connection:
         self.revoked: dict[int, str] = {}
         self.welcome = self.call(m.Hello(version=m.VERSION, client=client))
 
-    def call(self, message: m.Message) -> dict[str, Any]:
-        """Send a request and block until its reply; raise the daemon's error if any."""
+    def call(self, message: m.Message,
+             on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+        """Send a request and block until its reply; raise the daemon's error if any.
+
+        ``output`` frames for this request (a running ``exec``) go to ``on_output``.
+        """
         rid = next(self._ids)
         payload = message.to_dict()
         payload["id"] = rid
@@ -41,9 +48,10 @@ class Connection:
             self.sock.sendall(encode_frame(payload))
         except OSError as exc:
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
-        return self.wait_reply(rid)
+        return self.wait_reply(rid, on_output)
 
-    def wait_reply(self, rid: int) -> dict[str, Any]:
+    def wait_reply(self, rid: int,
+                   on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
         while True:
             try:
                 data = self.reader.read()
@@ -54,6 +62,10 @@ class Connection:
                 self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
                 continue
             if data.get("re") not in (rid, None):
+                continue
+            if kind == "output":
+                if on_output is not None:
+                    on_output(str(data.get("stream")), str(data.get("data", "")))
                 continue
             if kind == "error":
                 raise from_wire(data)
@@ -83,9 +95,10 @@ class Client:
         self.conn = Connection(path, autostart=autostart)
         self._lock = threading.Lock()
 
-    def _call(self, message: m.Message) -> dict[str, Any]:
+    def _call(self, message: m.Message,
+              on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
         with self._lock:
-            return self.conn.call(message)
+            return self.conn.call(message, on_output)
 
     def status(self) -> dict[str, Any]:
         return self._call(m.Status())
@@ -112,6 +125,33 @@ class Client:
     def release(self, region: int) -> dict[str, Any]:
         return self._call(m.Release(region=region))
 
+    def exec(self, path: str, args: list[str] | None = None, *, device: str | None = None,
+             timeout_s: float | None = None, cwd: str | None = None,
+             env: dict[str, str] | None = None,
+             on_output: Callable[[str, str], None] | None = None) -> ExecResult:
+        """Run the Python program ``path`` in a warm worker of ``device``.
+
+        The program sees ``args`` as ``sys.argv[1:]``, ``cwd`` and ``env`` (default:
+        ours); its output goes to ``on_output(stream, text)`` live (default: our
+        stdout/stderr).  Returns the worker's :class:`ExecResult`.
+        """
+        kw = {"cwd": cwd or os.getcwd(), "env": dict(env if env is not None else os.environ),
+              "timeout_s": timeout_s}
+        return self._exec(ExecRequest.for_path(path, args, **kw), device, on_output)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, device: str | None = None,
+               timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
+        """Call the picklable ``fn(*args, **kwargs)`` in a warm worker; see ``result.returned()``."""
+        req = ExecRequest.for_callable(fn, *args, **kwargs)
+        req.timeout_s = timeout_s
+        return self._exec(req, device, None)
+
+    def _exec(self, req: ExecRequest, device: str | None,
+              on_output: Callable[[str, str], None] | None) -> ExecResult:
+        sink = on_output or _echo
+        reply = self._call(m.Exec(request=req.to_dict(), device=device), on_output=sink)
+        return ExecResult.from_dict(reply["result"])
+
     def stop(self) -> dict[str, Any]:
         return self._call(m.Stop())
 
@@ -123,3 +163,9 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _echo(stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()

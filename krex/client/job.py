@@ -25,11 +25,15 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _preexec(cgroups: dict[str, str | None]) -> Callable[[], None]:
+def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
+                 ) -> Callable[[], None]:
+    """A ``preexec_fn``: the child enters its own process group and the job's cgroups
+    before ``exec``, so everything it starts is born inside them."""
     paths = [p for p in cgroups.values() if p]
 
     def setup() -> None:
-        os.setpgid(0, 0)
+        if new_group:
+            os.setpgid(0, 0)
         pid = str(os.getpid()).encode()
         for path in paths:
             try:
@@ -58,7 +62,7 @@ def run_job(argv: list[str], *, device: str | None = None, name: str | None = No
         if mode == "command":
             hold = client.acquire(job_id, job["device"], whole_job=True, label="whole job")
         child_env = {**os.environ, **(env or {}), **job["env"]}
-        proc = subprocess.Popen(argv, env=child_env, preexec_fn=_preexec(job["cgroups"]))
+        proc = subprocess.Popen(argv, env=child_env, preexec_fn=join_cgroups(job["cgroups"]))
         client.attach_job(job_id, proc.pid)
         code = _wait_forwarding_signals(proc)
         return code

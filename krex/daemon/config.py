@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from krex.protocol.address import SOCKET_NAME, runtime_dir
+from krex.workers import PoolSpec
 
 
 @dataclass
@@ -24,10 +25,18 @@ class DaemonConfig:
     drain_policy: str = "abort"  # abort | wait | kill
     cgroups: bool = True
     embedded: bool = False
+    workers_min: int = 1
+    workers_max: int = 2
+    max_programs: int = 100
+    preload: list[str] = field(default_factory=lambda: ["numpy"])
 
     def __post_init__(self) -> None:
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
+
+    def pool_spec(self) -> PoolSpec:
+        return PoolSpec(device="cpu", min_workers=self.workers_min, max_workers=self.workers_max,
+                        max_programs=self.max_programs, preload=list(self.preload))
 
     @property
     def event_log(self) -> str:

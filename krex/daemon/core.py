@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
 from krex.daemon.exclusivity import Exclusivity, Held
 from krex.daemon.jobs import MODES, Job, JobRegistry, Pid
+from krex.daemon.pools import Pools
 from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke, Scheduler
 from krex.devices import discover, parse_device
 from krex.errors import (
@@ -32,7 +34,7 @@ from krex.errors import (
     UnknownRegion,
 )
 from krex.protocol import messages as m
-from krex.protocol.peer import Peer, is_descendant
+from krex.protocol.peer import Peer, is_descendant, process_group, start_time
 
 
 class Session(Protocol):
@@ -83,6 +85,7 @@ class Daemon:
         self._region_ids = iter(range(1, 1 << 62))
         self.last_activity = time.monotonic()
         self.planned_wake = 0.0  # when the ticker will next look at deadlines
+        self.pools = Pools(self, config.pool_spec())
 
     # -- dispatch --------------------------------------------------------------
 
@@ -128,8 +131,6 @@ class Daemon:
         if root is None:
             return {"attached": False}
         job.root = root
-        from krex.protocol.peer import process_group
-
         job.pgid = process_group(msg.pid)
         self.events.emit("job_attached", job_id=job.job_id, pid=msg.pid, pgid=job.pgid)
         return {"attached": True}
@@ -174,6 +175,32 @@ class Daemon:
         wanted = set(msg.job_ids) if msg.job_ids is not None else None
         rows = [r for r in self.finished if wanted is None or r["job_id"] in wanted]
         return {"regions": rows[-max(0, msg.limit):]}
+
+    def _on_exec(self, session: Session, msg: m.Exec) -> None:
+        self._admitting()
+        self.pools.run(session, msg, self._device(msg.device))
+        return None
+
+    def new_worker_job(self, device: str, index: int) -> Job:
+        """A job for a pool worker about to be spawned (its pid comes in worker_started)."""
+        with self.lock:
+            job = self._new_job(f"worker-{device}-{index}", device, "region", "worker",
+                                Pid(os.getpid(), _own_start()))
+            job.cgroups = self.exclusivity.create_cgroups(job.job_id)
+            return job
+
+    def worker_started(self, job_id: int, pid: int) -> None:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            root = Pid.of(pid)
+            if job is not None and root is not None:
+                job.root, job.pgid = root, process_group(pid)
+
+    def worker_exited(self, pid: int) -> None:
+        with self.lock:
+            for job in list(self.jobs.jobs.values()):
+                if job.kind == "worker" and job.root and job.root.pid == pid:
+                    self._remove_job(job, "worker exited")
 
     def _on_stop(self, session: Session, msg: m.Stop) -> dict[str, Any]:
         self.accepting = False
@@ -319,6 +346,8 @@ class Daemon:
                 elif st.granted_mono is None:
                     st.session.push(_error(ShuttingDown("the daemon is stopping"), st.acquire_id))
             self.regions.clear()
+        self.pools.shutdown()  # outside the lock: workers' exits call back into the daemon
+        with self.lock:
             for job in list(self.jobs.jobs.values()):
                 self._remove_job(job, "daemon stopped")
             self.exclusivity.close()
@@ -352,7 +381,7 @@ class Daemon:
         self.exclusivity.remove_cgroups(job.cgroups)
         self.events.emit("job_ended", job_id=job.job_id, why=why, exit_code=job.exit_code)
 
-    def _job_env(self, job: Job) -> dict[str, Any]:
+    def job_env(self, job: Job) -> dict[str, Any]:
         env = {"KREX_SOCKET": self.config.socket_path, "KREX_JOB_ID": str(job.job_id),
                "KREX_DEVICE": job.device}
         env.update(self.exclusivity.job_env(job))
@@ -416,6 +445,7 @@ class Daemon:
             "counters": {"granted": self.counters.granted, "released": self.counters.released,
                          "revoked": self.counters.revoked, "cancelled": self.counters.cancelled},
             "enforcement": self.exclusivity.describe(),
+            "pools": self.pools.status(),
         }
 
 
@@ -426,9 +456,11 @@ def _req_summary(r: Request) -> dict[str, Any]:
 
 
 def _getpid() -> int:
-    import os
-
     return os.getpid()
+
+
+def _own_start() -> int:
+    return start_time(os.getpid()) or 0
 
 
 def _error(exc: KrexError, re: int | None) -> m.ErrorReply:

@@ -51,7 +51,9 @@ class Job:
     exit_code: int | None = None
 
     def anchors(self) -> list[Pid]:
-        return [p for p in (self.owner, self.root, *self.members) if p is not None]
+        # A worker job's owner is the daemon itself: only the worker's own tree counts.
+        owner = None if self.kind == "worker" else self.owner
+        return [p for p in (owner, self.root, *self.members) if p is not None]
 
     def contains(self, pid: int) -> bool:
         st = start_time(pid)
@@ -66,6 +68,8 @@ class Job:
         return any(a.alive() and is_descendant(pid, a.pid) for a in self.anchors())
 
     def alive(self) -> bool:
+        if self.kind == "worker" and self.root is None:
+            return True  # being spawned
         return any(a.alive() for a in self.anchors())
 
     def summary(self) -> dict[str, Any]:

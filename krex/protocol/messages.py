@@ -122,6 +122,18 @@ class Regions(Message):
 
 
 @dataclass(frozen=True)
+class Exec(Message):
+    """Run a program in a warm worker of ``device``; ``output`` frames stream back live.
+
+    ``request`` is an ``ExecRequest.to_dict()`` (path or pickled callable, args, cwd, env).
+    """
+
+    type: ClassVar[str] = "exec"
+    request: dict[str, Any]
+    device: str | None = None
+
+
+@dataclass(frozen=True)
 class Stop(Message):
     type: ClassVar[str] = "stop"
 
@@ -158,6 +170,16 @@ class Revoked(Message):
     type: ClassVar[str] = "revoked"
     region: int
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Output(Message):
+    """A chunk of a running program's stdout or stderr (reply to ``exec`` in progress)."""
+
+    type: ClassVar[str] = "output"
+    re: int | None = None
+    stream: str = "stdout"
+    data: str = ""
 
 
 def message_types() -> dict[str, type[Message]]:

@@ -1,0 +1,93 @@
+"""The daemon's warm worker pools: one per device, started on first use.
+
+Every worker is a managed job of kind ``worker`` (its own cgroup, the job
+environment, the interposer where built), so regions and enforcement apply to
+programs in workers exactly as to ``krex run`` jobs.  ``exec`` requests run
+on a thread of their own; output streams back to the requesting connection.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from krex.client.job import join_cgroups
+from krex.errors import KrexError, WorkerFailed
+from krex.protocol import messages as m
+from krex.workers import ExecRequest, PoolSpec, WorkerPool
+
+if TYPE_CHECKING:
+    from krex.daemon.core import Daemon, Session
+
+
+class DaemonLauncher:
+    """Makes each worker of a pool a managed job of the daemon."""
+
+    def __init__(self, daemon: Daemon, device: str) -> None:
+        self.daemon = daemon
+        self.device = device
+        self._spawning = threading.local()  # prepare() and started() share the spawn thread
+
+    def prepare(self, index: int) -> tuple[dict[str, str], Callable[[], None] | None]:
+        job = self.daemon.new_worker_job(self.device, index)
+        info = self.daemon.job_env(job)
+        self._spawning.job_id = job.job_id
+        return {**os.environ, **info["env"]}, join_cgroups(info["cgroups"], new_group=False)
+
+    def started(self, pid: int) -> None:
+        self.daemon.worker_started(self._spawning.job_id, pid)
+
+    def exited(self, pid: int) -> None:
+        self.daemon.worker_exited(pid)
+
+
+class Pools:
+    def __init__(self, daemon: Daemon, spec: PoolSpec) -> None:
+        self.daemon = daemon
+        self.template = spec
+        self.pools: dict[str, WorkerPool] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, device: str) -> WorkerPool:
+        with self._lock:
+            pool = self.pools.get(device)
+            if pool is None:
+                spec = PoolSpec(**{**vars(self.template), "device": device})
+                pool = WorkerPool(spec, DaemonLauncher(self.daemon, device))
+                pool.start()
+                self.pools[device] = pool
+            return pool
+
+    def run(self, session: Session, msg: m.Exec, device: str) -> None:
+        """Start the program on a thread of its own; the reply comes when it ends."""
+        threading.Thread(target=self._run, args=(session, msg, device), daemon=True,
+                         name=f"krex-exec-{msg.id}").start()
+
+    def _run(self, session: Session, msg: m.Exec, device: str) -> None:
+        from krex.daemon.core import _error
+
+        try:
+            req = ExecRequest.from_dict(msg.request)
+        except (TypeError, ValueError, KeyError) as exc:
+            session.push(_error(WorkerFailed(f"bad exec request: {exc}"), msg.id))
+            return
+        try:
+            pool = self.pool(device)
+            result = pool.submit(req, lambda stream, text: session.push(
+                m.Output(re=msg.id, stream=stream, data=text)))
+        except KrexError as exc:
+            session.push(_error(exc, msg.id))
+            return
+        session.push(m.Reply(re=msg.id, data={"result": result.to_dict()}))
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {name: pool.status() for name, pool in self.pools.items()}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pools, self.pools = list(self.pools.values()), {}
+        for pool in pools:
+            pool.shutdown()

@@ -1,0 +1,164 @@
+"""After a program: is this worker still fit to serve the next one?
+
+``Canary.take(context)`` observes what cannot (or should not) be put back by
+``snapshot.restore``: threads, child processes, native libraries, process
+attributes (rlimits, niceness, session, dlopen flags), device health and
+memory.  ``Canary.verdict(before, after)`` returns ``None`` for a healthy
+worker, else the recycle reason, e.g. ``"leaked_thread: Thread-3 (spin)"``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+_SYSTEM_PREFIXES = tuple(
+    {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr/", "/lib/", "/lib64/", "/opt/"}
+)
+_RLIMITS = [getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")]
+
+
+@dataclass
+class Canary:
+    threads: set[threading.Thread]
+    libraries: set[str]
+    process: dict[str, Any]
+    memory_mb: float | None
+
+    @classmethod
+    def take(cls, context: Any) -> Canary:
+        return cls(threads=set(threading.enumerate()), libraries=native_libraries(),
+                   process=process_fingerprint(), memory_mb=context.memory_mb())
+
+
+def verdict(before: Canary, context: Any, limit_mb: float, check_libraries: bool) -> str | None:
+    """The first reason this worker must be recycled, or None."""
+    checks = (
+        lambda: _leaked_threads(before.threads),
+        _leaked_children,
+        lambda: _device_error(context),
+        lambda: _memory_growth(before.memory_mb, context, limit_mb),
+        lambda: _process_state(before.process),
+        lambda: _new_libraries(before.libraries) if check_libraries else None,
+    )
+    for check in checks:
+        reason = check()
+        if reason:
+            return reason
+    return None
+
+
+def _leaked_threads(before: set[threading.Thread], grace_s: float = 0.05) -> str | None:
+    deadline = time.monotonic() + grace_s
+    for t in [t for t in threading.enumerate() if t not in before]:
+        t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    if not alive:
+        return None
+    return "leaked_thread: " + ", ".join(t.name for t in alive[:5])
+
+
+def _leaked_children() -> str | None:
+    _reap_exited()
+    pids = descendants(os.getpid())
+    if not pids:
+        return None
+    for pid in pids:  # the worker kills what its program left behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap_exited(wait_s=1.0)
+    return "leaked_child_process: " + ", ".join(map(str, pids[:5]))
+
+
+def _reap_exited(wait_s: float = 0.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+
+
+def descendants(root: int) -> list[int]:
+    """PIDs below ``root`` (from /proc), children first."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = _ppid(int(entry))
+            if ppid is not None:
+                parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[1])  # a zombie is not a leak
+
+
+def _device_error(context: Any) -> str | None:
+    problem = context.probe()
+    return f"device_error: {problem}" if problem else None
+
+
+def _memory_growth(before_mb: float | None, context: Any, limit_mb: float) -> str | None:
+    now = context.memory_mb()
+    if before_mb is None or now is None or now - before_mb <= limit_mb:
+        return None
+    return f"memory_growth: +{now - before_mb:.0f} MB (limit {limit_mb:.0f} MB)"
+
+
+def _process_state(before: dict[str, Any]) -> str | None:
+    after = process_fingerprint()
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    return "leaked_state: " + ", ".join(changed) if changed else None
+
+
+def process_fingerprint() -> dict[str, Any]:
+    """Process attributes that are not put back: a change means a fresh process."""
+    return {
+        "rlimits": tuple(resource.getrlimit(r) for r in _RLIMITS),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "session": (os.getpgid(0), os.getsid(0)),
+        "dlopenflags": sys.getdlopenflags(),
+        "ids": (os.getuid(), os.geteuid(), os.getgid(), os.getegid()),
+    }
+
+
+def native_libraries() -> set[str]:
+    """Shared objects mapped into this process."""
+    out = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+            if ".so" in path and path.startswith("/"):
+                out.add(path)
+    return out
+
+
+def _new_libraries(before: set[str]) -> str | None:
+    new = sorted(p for p in native_libraries() - before if not p.startswith(_SYSTEM_PREFIXES))
+    if not new:
+        return None
+    return "native_library: " + ", ".join(new[:3]) + " (loaded code cannot be unloaded)"

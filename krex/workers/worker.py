@@ -1,0 +1,131 @@
+"""The worker process: ``python -m krex.workers.worker --fd N``.
+
+Spawned by the pool, never forked.  In: an ``init`` message (device,
+preload, options, output sentinel), then ``run`` messages.  Out: ``ready``
+(what was initialised and how long it took), then one ``done`` per program
+(the runner's result plus ``recycle`` — why this worker must not serve
+again — and ``restored``).  Program output goes to fds 1 and 2, which are
+pipes the pool reads; after each program the worker writes the sentinel on
+both so the pool knows it has all of the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import io
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from krex.workers import canary, runner, snapshot
+from krex.workers.channel import Channel, ChannelClosed
+from krex.workers.context import open_context
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m krex.workers.worker")
+    parser.add_argument("--fd", type=int, required=True, help="the pool's socket")
+    opts = parser.parse_args(argv)
+    channel = Channel(socket.socket(fileno=opts.fd))
+    _setup_streams()
+    try:
+        init = channel.recv()
+        Worker(channel, init).serve()
+    except ChannelClosed:
+        return 0
+    return 0
+
+
+def _setup_streams() -> None:
+    """Unbuffered text streams on fds 1 and 2, so output reaches the pool live."""
+    sys.stdout = _stream(1)
+    sys.stderr = _stream(2)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _stream(fd: int) -> io.TextIOWrapper:
+    """Line-buffered, like a terminal: each complete line reaches the pool at once."""
+    buffered = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+    return io.TextIOWrapper(buffered, encoding="utf-8", errors="backslashreplace",
+                            line_buffering=True)
+
+
+class Worker:
+    def __init__(self, channel: Channel, init: dict[str, Any]) -> None:
+        self.channel = channel
+        self.options = init
+        self.sentinel = init["sentinel"]
+        self.served = 0
+        t0 = time.monotonic()
+        try:
+            self.context = open_context(init["device"])
+        except Exception as e:  # noqa: BLE001  (reported to the pool, which says why)
+            channel.send({"t": "failed", "error": f"{type(e).__name__}: {e}"})
+            raise SystemExit(3) from e
+        t1 = time.monotonic()
+        loaded, missing = _preload(init.get("preload", []))
+        t2 = time.monotonic()
+        self._warm_up()
+        self.snap = snapshot.take()
+        self.canary = canary.Canary.take(self.context)
+        channel.send({"t": "ready", "pid": os.getpid(), "context": self.context.info,
+                      "context_s": t1 - t0, "preload_s": t2 - t1, "preloaded": loaded,
+                      "missing": missing})
+
+    def _warm_up(self) -> None:
+        """Run one empty program so lazy initialisation is part of the baseline."""
+        request = {"kind": "callable", "payload": _NOOP, "cwd": os.getcwd(), "args": [],
+                   "env": dict(os.environ)}
+        runner.run(request, dict(os.environ), [])
+        self._end_of_output()
+
+    def serve(self) -> None:
+        while True:
+            message = self.channel.recv()
+            if message.get("t") == "run":
+                self.channel.send(self.run(message))
+
+    def run(self, message: dict[str, Any]) -> dict[str, Any]:
+        result = runner.run(message["request"], self.snap.environ,
+                            self.options.get("pinned_env", []))
+        self._end_of_output()
+        restored = [x for x in snapshot.restore(self.snap) if x not in _APPLIED_BY_RUNNER]
+        self.served += 1
+        try:
+            reason = canary.verdict(self.canary, self.context,
+                                    self.options.get("memory_growth_limit_mb", 512.0),
+                                    self.options.get("check_libraries", True))
+        except Exception as e:  # noqa: BLE001  (a worker that cannot check itself is unfit)
+            reason = f"check_failed: {type(e).__name__}: {e}"
+        return {"t": "done", "seq": message["seq"], "result": result, "recycle": reason,
+                "restored": restored}
+
+    def _end_of_output(self) -> None:
+        for fd in (1, 2):
+            os.write(fd, self.sentinel)
+
+
+# What the runner itself sets for every program: putting it back is no news.
+_APPLIED_BY_RUNNER = {"process:cwd", "process:environ", "sys:path", "sys:argv"}
+
+
+def _preload(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    loaded, missing = [], {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as e:  # noqa: BLE001  (a missing module is recorded, not fatal)
+            missing[name] = f"{type(e).__name__}: {e}"
+    return loaded, missing
+
+
+_NOOP = __import__("pickle").dumps((int, (), {}))  # a program that does nothing
+
+if __name__ == "__main__":
+    raise SystemExit(main())

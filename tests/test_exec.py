@@ -1,0 +1,56 @@
+"""``krex exec`` and ``Client.exec``/``submit`` through a real daemon and its warm pool."""
+
+import json
+import os
+
+from helpers import run_krex
+
+PROG = """
+import os, sys, krex
+print("pid", os.getpid(), "args", " ".join(sys.argv[1:]), flush=True)
+with krex.region(label="in-worker") as r:
+    pass
+print("mode", r.report["mode"], "job", os.environ["KREX_JOB_ID"])
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def test_exec_runs_in_the_same_warm_worker_with_regions(daemon, tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROG)
+    first = run_krex("exec", str(prog), "a", "b")
+    second = run_krex("exec", str(prog), "c", env={**os.environ, "EXIT": "3"})
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 3
+    pid1 = first.stdout.split()[1]
+    assert f"pid {pid1} args c" in second.stdout  # same warm worker, new argv
+    assert "mode region" in first.stdout
+    with daemon.client() as c:
+        labels = [r["label"] for r in c.regions()]
+        pools = c.status()["pools"]
+    assert labels.count("in-worker") == 2
+    assert pools["cpu"]["served"] == 2
+
+
+def test_submit_a_callable_and_see_errors(daemon):
+    with daemon.client() as c:
+        ok = c.submit(divmod, 17, 5)
+        assert ok.ok and ok.returned() == (3, 2)
+        bad = c.submit(json.loads, "{")
+        assert bad.status == "error" and "JSONDecodeError" in bad.exception
+        assert "Traceback" in bad.traceback and "decoder.py" in bad.traceback
+
+
+def test_exec_json_result_and_timeout(daemon, tmp_path):
+    prog = tmp_path / "slow.py"
+    prog.write_text("import time\nprint('start', flush=True)\ntime.sleep(30)\n")
+    out = run_krex("exec", "--timeout-s", "0.5", "--json", str(prog))
+    assert out.returncode == 124
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["status"] == "timeout" and result["recycled"]
+    assert "start" in out.stdout and "timed out" in out.stderr
+
+
+def test_exec_missing_program_is_a_usage_error(daemon):
+    out = run_krex("exec", "/nonexistent.py")
+    assert out.returncode == 1 and "no such program" in out.stderr

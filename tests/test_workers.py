@@ -1,0 +1,363 @@
+"""The persistent context pool, without the daemon: clean namespaces, recycling, streaming."""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import reap, spawn, wait_for
+
+from krex.errors import WorkerFailed
+from krex.workers import ExecRequest, ExecResult, PoolSpec, WorkerPool
+
+
+@pytest.fixture
+def pool():
+    p = WorkerPool(PoolSpec("cpu", min_workers=1, max_workers=1, preload=["numpy"]))
+    p.start()
+    yield p
+    p.shutdown()
+
+
+def write(tmp_path: Path, name: str, source: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def run(pool: WorkerPool, path: str, *args: str, **kw) -> tuple[ExecResult, dict[str, str]]:
+    out = {"stdout": "", "stderr": ""}
+
+    def collect(stream: str, text: str) -> None:
+        out[stream] += text
+
+    req = ExecRequest.for_path(path, list(args), cwd=os.path.dirname(path), **kw)
+    return pool.submit(req, collect), out
+
+
+def gone(pid: int) -> bool:
+    """Exited and reaped: not running, not a zombie."""
+    return not psutil.pid_exists(pid)
+
+
+DIRTY = """
+    import os, sys, signal, random, warnings, builtins
+    import numpy as np
+    import canary_mod
+    canary_mod.VALUE = "dirty"
+    X_GLOBAL = 42
+    os.chdir("/")
+    os.environ["KREX_CANARY"] = "dirty"
+    sys.path.insert(0, "/nonexistent-canary")
+    sys.argv.append("--dirty")
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    random.seed(0); np.random.seed(0)
+    warnings.simplefilter("error")
+    builtins.krex_canary = True
+    os.umask(0o077)
+    sys.setrecursionlimit(123456)
+    import json; json.dumps = None
+    print("dirty done", os.getpid())
+"""
+
+CHECK = """
+    import os, sys, signal, random, warnings, builtins, json
+    import numpy as np
+    report = {
+        "pid": os.getpid(),
+        "global": "X_GLOBAL" in globals(),
+        "cwd": os.getcwd(),
+        "env": os.environ.get("KREX_CANARY"),
+        "path_dirty": "/nonexistent-canary" in sys.path,
+        "argv": sys.argv[1:],
+        "sigusr1_default": signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+        "canary_mod_loaded": "canary_mod" in sys.modules,
+        "random": random.random(),
+        "np_random": float(np.random.random()),
+        "warnings_error": any(f[0] == "error" for f in warnings.filters),
+        "builtins": hasattr(builtins, "krex_canary"),
+        "umask": os.umask(0o022),
+        "recursionlimit": sys.getrecursionlimit(),
+        "json_dumps": json.dumps is not None,
+    }
+    import canary_mod
+    report["canary_mod_value"] = canary_mod.VALUE
+    print(json.dumps(report))
+"""
+
+
+def test_programs_in_a_row_share_a_worker_but_not_state(pool, tmp_path):
+    write(tmp_path, "canary_mod.py", 'VALUE = "clean"\n')
+    dirty, check = write(tmp_path, "dirty.py", DIRTY), write(tmp_path, "check.py", CHECK)
+    first, out1 = run(pool, dirty)
+    assert first.status == "ok", first
+    assert not first.recycled, first.recycle_reason
+    assert "signals:SIGUSR1" in first.restored and "globals:json.dumps" in first.restored
+    seen = []
+    for _ in range(2):  # random state must differ between programs too
+        result, out = run(pool, check, "a1")
+        assert result.status == "ok", out["stderr"]
+        seen.append(json.loads(out["stdout"]))
+    r = seen[0]
+    assert r["pid"] == first.worker_pid == seen[1]["pid"]
+    assert r["cwd"] == str(tmp_path) and r["env"] is None and r["argv"] == ["a1"]
+    assert not r["global"] and not r["path_dirty"] and r["sigusr1_default"]
+    assert not r["canary_mod_loaded"] and r["canary_mod_value"] == "clean"
+    assert not r["warnings_error"] and not r["builtins"] and r["json_dumps"]
+    assert r["umask"] == 0o022 and r["recursionlimit"] != 123456
+    assert r["random"] != random_after_seed_0() and r["random"] != seen[1]["random"]
+    assert r["np_random"] != seen[1]["np_random"]
+
+
+def random_after_seed_0() -> float:
+    import random
+
+    return random.Random(0).random()
+
+
+def test_an_edited_module_is_imported_afresh(pool, tmp_path):
+    write(tmp_path, "kernel.py", "VERSION = 1\n")
+    prog = write(tmp_path, "prog.py", "import kernel\nprint(kernel.VERSION)\n")
+    first, out1 = run(pool, prog)
+    write(tmp_path, "kernel.py", "VERSION = 2\n")
+    second, out2 = run(pool, prog)
+    assert (out1["stdout"], out2["stdout"]) == ("1\n", "2\n")
+    assert first.worker_pid == second.worker_pid
+
+
+def test_exit_codes_and_remote_tracebacks(pool, tmp_path):
+    boom = write(tmp_path, "boom.py", "def f():\n    raise ValueError('boom')\nf()\n")
+    result, out = run(pool, boom)
+    assert (result.status, result.exit_code, result.exception) == ("error", 1, "ValueError: boom")
+    assert 'boom.py", line 2, in f' in result.traceback and "ValueError: boom" in out["stderr"]
+    assert "runner.py" not in result.traceback
+    result, _ = run(pool, write(tmp_path, "ex.py", "import sys\nsys.exit(3)\n"))
+    assert (result.status, result.exit_code) == ("error", 3)
+    result, _ = run(pool, write(tmp_path, "ok.py", "raise SystemExit(0)\n"))
+    assert (result.status, result.exit_code, result.recycled) == ("ok", 0, False)
+
+
+def test_callable_returns_its_value(pool, tmp_path, monkeypatch):
+    result = pool.submit(ExecRequest.for_callable(operator.mul, 6, 7))
+    assert result.ok and result.returned() == 42 and result.dispatch_s is not None
+    write(tmp_path, "helper_mod.py", "import os\ndef where(x):\n    return os.getcwd(), x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import helper_mod  # noqa: E402  (pickled by reference, imported in the worker from cwd)
+
+    req = ExecRequest.for_callable(helper_mod.where, 21)
+    req.cwd = str(tmp_path)
+    result = pool.submit(req)
+    assert result.ok, result.traceback
+    assert result.returned() == (str(tmp_path), 42)
+    roundtrip = ExecResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert roundtrip == result
+
+
+def test_output_is_streamed_while_the_program_runs(pool, tmp_path):
+    flag = tmp_path / "seen"
+    prog = write(tmp_path, "live.py", f"""
+        import os, sys, time
+        print("early")
+        deadline = time.monotonic() + 20
+        while not os.path.exists({str(flag)!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("late", os.path.exists({str(flag)!r}), file=sys.stderr)
+    """)
+    chunks = []
+
+    def on_output(stream: str, text: str) -> None:
+        chunks.append((stream, text))
+        if "early" in text:
+            flag.touch()
+
+    result = pool.submit(ExecRequest.for_path(prog), on_output)
+    assert result.ok
+    assert chunks[0] == ("stdout", "early\n")
+    assert ("stderr", "late True\n") in chunks
+
+
+def test_leaked_thread_recycles_the_worker(pool, tmp_path):
+    prog = write(tmp_path, "thread.py", """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(60,), name="spinner", daemon=True).start()
+    """)
+    result, _ = run(pool, prog)
+    assert result.status == "ok" and result.recycled
+    assert result.recycle_reason == "leaked_thread: spinner"
+    wait_for(lambda: gone(result.worker_pid))
+    after, _ = run(pool, write(tmp_path, "ok.py", "pass\n"))
+    assert after.ok and after.worker_pid != result.worker_pid
+    assert pool.status()["recycles"] == {"leaked_thread": 1}
+
+
+def test_foreground_threads_are_waited_for(pool, tmp_path):
+    prog = write(tmp_path, "fg.py", """
+        import threading, time
+        threading.Thread(target=lambda: (time.sleep(0.2), print("thread done"))).start()
+    """)
+    result, out = run(pool, prog)
+    assert result.ok and not result.recycled and out["stdout"] == "thread done\n"
+
+
+def test_timeout_kills_and_replaces_the_worker(pool, tmp_path):
+    prog = write(tmp_path, "slow.py", "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    result, out = run(pool, prog, timeout_s=1.0)
+    assert time.monotonic() - t0 < 10
+    assert (result.status, result.exit_code, result.recycled) == ("timeout", 124, True)
+    assert result.recycle_reason.startswith("timeout") and out["stdout"] == "started\n"
+    wait_for(lambda: gone(result.worker_pid))
+    after, _ = run(pool, write(tmp_path, "ok.py", "pass\n"))
+    assert after.ok and after.worker_pid != result.worker_pid
+
+
+def test_segfault_is_reported_and_the_pool_keeps_serving(pool, tmp_path):
+    prog = write(tmp_path, "crash.py", "import ctypes\nprint('before')\nctypes.string_at(0)\n")
+    result, out = run(pool, prog)
+    assert (result.status, result.exit_code, result.recycled) == ("crashed", 139, True)
+    assert "SIGSEGV" in result.exception and result.recycle_reason == "crashed: died from SIGSEGV"
+    assert "Segmentation fault" in result.traceback and "crash.py" in result.traceback
+    assert out["stdout"] == "before\n"
+    wait_for(lambda: gone(result.worker_pid))
+    after, _ = run(pool, write(tmp_path, "ok.py", "pass\n"))
+    assert after.ok and after.worker_pid != result.worker_pid
+
+
+def test_leaked_child_process_is_killed_and_the_worker_recycled(pool, tmp_path):
+    prog = write(tmp_path, "child.py", """
+        import subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print(p.pid)
+    """)
+    result, out = run(pool, prog)
+    assert result.ok and result.recycle_reason.startswith("leaked_child_process")
+    wait_for(lambda: gone(int(out["stdout"])))
+
+
+def test_process_state_that_cannot_be_put_back_recycles(pool, tmp_path):
+    result, _ = run(pool, write(tmp_path, "nice.py", "import os\nos.nice(1)\n"))
+    assert result.ok and result.recycle_reason == "leaked_state: nice"
+
+
+def test_atexit_handlers_run_when_the_program_ends(pool, tmp_path):
+    prog = write(tmp_path, "ae.py", "import atexit\natexit.register(print, 'bye')\nprint('hi')\n")
+    result, out = run(pool, prog)
+    assert result.ok and out["stdout"] == "hi\nbye\n"
+    result, out = run(pool, write(tmp_path, "ok.py", "print('next')\n"))
+    assert out["stdout"] == "next\n"
+
+
+def test_a_worker_serves_at_most_max_programs(tmp_path):
+    with WorkerPool(PoolSpec("cpu", max_workers=1, max_programs=2, preload=[])) as p:
+        prog = write(tmp_path, "ok.py", "pass\n")
+        results = [run(p, prog)[0] for _ in range(3)]
+    assert results[0].worker_pid == results[1].worker_pid != results[2].worker_pid
+    assert results[1].recycle_reason == "max_programs" and not results[0].recycled
+
+
+def test_pool_scales_up_with_the_queue_and_down_when_idle(tmp_path):
+    spec = PoolSpec("cpu", min_workers=1, max_workers=2, preload=[], idle_shutdown_s=0.3)
+    prog = write(tmp_path, "wait.py", "import time\ntime.sleep(0.5)\n")
+    with WorkerPool(spec) as p:
+        results: list[ExecResult] = []
+        threads = [threading.Thread(target=lambda: results.append(run(p, prog)[0]))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len({r.worker_pid for r in results}) == 2
+        wait_for(lambda: len(p.status()["workers"]) == 1, timeout_s=10)
+        assert p.status()["recycles"].get("idle_scale_down") == 1
+    pids = [r.worker_pid for r in results]
+    assert all(gone(pid) for pid in pids)
+
+
+def test_status_reports_workers_and_missing_preloads():
+    spec = PoolSpec("cpu", preload=["json", "krex_no_such_module"])
+    with WorkerPool(spec) as p:
+        s = p.status()
+        pid = s["workers"][0]["pid"]
+    assert s["preloaded"] == ["json"] and "krex_no_such_module" in s["missing"]
+    assert s["workers"][0]["programs"] == 0 and s["queue_length"] == 0
+    assert gone(pid)
+
+
+def test_a_device_that_cannot_start_is_a_clear_error():
+    with pytest.raises(WorkerFailed, match="unknown device kind"):
+        WorkerPool(PoolSpec("nosuchdevice:0", preload=[])).start()
+
+
+FAKEGPU = Path(__file__).resolve().parent.parent / "krex" / "_native"
+FAKE_LIBCUDA = FAKEGPU / "fakegpu" / "libcuda.so.1"
+FAKE_SERVER = FAKEGPU / "bin" / "krex-fakegpu-server"
+
+POISON = """
+    import ctypes, os
+    lib = ctypes.CDLL(os.environ["KREX_LIBCUDA"])
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cuModuleLoadData(ctypes.byref(module), b"x") == 0
+    assert lib.cuModuleGetFunction(ctypes.byref(fn), module, b"poison") == 0
+    lib.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    print("sync", lib.cuCtxSynchronize())
+"""
+
+
+@pytest.fixture
+def fakegpu_env(tmp_path):
+    """A private fakegpu device server; the environment that points workers at it."""
+    if not (FAKE_LIBCUDA.exists() and FAKE_SERVER.exists()):
+        pytest.skip("the fakegpu driver is not built (krex/_native/fakegpu/libcuda.so.1)")
+    sock = str(tmp_path / "fakegpu.sock")
+    server = spawn([str(FAKE_SERVER), sock])
+    try:
+        wait_for(lambda: os.path.exists(sock) or server.poll() is not None)
+        assert server.poll() is None, server.stderr.read()
+        yield {"KREX_FAKEGPU_SOCKET": sock, "KREX_LIBCUDA": str(FAKE_LIBCUDA)}
+    finally:
+        reap(server)
+
+
+def test_poisoned_fakegpu_context_recycles_the_worker(fakegpu_env, tmp_path):
+    with WorkerPool(PoolSpec("fakegpu:0", preload=[]), launcher=_EnvLauncher(fakegpu_env)) as p:
+        assert p.status()["context"]["backend"] == "cuda-driver"
+        result, out = run(p, write(tmp_path, "poison.py", POISON))
+        assert result.ok, out["stderr"]
+        assert out["stdout"].startswith("sync ") and out["stdout"] != "sync 0\n"
+        assert result.recycled and result.recycle_reason.startswith("device_error: cuCtx")
+        wait_for(lambda: gone(result.worker_pid))
+        after, _ = run(p, write(tmp_path, "ok.py", "pass\n"))
+        assert after.ok and not after.recycled and after.worker_pid != result.worker_pid
+
+
+class _EnvLauncher:
+    def __init__(self, extra: dict[str, str]) -> None:
+        self.extra = extra
+        self.started_pids: list[int] = []
+        self.exited_pids: list[int] = []
+
+    def prepare(self, index):
+        return {**os.environ, **self.extra}, None
+
+    def started(self, pid):
+        self.started_pids.append(pid)
+
+    def exited(self, pid):
+        self.exited_pids.append(pid)
+
+
+def test_the_worker_is_spawned_not_forked_and_the_launcher_sees_it():
+    launcher = _EnvLauncher({})
+    with WorkerPool(PoolSpec("cpu", preload=[]), launcher=launcher) as p:
+        pid = p.status()["workers"][0]["pid"]
+        cmdline = psutil.Process(pid).cmdline()
+    assert cmdline[:3] == [sys.executable, "-m", "krex.workers.worker"]
+    assert launcher.started_pids == launcher.exited_pids == [pid]
