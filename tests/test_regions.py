@@ -45,25 +45,36 @@ def run_jobs(tmp_path, count, regions, hold_ms, mode="region", threads=None):
 
 def test_six_jobs_never_overlap_and_wait_fairly(daemon, tmp_path):
     # Job 0 is greedy: four threads queue regions at once.
-    lines = run_jobs(tmp_path, 6, 20, 1.0, threads=[4, 1, 1, 1, 1, 1])
-    assert len(lines) == 20 * 9
+    lines = run_jobs(tmp_path, 6, 20, 1.0, threads=[8, 1, 1, 1, 1, 1])
+    assert len(lines) == 20 * 13
     assert overlaps([(x["in"], x["out"]) for x in lines]) == 0
-    # Fairness from the jobs' own clocks: while a job waited (since its request, or
-    # since its own previous grant if later), how many regions of *other* jobs were
-    # granted?  Round-robin between jobs bounds it by the number of other jobs (+1 for
-    # a grant racing the request); a global FIFO would let the greedy job's four
-    # threads push other jobs well past that.
-    assert worst_wait_in_grants(lines) <= 6
-    # krex's own log agrees.
+    # Fairness: while a job waited (since its request, or since its own previous grant
+    # if later), how many regions of *other* jobs were granted?  Round-robin between
+    # jobs bounds it by the number of other jobs, exactly on the daemon's clock; a
+    # global FIFO would let the greedy job's eight queued threads push a waiting job
+    # past it.  The jobs' own clocks add client-side delays (a process descheduled
+    # between its grant and its timestamp), hence the looser bound there.
     with daemon.client() as c:
-        records = c.regions()
-    assert count_overlaps(records) == 0
-    assert len([r for r in records if r["outcome"] == "released"]) == 180
+        records = [r for r in c.regions() if r["outcome"] == "released"]
+    assert len(records) == 20 * 13
+    assert count_overlaps(records) == 0  # krex's own log agrees
+    rows = [{"job": r["job_id"], "thread": r["label"], "req": r["requested_mono_ns"],
+             "in": r["granted_mono_ns"]} for r in records]
+    assert worst_wait_in_grants(rows, skip_first=False) <= 5
+    assert worst_wait_in_grants(lines) <= 10
 
 
-def worst_wait_in_grants(lines):
+def worst_wait_in_grants(lines, skip_first=True):
+    """Other jobs' grants seen while waiting.  From the jobs' clocks each thread's first
+    region is left out: its "req" stamp also covers connecting and registering."""
     worst = 0
+    firsts = {}
     for x in lines:
+        key = (x["job"], x["thread"])
+        firsts[key] = min(firsts.get(key, x["req"]), x["req"])
+    for x in lines:
+        if skip_first and firsts[(x["job"], x["thread"])] == x["req"]:
+            continue
         own = [y["in"] for y in lines if y["job"] == x["job"] and y["in"] < x["in"]]
         since = max([x["req"], *own])
         others = [y for y in lines if y["job"] != x["job"] and since < y["in"] < x["in"]]

@@ -118,7 +118,7 @@ class Daemon:
         owner = self._pid_of(session)
         job = self._new_job(msg.name or "job", device, msg.mode, "managed", owner)
         job.cgroups = self.exclusivity.create_cgroups(job.job_id)
-        return {"job_id": job.job_id, "device": device, "mode": job.mode, **self._job_env(job)}
+        return {"job_id": job.job_id, "device": device, "mode": job.mode, **self.job_env(job)}
 
     def _on_attach_job(self, session: Session, msg: m.AttachJob) -> dict[str, Any]:
         job = self._owned_job(session, msg.job_id)
@@ -306,6 +306,7 @@ class Daemon:
                 "device": req.device, "label": req.label, "outcome": outcome,
                 "waited_s": (req.granted_at or req.requested_at) - req.requested_at,
                 "held_s": held_s, "nested": req.nested, "exclusive": req.exclusive,
+                "requested_mono_ns": int(req.requested_at * 1e9),
                 "granted_mono_ns": int((st.granted_mono or 0) * 1e9),
                 "jobs_served_while_waiting": req.jobs_served_while_waiting}
 

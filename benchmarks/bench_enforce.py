@@ -1,0 +1,148 @@
+"""Latency of host enforcement per region: freeze + isolate, and thaw.
+
+For each available freeze backend and 1, 4 and 16 busy sibling processes
+(each its own job, in its own cgroup for the cgroup backends), enters and
+exits REGIONS regions around a sleeping holder and records the wall time of
+``Enforcer.enter`` (freeze + isolate) and ``Enforcement.exit`` (thaw +
+restore).  Writes ``results/enforce.json`` (format version 1, written
+atomically) and prints a markdown table.
+
+    .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
+from krex.enforce.enforcer import EnforceConfig, Enforcer
+from krex.enforce.job import JobTarget
+from krex.enforce.process import ProcessRef
+
+SIBLINGS = (1, 4, 16)
+BUSY = "while True: pass"
+HOLDER = "import time; time.sleep(3600)"
+
+
+def _spawn(code: str, cgroups: JobCgroups | None) -> subprocess.Popen:
+    pre = cgroups.join_self if cgroups else None
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, preexec_fn=pre)
+
+
+def _target(job_id: int, proc: subprocess.Popen, cgroups: JobCgroups | None) -> JobTarget:
+    return JobTarget(job_id, root=ProcessRef.of(proc.pid), pgid=proc.pid, cgroups=cgroups)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _summary(xs: list[float]) -> dict:
+    return {"p50_ms": round(statistics.median(xs), 3), "p95_ms": round(_quantile(xs, 0.95), 3)}
+
+
+def run_case(layout: CgroupLayout, backend: str, n: int, regions: int) -> dict:
+    instance = instance_name("bench") + f"-{backend}-{n}"
+    cg = (lambda i: layout.create_job(instance, i)) if backend != "signal" else (lambda i: None)
+    procs: list[subprocess.Popen] = []
+    try:
+        holder_cg = cg(0)
+        procs.append(_spawn(HOLDER, holder_cg))
+        holder = _target(0, procs[0], holder_cg)
+        siblings = []
+        for i in range(1, n + 1):
+            job_cg = cg(i)
+            procs.append(_spawn(BUSY, job_cg))
+            siblings.append(_target(i, procs[-1], job_cg))
+        time.sleep(0.3)  # let them start and get busy
+        return _measure(layout, backend, holder, siblings, regions)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        layout.remove_instance(instance)
+
+
+def _measure(layout, backend, holder, siblings, regions) -> dict:
+    enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+    enter_ms, exit_ms, clean = [], [], 0
+    for _ in range(regions):
+        t0 = time.perf_counter()
+        region = enforcer.enter(holder, siblings, max_hold_s=10)
+        t1 = time.perf_counter()
+        report = region.exit()
+        t2 = time.perf_counter()
+        enter_ms.append((t1 - t0) * 1e3)
+        exit_ms.append((t2 - t1) * 1e3)
+        clean += report["clean"]
+        time.sleep(0.005)  # siblings run between regions
+    return {
+        "backend": report["freeze_backend"],
+        "siblings": len(siblings),
+        "regions": regions,
+        "freeze_isolate": _summary(enter_ms),
+        "thaw": _summary(exit_ms),
+        "clean": clean,
+    }
+
+
+def backends(layout: CgroupLayout) -> list[str]:
+    out = ["signal"]
+    if layout.v2_writable:
+        out.insert(0, "cgroup2")
+    if layout.freezer_writable:
+        out.insert(1 if layout.v2_writable else 0, "cgroup1")
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| backend | siblings | freeze+isolate p50 / p95 (ms) | thaw p50 / p95 (ms) | clean |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        fi, th = r["freeze_isolate"], r["thaw"]
+        lines.append(
+            f"| {r['backend']} | {r['siblings']} | {fi['p50_ms']:.2f} / {fi['p95_ms']:.2f}"
+            f" | {th['p50_ms']:.2f} / {th['p95_ms']:.2f} | {r['clean']}/{r['regions']} |"
+        )
+    return "\n".join(lines)
+
+
+def write_atomic(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--regions", type=int, default=50)
+    parser.add_argument("--out", default="results/enforce.json")
+    args = parser.parse_args()
+    layout = CgroupLayout.probe()
+    rows = [run_case(layout, b, n, args.regions) for b in backends(layout) for n in SIBLINGS]
+    meta = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "root": os.geteuid() == 0,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    write_atomic(args.out, {"format": 1, "benchmark": "enforce", "meta": meta, "results": rows})
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

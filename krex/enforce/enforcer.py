@@ -1,0 +1,256 @@
+"""Apply a region's host enforcement in order and undo it in reverse.
+
+:meth:`Enforcer.enter` builds the operations (``pre_ops`` such as the GPU
+gate and drain, then freeze of the siblings, then CPU isolation), registers a
+guardian lease carrying every operation's undo records, and applies them in
+an :class:`contextlib.ExitStack`.  :meth:`Enforcement.exit` reverts them and
+returns the host part of the region report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from krex.enforce.cgroups import CgroupLayout
+from krex.enforce.freeze import FREEZERS, SignalFreeze
+from krex.enforce.isolation import CpuIsolation, default_cores
+from krex.enforce.job import JobTarget
+from krex.enforce.operation import Operation
+from krex.enforce.schedstat import HolderCounters
+from krex.errors import EnforcementFailed
+
+if TYPE_CHECKING:
+    from krex.enforce.guardian import GuardianClient
+
+FREEZE_CHOICES = ("auto", "cgroup2", "cgroup1", "signal", "off")
+_lease_ids = itertools.count(1)
+
+
+@dataclass
+class EnforceConfig:
+    freeze: str = "auto"  # auto | cgroup2 | cgroup1 | signal | off
+    freeze_scope: str = "device"  # device | node (the daemon picks the siblings)
+    isolate: bool = True
+    measure_cores: list[int] | None = None  # None: default_cores()
+    lease_margin_s: float = 5.0
+    freeze_timeout_s: float = 2.0
+
+
+class Enforcer:
+    """Builds and applies the host operations of each region on this node."""
+
+    def __init__(
+        self, config: EnforceConfig, layout: CgroupLayout, guardian: GuardianClient | None = None
+    ) -> None:
+        if config.freeze not in FREEZE_CHOICES:
+            raise ValueError(f"freeze must be one of {FREEZE_CHOICES}, not {config.freeze!r}")
+        self.config = config
+        self.layout = layout
+        self.guardian = guardian
+        self.all_cores = sorted(os.sched_getaffinity(0))
+
+    def cores(self) -> list[int]:
+        if self.config.measure_cores is not None:
+            return sorted(self.config.measure_cores)
+        return default_cores(self.all_cores)
+
+    def freeze_backend(self) -> tuple[str | None, str]:
+        """(backend name, why) for the configured choice; None when unavailable or off."""
+        choice = self.config.freeze
+        if choice == "off":
+            return None, "disabled by configuration (freeze=off)"
+        usable = self._freeze_usable()
+        if choice == "auto":
+            return next(k for k in ("cgroup2", "cgroup1", "signal") if usable[k][0]), ""
+        return (choice, "") if usable[choice][0] else (None, usable[choice][1])
+
+    def _freeze_usable(self) -> dict[str, tuple[bool, str]]:
+        layout = self.layout
+        return {
+            "cgroup2": (layout.v2_writable, layout.reasons.get("v2", "")),
+            "cgroup1": (layout.freezer_writable, layout.reasons.get("freezer", "")),
+            "signal": (True, ""),
+        }
+
+    def backends(self) -> dict:
+        usable = self._freeze_usable()
+        chosen, why = self.freeze_backend()
+        iso = CpuIsolation(JobTarget(0), [], self.cores(), self.all_cores).available()
+        cpuset = self.layout.cpuset_writable or self.layout.v2_cpuset
+        return {
+            "freeze": {k: {"ok": ok, "why": w} for k, (ok, w) in usable.items()},
+            "freeze_chosen": chosen,
+            "freeze_why_not": why,
+            "isolate": {
+                "cpuset": {
+                    "ok": cpuset,
+                    "why": "" if cpuset else self.layout.reasons.get("cpuset", ""),
+                },
+                "affinity": {"ok": iso[0], "why": iso[1]},
+            },
+            "measure_cores": self.cores(),
+            "all_cores": self.all_cores,
+        }
+
+    def _ops(
+        self,
+        holder: JobTarget,
+        siblings: list[JobTarget],
+        others: list[JobTarget],
+        exclude: set[int],
+    ) -> tuple[list, list[dict]]:
+        ops: list = []
+        skipped: list[dict] = []
+        backend, why = self.freeze_backend()
+        if backend is None:
+            skipped.append({"what": "freeze", "why": why})
+        else:
+            ops.append(
+                FREEZERS[backend](siblings, timeout_s=self.config.freeze_timeout_s, exclude=exclude)
+            )
+        if self.config.isolate:
+            # Frozen siblings cannot run: only unfrozen jobs need moving off the cores.
+            movable = list(others) + ([] if backend else list(siblings))
+            ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
+        else:
+            skipped.append({"what": "isolate", "why": "disabled by configuration (isolate=false)"})
+        return ops, skipped
+
+    def enter(
+        self,
+        holder: JobTarget,
+        siblings: list[JobTarget],
+        *,
+        max_hold_s: float,
+        pre_ops: list[Operation] | tuple = (),
+        others: list[JobTarget] | tuple = (),
+    ) -> Enforcement:
+        """Freeze ``siblings``, give ``holder`` the reserved cores, keep ``others``
+        (jobs not frozen, e.g. on other devices) and unfrozen siblings off them."""
+        holder_refs = holder.processes()
+        ops, skipped = self._ops(holder, siblings, list(others), {r.pid for r in holder_refs})
+        enforcement = Enforcement(self, holder, siblings)
+        enforcement.not_enforced.extend(skipped)
+        enforcement.counters = HolderCounters.begin(holder_refs)
+        enforcement.start(list(pre_ops) + ops, max_hold_s + self.config.lease_margin_s)
+        return enforcement
+
+
+def _backend(op: object) -> str:
+    return str(getattr(op, "full_backend", None) or getattr(op, "backend", type(op).__name__))
+
+
+class Enforcement:
+    """The applied operations of one region; :meth:`exit` undoes them."""
+
+    def __init__(self, enforcer: Enforcer, holder: JobTarget, siblings: list[JobTarget]) -> None:
+        self.enforcer = enforcer
+        self.holder = holder
+        self.siblings = siblings
+        self.steps: list[dict] = []
+        self.not_enforced: list[dict] = []
+        self.applied: list = []
+        self.lease_id = next(_lease_ids)
+        self.stack = contextlib.ExitStack()
+        self.counters: HolderCounters | None = None
+        self.report: dict | None = None
+        self.revoked = False
+        self.freeze_step: dict | None = None
+        self.leased: list[dict] | None = None
+
+    def start(self, ops: list, lease_s: float) -> None:
+        usable = [op for op in ops if self._check(op)]
+        self._lease(usable, lease_s)
+        try:
+            for op in usable:
+                self._apply(op)
+        except Exception as e:
+            self.exit()
+            err = EnforcementFailed(f"enforcement failed at {self.steps[-1]['name']}: {e}")
+            err.report = self.report  # type: ignore[attr-defined]
+            raise err from e
+        self._lease(usable, lease_s)  # now with what apply found (late forks)
+
+    def _check(self, op: Operation) -> bool:
+        ok, why = op.available()
+        if not ok:
+            self.not_enforced.append({"what": op.name, "why": why})
+        return ok
+
+    def _lease(self, ops: list, lease_s: float) -> None:
+        guardian = self.enforcer.guardian
+        if guardian is None:
+            return
+        records = [rec for op in reversed(ops) for rec in op.undo_records()]
+        if records != self.leased:
+            guardian.lease(self.lease_id, lease_s, records)
+            self.leased = records
+
+    def _apply(self, op: Operation) -> None:
+        step = {"name": op.name, "backend": _backend(op), "apply_ms": None, "revert_ms": None}
+        step.update(ok=False, error=None)
+        self.steps.append(step)
+        t0 = time.perf_counter()
+        try:
+            op.apply()
+        except Exception as e:
+            step["error"] = f"{type(e).__name__}: {e}"
+            self.stack.callback(self._revert, op, step)  # undo the partial apply too
+            raise
+        finally:
+            step["apply_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        step.update(ok=True, backend=_backend(op))
+        if op.name == "freeze":
+            self.freeze_step = step
+            step["processes"] = op.frozen_count() if hasattr(op, "frozen_count") else None
+        self.applied.append(op)
+        self.stack.callback(self._revert, op, step)
+
+    def _revert(self, op: Operation, step: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            op.revert()
+        except Exception as e:  # keep reverting the rest
+            step["ok"] = False
+            step["error"] = (step["error"] or "") + f" revert: {type(e).__name__}: {e}"
+        step["revert_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+
+    def exit(self) -> dict:
+        """Revert in reverse order, end the lease, return the host report."""
+        if self.report is not None:
+            return self.report
+        self.stack.close()
+        guardian = self.enforcer.guardian
+        if guardian is not None:
+            self.revoked = self.lease_id in guardian.expired()
+            guardian.end(self.lease_id)
+        self.report = self._report()
+        return self.report
+
+    def _report(self) -> dict:
+        freeze = self.freeze_step
+        switches, migrations = self.counters.deltas() if self.counters else (0, None)
+        not_enforced = list(self.not_enforced)
+        if self.revoked:
+            not_enforced.append(
+                {"what": "lease", "why": "the guardian's lease expired: region revoked"}
+            )
+        clean = bool(self.steps) and all(s["ok"] for s in self.steps) and not not_enforced
+        return {
+            "steps": self.steps,
+            "siblings_frozen": len(self.siblings) if freeze else 0,
+            "processes_frozen": (freeze.get("processes") or 0) if freeze else 0,
+            "freeze_backend": freeze["backend"] if freeze else "off",
+            "not_enforced": not_enforced,
+            "holder_nvcsw_involuntary": switches,
+            "holder_migrations": migrations,
+            "clean": clean and not self.revoked,
+        }
+
+
+__all__ = ["EnforceConfig", "Enforcer", "Enforcement", "FREEZE_CHOICES", "SignalFreeze"]

@@ -1,0 +1,216 @@
+"""Freeze sibling jobs so their host threads stop competing with the holder.
+
+Three backends, best first: :class:`CgroupV2Freeze` (``cgroup.freeze``, wait
+for ``frozen 1`` in ``cgroup.events``), :class:`CgroupV1Freeze`
+(``freezer.state``), :class:`SignalFreeze` (SIGSTOP every process, wait until
+each thread is in state T).  The cgroup backends freeze each job's cgroup and
+SIGSTOP any process of the job that is outside it (an ad-hoc job, a job
+started before its cgroup existed).
+
+SIGSTOP caveat: a process group that becomes orphaned while a member is
+stopped gets SIGHUP from the kernel.  The daemon starts every job in a new
+session (``start_new_session=True``); such groups are never "orphaned by the
+daemon's exit" in the kernel's sense, so a daemon crash cannot SIGHUP them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from krex.enforce.cgroups import read, write
+from krex.enforce.job import JobTarget, processes_of
+from krex.enforce.process import ProcessRef, state, thread_ids
+from krex.errors import EnforcementFailed
+
+_STOPPED = ("T", "t")
+_GONE = ("Z", "X", None)
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``done`` with a backoff from 20 µs to 2 ms; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    pause = 20e-6
+    while not done():
+        if time.monotonic() > deadline:
+            return done()
+        time.sleep(pause)
+        pause = min(pause * 2, 2e-3)
+    return True
+
+
+def _fully_stopped(ref: ProcessRef) -> bool:
+    if ref.state() in _GONE:
+        return True
+    return all(state(ref.pid, tid) in _STOPPED + _GONE for tid in thread_ids(ref.pid))
+
+
+class SignalFreeze:
+    """SIGSTOP every process of every target; SIGCONT exactly those on revert."""
+
+    name = "freeze"
+    backend = "signal"
+
+    def __init__(
+        self,
+        targets: list[JobTarget],
+        *,
+        timeout_s: float = 2.0,
+        exclude: set[int] | None = None,
+        covered: Callable[[], set[int]] | None = None,
+    ) -> None:
+        self.targets = targets
+        self.timeout_s = timeout_s
+        self.exclude = exclude or set()
+        self.covered = covered or set  # PIDs another mechanism already froze
+        self.stopped: list[ProcessRef] = []
+        self._planned: list[ProcessRef] | None = None
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def _candidates(self) -> list[ProcessRef]:
+        skip = self.exclude | self.covered()
+        done = {r.pid for r in self.stopped}
+        refs = [r for refs in processes_of(self.targets) for r in refs]
+        return [r for r in refs if r.pid not in skip and r.pid not in done]
+
+    def _plan(self) -> list[ProcessRef]:
+        if self._planned is None:
+            # A process stopped before we came (a user's ^Z) stays stopped.
+            self._planned = [r for r in self._candidates() if r.state() not in _STOPPED]
+        return self._planned
+
+    def undo_records(self) -> list[dict]:
+        refs = {r.pid: r for r in self._plan() + self.stopped}
+        return [
+            {"kind": "sigcont", "pid": r.pid, "start_time": r.start_time} for r in refs.values()
+        ]
+
+    def apply(self) -> None:
+        batch = self._plan()
+        for _round in range(8):  # children forked while we stop their parents
+            self._stop(batch)
+            batch = [r for r in self._candidates() if r.state() not in _STOPPED]
+            if not batch:
+                return
+        raise EnforcementFailed("processes kept appearing while freezing (fork storm?)")
+
+    def _stop(self, refs: list[ProcessRef]) -> None:
+        sent = [r for r in refs if r.send_signal(signal.SIGSTOP)]
+        self.stopped.extend(sent)
+        if not wait_until(lambda: all(_fully_stopped(r) for r in sent), self.timeout_s):
+            slow = [r.pid for r in sent if not _fully_stopped(r)]
+            raise EnforcementFailed(f"processes {slow} did not stop within {self.timeout_s} s")
+
+    def revert(self) -> None:
+        for ref in self.stopped:
+            ref.send_signal(signal.SIGCONT)
+        self.stopped = []
+
+    def frozen_count(self) -> int:
+        return len(self.stopped)
+
+
+def _cgroup_dir(target: JobTarget, attr: str) -> str | None:
+    return getattr(target.cgroups, attr, None) if target.cgroups else None
+
+
+class _CgroupFreeze:
+    """Common part of the cgroup freezers: write, wait, thaw, straggler SIGSTOP."""
+
+    name = "freeze"
+    backend = ""
+    attr = ""  # JobCgroups attribute holding this hierarchy's directory
+
+    def __init__(
+        self, targets: list[JobTarget], *, timeout_s: float = 2.0, exclude: set[int] | None = None
+    ) -> None:
+        self.targets = targets
+        self.timeout_s = timeout_s
+        self.dirs = [d for t in targets if (d := _cgroup_dir(t, self.attr))]
+        self.frozen: list[str] = []
+        self.stragglers = SignalFreeze(
+            [], timeout_s=timeout_s, exclude=exclude, covered=self._covered
+        )
+        self._split = False
+
+    def _split_stragglers(self) -> None:
+        """Jobs wholly inside their cgroup need no signals; the rest get SIGSTOP."""
+        if not self._split:
+            self.stragglers.targets = [t for t in self.targets if self._needs_signals(t)]
+            self._split = True
+
+    def _needs_signals(self, target: JobTarget) -> bool:
+        return _cgroup_dir(target, self.attr) is None or target.cgroup_only() is None
+
+    def _covered(self) -> set[int]:
+        pids: set[int] = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(x) for x in read(d + "/cgroup.procs").split())
+            except OSError:
+                pass
+        return pids
+
+    def available(self) -> tuple[bool, str]:
+        missing = [d for d in self.dirs if not os.path.exists(os.path.join(d, self.control))]
+        if missing:
+            return False, f"no {self.control} in {missing[0]}"
+        return True, ""
+
+    def undo_records(self) -> list[dict]:
+        self._split_stragglers()
+        thaw = [{"kind": self.undo_kind, "path": d} for d in self.dirs]
+        return thaw + self.stragglers.undo_records()
+
+    def apply(self) -> None:
+        self._split_stragglers()
+        for d in self.dirs:
+            write(os.path.join(d, self.control), self.freeze_value)
+            self.frozen.append(d)
+        if not wait_until(lambda: all(self._is_frozen(d) for d in self.dirs), self.timeout_s):
+            slow = [d for d in self.dirs if not self._is_frozen(d)]
+            raise EnforcementFailed(f"cgroups {slow} did not freeze within {self.timeout_s} s")
+        self.stragglers.apply()
+
+    def revert(self) -> None:
+        self.stragglers.revert()
+        for d in self.frozen:
+            try:
+                write(os.path.join(d, self.control), self.thaw_value)
+            except FileNotFoundError:
+                pass
+        self.frozen = []
+
+    def frozen_count(self) -> int:
+        return len(self._covered()) + self.stragglers.frozen_count()
+
+    @property
+    def full_backend(self) -> str:
+        return self.backend + ("+signal" if self.stragglers.stopped else "")
+
+
+class CgroupV2Freeze(_CgroupFreeze):
+    backend = "cgroup2"
+    attr = "v2"
+    control = "cgroup.freeze"
+    freeze_value, thaw_value, undo_kind = "1", "0", "thaw_v2"
+
+    def _is_frozen(self, d: str) -> bool:
+        return "frozen 1" in read(d + "/cgroup.events")
+
+
+class CgroupV1Freeze(_CgroupFreeze):
+    backend = "cgroup1"
+    attr = "freezer"
+    control = "freezer.state"
+    freeze_value, thaw_value, undo_kind = "FROZEN", "THAWED", "thaw_v1"
+
+    def _is_frozen(self, d: str) -> bool:
+        return read(d + "/freezer.state") == "FROZEN"
+
+
+FREEZERS = {"cgroup2": CgroupV2Freeze, "cgroup1": CgroupV1Freeze, "signal": SignalFreeze}

@@ -1,0 +1,212 @@
+"""The guardian: a tiny process that undoes enforcement if the daemon cannot.
+
+The daemon starts it with :class:`GuardianClient` (its own session, so a
+signal to the daemon's process group never reaches it) and talks to it over
+a pipe of JSON lines: ``lease`` (id, seconds, undo records), ``end`` (id).
+The guardian replays a lease's undo records (:mod:`krex.enforce.undo`) when
+the lease expires, and every active lease when the daemon dies (EOF on the
+pipe, or the daemon's pidfd becoming readable: even after SIGKILL).  It
+journals active leases to a file so a new daemon can :func:`sweep` what a
+crash of both left behind.  It prints ``expired ID`` lines the daemon can
+read with :meth:`GuardianClient.expired`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from krex.enforce import process as _process
+from krex.enforce.undo import replay
+
+
+class GuardianClient:
+    """The daemon's end of the guardian pipe."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self._expired: set[int] = set()
+        self._buf = b""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, instance: str, journal_path: str, timeout_s: float = 10.0) -> None:
+        cmd = [sys.executable, "-m", "krex.enforce.guardian", instance, journal_path]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        _process.PROTECTED.add(self.proc.pid)
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready or self.proc.stdout.readline().strip() != b"ready":
+            self.stop()
+            raise RuntimeError("the krex guardian did not start")
+        os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _send(self, msg: dict) -> None:
+        if self.proc is None or self.proc.stdin is None:
+            raise RuntimeError("guardian not started")
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def lease(self, lease_id: int, expires_in_s: float, undo_records: list[dict]) -> None:
+        """Register (or replace) a lease; ``undo_records`` in the order to replay."""
+        self._send({"cmd": "lease", "id": lease_id, "s": expires_in_s, "undo": undo_records})
+
+    def end(self, lease_id: int) -> None:
+        self._send({"cmd": "end", "id": lease_id})
+
+    def expired(self) -> set[int]:
+        """Lease ids the guardian has expired (and undone) so far."""
+        if self.proc is not None and self.proc.stdout is not None:
+            with contextlib.suppress(BlockingIOError, OSError, TypeError):
+                self._buf += os.read(self.proc.stdout.fileno(), 65536) or b""
+            *lines, self._buf = self._buf.split(b"\n")
+            for line in lines:
+                if line.startswith(b"expired "):
+                    self._expired.add(int(line.split()[1]))
+        return set(self._expired)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close the pipe (the guardian undoes any lease still active) and reap it."""
+        if self.proc is None:
+            return
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        _process.PROTECTED.discard(self.proc.pid)
+        self.proc = None
+
+
+def sweep(journal_path: str) -> list[str]:
+    """Replay every lease a dead guardian journaled; return replay errors."""
+    try:
+        with open(journal_path) as f:
+            leases = json.load(f).get("leases", {})
+    except (OSError, ValueError):
+        return []
+    errors = []
+    for lease in leases.values():
+        errors += replay(lease["undo"])
+    with contextlib.suppress(OSError):
+        os.unlink(journal_path)
+    return errors
+
+
+class Guardian:
+    """The guardian's loop: read commands, expire leases, undo on daemon death."""
+
+    def __init__(self, journal_path: str, daemon_pid: int) -> None:
+        self.journal_path = journal_path
+        self.leases: dict[int, dict] = {}
+        self.daemon_fd = _pidfd(daemon_pid)
+        self.buf = b""
+
+    def run(self) -> None:
+        stdin = sys.stdin.fileno()
+        while True:
+            fds = [stdin] + ([self.daemon_fd] if self.daemon_fd is not None else [])
+            ready, _, _ = select.select(fds, [], [], self._next_timeout())
+            self._expire()
+            if self.daemon_fd in ready and self.daemon_fd is not None:
+                return self._drain_then_undo(stdin)
+            if stdin in ready:
+                data = os.read(stdin, 1 << 20)
+                if not data:
+                    return self.undo_all()
+                self._feed(data)
+
+    def _drain_then_undo(self, stdin: int) -> None:
+        """The daemon died: take the leases it wrote before dying, then undo all."""
+        os.set_blocking(stdin, False)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while data := os.read(stdin, 1 << 20):
+                self._feed(data)
+        self.undo_all()
+
+    def _next_timeout(self) -> float | None:
+        if not self.leases:
+            return None
+        return max(0.0, min(lease["at"] for lease in self.leases.values()) - time.monotonic())
+
+    def _feed(self, data: bytes) -> None:
+        *lines, self.buf = (self.buf + data).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._command(json.loads(line))
+        self._journal()
+
+    def _command(self, msg: dict) -> None:
+        if msg["cmd"] == "lease":
+            undo = msg["undo"]
+            self.leases[int(msg["id"])] = {"at": time.monotonic() + float(msg["s"]), "undo": undo}
+        elif msg["cmd"] == "end":
+            self.leases.pop(int(msg["id"]), None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for lease_id in [k for k, v in self.leases.items() if v["at"] <= now]:
+            replay(self.leases.pop(lease_id)["undo"])
+            _say(f"expired {lease_id}")
+            self._journal()
+
+    def undo_all(self) -> None:
+        for lease_id in sorted(self.leases, reverse=True):
+            replay(self.leases.pop(lease_id)["undo"])
+        self._journal()
+
+    def _journal(self) -> None:
+        if not self.leases:
+            with contextlib.suppress(OSError):
+                os.unlink(self.journal_path)
+            return
+        data = {"guardian_pid": os.getpid(), "leases": {str(k): v for k, v in self.leases.items()}}
+        tmp = f"{self.journal_path}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.journal_path)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid) if pid > 1 else None
+    except (AttributeError, OSError):
+        return None
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(1, line.encode() + b"\n")
+
+
+def main(argv: list[str]) -> int:
+    # Never die of the terminal's or the process group's signals.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    guardian = Guardian(argv[1], os.getppid())
+    signal.signal(signal.SIGTERM, lambda *_: (guardian.undo_all(), os._exit(0)))
+    fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)
+    _say("ready")
+    guardian.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

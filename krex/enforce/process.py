@@ -1,0 +1,144 @@
+"""PID-reuse-safe process handles and the few /proc readers enforcement needs.
+
+A :class:`ProcessRef` is a PID plus the process start time (field 22 of
+``/proc/PID/stat``, in clock ticks).  Every signal krex sends goes through
+:meth:`ProcessRef.send_signal`, which re-checks the start time (through a
+pidfd where the kernel has one, so the check and the signal address the same
+process) and refuses PID <= 1, this process and every PID in ``PROTECTED``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from krex.errors import ProcessGone
+
+# PIDs enforcement must never signal, freeze or move: the daemon adds itself
+# and its guardian.
+PROTECTED: set[int] = set()
+
+_HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """Fields 3.. of a /proc stat file (after the comm), or None if gone."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return data[data.rfind(b")") + 2 :].decode().split()
+
+
+def stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
+    """``/proc/PID/stat`` (or a thread's) fields from field 3 (state) onwards."""
+    if tid is None:
+        return _stat_fields(f"/proc/{pid}/stat")
+    return _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+
+
+def start_time(pid: int, tid: int | None = None) -> int | None:
+    fields = stat_fields(pid, tid)
+    return int(fields[19]) if fields else None
+
+
+def state(pid: int, tid: int | None = None) -> str | None:
+    """Single-letter scheduler state (R, S, D, T, t, Z, X...), None if gone."""
+    fields = stat_fields(pid, tid)
+    return fields[0] if fields else None
+
+
+def thread_ids(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+
+
+def may_touch(pid: int) -> bool:
+    """The safety rule: never PID <= 1, this process, or a protected PID."""
+    return pid > 1 and pid != os.getpid() and pid not in PROTECTED
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process, named by PID and start time so a reused PID never matches."""
+
+    pid: int
+    start_time: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef:
+        started = start_time(pid)
+        if started is None:
+            raise ProcessGone(f"process {pid} does not exist", pid=pid)
+        return cls(pid, started)
+
+    def alive(self) -> bool:
+        fields = stat_fields(self.pid)
+        return fields is not None and int(fields[19]) == self.start_time and fields[0] not in "ZX"
+
+    def state(self) -> str | None:
+        """Scheduler state if this is still the same process, else None."""
+        fields = stat_fields(self.pid)
+        if fields is None or int(fields[19]) != self.start_time:
+            return None
+        return fields[0]
+
+    def send_signal(self, sig: int) -> bool:
+        """Signal this exact process; False if it is gone, reused or protected."""
+        if not may_touch(self.pid):
+            return False
+        if _HAVE_PIDFD:
+            return self._pidfd_signal(sig)
+        if start_time(self.pid) != self.start_time:
+            return False
+        return _kill(self.pid, sig)
+
+    def _pidfd_signal(self, sig: int) -> bool:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (ProcessLookupError, OSError):
+            return False
+        try:
+            # The pidfd pins the process: if the start time matches now, the
+            # signal below reaches this process and no other.
+            if start_time(self.pid) != self.start_time:
+                return False
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(fd)
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    """One thread (TID plus start time) of a process, for per-thread affinity."""
+
+    pid: int
+    tid: int
+    start_time: int
+
+    def alive(self) -> bool:
+        return start_time(self.pid, self.tid) == self.start_time
+
+
+def threads_of(ref: ProcessRef) -> list[ThreadRef]:
+    out = []
+    for tid in thread_ids(ref.pid):
+        started = start_time(ref.pid, tid)
+        if started is not None:
+            out.append(ThreadRef(ref.pid, tid, started))
+    return out

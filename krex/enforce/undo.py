@@ -1,0 +1,67 @@
+"""Undo records: JSON-able instructions that reverse an enforcement step.
+
+Operations describe their own undo as records; the guardian (and the sweep
+of a new daemon) replays them without knowing the operations.  Replay is
+idempotent and safe: every signal and affinity change re-checks the start
+time of its process or thread first.
+
+Record kinds::
+
+    {"kind": "thaw_v2",  "path": DIR}                   cgroup.freeze <- 0
+    {"kind": "thaw_v1",  "path": DIR}                   freezer.state <- THAWED
+    {"kind": "sigcont",  "pid": P, "start_time": T}     SIGCONT if still the same process
+    {"kind": "cpuset",   "path": DIR, "cpus": "0-3"}    cpuset.cpus <- value
+    {"kind": "affinity", "pid": P, "tid": T, "start_time": S, "cpus": [0, 1]}
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+from krex.enforce.cgroups import write
+from krex.enforce.process import ProcessRef, ThreadRef, may_touch
+
+
+def _thaw_v2(rec: dict) -> None:
+    write(os.path.join(rec["path"], "cgroup.freeze"), "0")
+
+
+def _thaw_v1(rec: dict) -> None:
+    write(os.path.join(rec["path"], "freezer.state"), "THAWED")
+
+
+def _sigcont(rec: dict) -> None:
+    ProcessRef(rec["pid"], rec["start_time"]).send_signal(signal.SIGCONT)
+
+
+def _cpuset(rec: dict) -> None:
+    write(os.path.join(rec["path"], "cpuset.cpus"), rec["cpus"] or "\n")
+
+
+def _affinity(rec: dict) -> None:
+    thread = ThreadRef(rec["pid"], rec["tid"], rec["start_time"])
+    if may_touch(thread.pid) and thread.alive():
+        os.sched_setaffinity(thread.tid, rec["cpus"])
+
+
+_ACTIONS: dict[str, Callable[[dict], None]] = {
+    "thaw_v2": _thaw_v2,
+    "thaw_v1": _thaw_v1,
+    "sigcont": _sigcont,
+    "cpuset": _cpuset,
+    "affinity": _affinity,
+}
+
+
+def replay(records: list[dict]) -> list[str]:
+    """Apply every record in order; return one message per record that failed."""
+    errors = []
+    for rec in records:
+        try:
+            _ACTIONS[rec["kind"]](rec)
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            if not isinstance(e, (FileNotFoundError, ProcessLookupError)):
+                errors.append(f"{rec.get('kind')}: {e}")
+    return errors

@@ -1,0 +1,53 @@
+/* fakegpu wire protocol: fixed-size request/response over a unix stream socket.
+ *
+ * Each client thread holds its own connection; every request gets exactly one
+ * response (LAUNCH answers once the work is queued, SYNC once it has run).
+ */
+#ifndef KREX_FAKEGPU_PROTO_H
+#define KREX_FAKEGPU_PROTO_H
+
+#include <stdint.h>
+
+enum fg_op {
+    FG_HELLO = 1,     /* -> v0 = device count */
+    FG_CTX_CREATE,    /* a = device -> v0 = context id (serialised, delayed) */
+    FG_CTX_DESTROY,   /* ctx */
+    FG_LAUNCH,        /* ctx, a = duration ns, flags -> status */
+    FG_SYNC,          /* ctx: wait until its queue is empty -> status */
+    FG_EVENT_CREATE,  /* -> v0 = event id */
+    FG_EVENT_RECORD,  /* ctx, a = event id: queue a timestamp marker */
+    FG_EVENT_QUERY,   /* a = event id -> status 0 + v0 = ns, or 600 not ready */
+    FG_EVENT_SYNC,    /* a = event id -> v0 = ns once recorded */
+    FG_STATS,         /* -> v0 launches, v1 kernels finished, v2 busy ns */
+    FG_DUMP_LOG,      /* text = path: write the launch log -> v0 = entries */
+};
+
+enum fg_flags {
+    FG_POISON = 1, /* the kernel poisons its context (sticky error) */
+    FG_COPY = 2,   /* a transfer, not a kernel (for the log) */
+};
+
+#define FG_ERR_LAUNCH_FAILED 719 /* CUDA_ERROR_LAUNCH_FAILED: sticky */
+#define FG_ERR_NOT_READY 600
+#define FG_ERR_INVALID_VALUE 1
+#define FG_ERR_INVALID_CONTEXT 201
+
+struct fg_req {
+    uint32_t op;
+    uint32_t ctx;
+    uint64_t a;
+    uint64_t b;
+    uint32_t pid;
+    uint32_t flags;
+    char text[96];
+};
+
+struct fg_rep {
+    int32_t status;
+    uint32_t pad;
+    uint64_t v0;
+    uint64_t v1;
+    uint64_t v2;
+};
+
+#endif
