@@ -7,7 +7,29 @@ code is docs/architecture.md.
 
 from krex.client import Client, Region, region
 from krex.errors import KrexError
+from krex.measure import (
+    Comparison,
+    KrexMeasurementWarning,
+    Measurement,
+    MeasureWarning,
+    bench,
+    compare,
+    measure,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "KrexError", "Region", "__version__", "region"]
+__all__ = [
+    "Client",
+    "Comparison",
+    "KrexError",
+    "KrexMeasurementWarning",
+    "MeasureWarning",
+    "Measurement",
+    "Region",
+    "__version__",
+    "bench",
+    "compare",
+    "measure",
+    "region",
+]

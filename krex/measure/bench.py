@@ -1,0 +1,203 @@
+"""``measure`` (a :class:`Measurement` with evidence) and ``bench`` (do_bench's shape)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings as _warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from krex.errors import RegionRevoked
+from krex.measure import checks, graphs, loop, stats
+from krex.measure.regions import RegionFactory, get_region_factory
+from krex.measure.result import Measurement, split_findings
+from krex.measure.stopping import CountRule, NoiseRule
+from krex.measure.timers import Timer, make_timer
+
+RETURN_MODES = ("min", "max", "mean", "median", "all")
+HOLD_MARGIN_S = 5.0  # max_hold_s default: the loop's timeout plus this
+
+
+class KrexMeasurementWarning(UserWarning):
+    """Issued by ``bench`` (which returns bare floats) for each measurement warning."""
+
+
+def default_device() -> str:
+    """$KREX_DEVICE; else cuda:0 when torch is imported and sees a GPU; else cpu.
+
+    Never imports torch: if ``fn`` uses torch, torch is already imported.
+    """
+    if os.environ.get("KREX_DEVICE"):
+        return os.environ["KREX_DEVICE"]
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return "cuda:0"
+    except Exception:  # a broken CUDA install must not break CPU timing
+        pass
+    return "cpu"
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: str | None = None,
+    warmup_ms: float = 25.0,
+    rep_ms: float | None = None,
+    noise_target: float = 0.005,
+    min_time_s: float = 0.1,
+    max_time_s: float = 1.0,
+    timeout_s: float = 5.0,
+    cache: str = "cold",
+    grad_to_none: Sequence[Any] | None = None,
+    cuda_graph: str | bool = "auto",
+    retries: int = 2,
+    label: str | None = None,
+    max_hold_s: float | None = None,
+    inregion_warmup_ms: float = 1.0,
+    timer: Timer | None = None,
+    region: RegionFactory | None = None,
+) -> Measurement:
+    """Time ``fn`` inside a region and return samples, statistics and warnings.
+
+    Outside the region: first call, estimate, ``warmup_ms`` of warm-up.  Inside:
+    ``inregion_warmup_ms`` of warm-up, then samples until the noise rule stops
+    (or, with ``rep_ms``, a fixed count from that budget, as do_bench does).
+    """
+    if cache not in ("cold", "hot"):
+        raise ValueError(f"cache must be 'cold' or 'hot', not {cache!r}")
+    timer = timer or make_timer(device or default_device())
+    device = device or timer.device
+    plan = loop.Plan(fn, timer, cold=cache == "cold", grad_to_none=grad_to_none)
+    estimate = loop.first_call_and_estimate(plan)
+    plan, estimate, graphed = _maybe_graph(plan, estimate, cuda_graph, device)
+    warmups = loop.warm_up(plan, warmup_ms, estimate.call_ms)
+
+    def body() -> loop.LoopResult:
+        loop.warm_up(plan, inregion_warmup_ms, estimate.call_ms)
+        return loop.timed_loop(plan, _rule(), estimate)
+
+    def _rule() -> Any:
+        if rep_ms is not None:
+            return CountRule(max(1, int(rep_ms / estimate.call_ms)), timeout_s=timeout_s)
+        return NoiseRule(noise_target, min_time_s, max_time_s, timeout_s)
+
+    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
+    factory = get_region_factory(region)
+    run = loop.in_region(
+        body, factory, device, retries=retries, label=label, max_hold_s=hold_s, timer=timer
+    )
+    if run.value is None:
+        raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
+    target = None if rep_ms is not None else noise_target
+    return _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
+
+
+def _maybe_graph(plan, estimate, mode, device):
+    if not graphs.wanted(mode, device, estimate.call_ms):
+        return plan, estimate, False
+    captured = graphs.capture(plan.fn, estimate.call_ms)
+    if captured is None:
+        return plan, estimate, False
+    replay, inner = captured
+    graphed = loop.Plan(replay, plan.timer, plan.cold, plan.grad_to_none, inner=inner)
+    return graphed, loop.first_call_and_estimate(graphed), True
+
+
+def _build(run, timer, device, cache, target, warmups, estimate, graphed, label) -> Measurement:
+    result: loop.LoopResult = run.value
+    summary = stats.summarize(result.samples_ms)
+    findings = _findings(run, result, summary, timer, target)
+    warnings, details = split_findings(findings)
+    return Measurement(
+        samples_ms=result.samples_ms,
+        device=device,
+        timer=timer.name,
+        **summary,
+        stop_reason=result.stop_reason,
+        noise_target=target,
+        cache=cache,
+        warmup_iterations=warmups,
+        estimate_ms=estimate.call_ms,
+        elapsed_s=result.elapsed_s,
+        region=run.report,
+        attempts=run.attempts,
+        rejected_regions=run.rejected,
+        clocks_start=run.clocks_start,
+        clocks_end=run.clocks_end,
+        offcpu_fraction=_offcpu_fraction(result),
+        cuda_graph=graphed,
+        label=label,
+        warnings=warnings,
+        warning_details=details,
+    )
+
+
+def _findings(run, result, summary, timer, target) -> list[checks.Finding]:
+    return [
+        *checks.region(run.report),
+        *checks.plausibility(result.samples_ms, run.report.get("held_s")),
+        *checks.timer_resolution(summary["median_ms"], timer.resolution_ms),
+        *checks.noise(result.stop_reason, summary["noise_rel"], target),
+        *checks.throttle(run.clocks_start, run.clocks_end, run.report),
+    ]
+
+
+def _offcpu_fraction(result: loop.LoopResult) -> float | None:
+    if not result.offcpu_ms:
+        return None
+    wall = math.fsum(result.samples_ms)
+    return math.fsum(result.offcpu_ms) / wall if wall > 0 else None
+
+
+def bench(
+    fn: Callable[[], Any],
+    warmup: float = 25,
+    rep: float = 100,
+    grad_to_none: Sequence[Any] | None = None,
+    quantiles: Sequence[float] | None = None,
+    return_mode: str = "mean",
+    *,
+    device: str | None = None,
+    cache: str = "cold",
+    retries: int = 2,
+    timeout_s: float = 60.0,
+    timer: Timer | None = None,
+    region: RegionFactory | None = None,
+) -> float | list[float]:
+    """``triton.testing.do_bench`` inside a krex region: same arguments, same returns.
+
+    ``warmup`` and ``rep`` are budgets in ms; returns ms as a float, a list for
+    ``quantiles`` (a float when one quantile is asked) or ``return_mode="all"``.
+    Warnings of the measurement are issued as :class:`KrexMeasurementWarning`.
+    """
+    if return_mode not in RETURN_MODES:
+        raise ValueError(f"return_mode must be one of {RETURN_MODES}, not {return_mode!r}")
+    m = measure(
+        fn, device=device, warmup_ms=warmup, rep_ms=rep, grad_to_none=grad_to_none,
+        cache=cache, retries=retries, timeout_s=timeout_s, timer=timer, region=region,
+    )  # fmt: skip
+    _issue_warnings(m)
+    return summarize_like_do_bench(m.samples_ms, quantiles, return_mode)
+
+
+def summarize_like_do_bench(
+    times_ms: Sequence[float], quantiles: Sequence[float] | None, return_mode: str
+) -> float | list[float]:
+    """triton's ``_summarize_statistics``: torch.quantile / torch.median semantics."""
+    if quantiles is not None:
+        values = [stats.quantile(times_ms, q) for q in quantiles]
+        return values[0] if len(values) == 1 else values
+    if return_mode == "all":
+        return list(times_ms)
+    reducers = {"min": min, "max": max, "mean": stats.mean, "median": stats.lower_median}
+    return float(reducers[return_mode](times_ms))
+
+
+def _issue_warnings(m: Measurement) -> None:
+    for w in m.warnings:
+        detail = m.warning_details.get(w.name, "")
+        text = f"krex.bench: {w.summary} ({detail}) (hint: {w.next_action})"
+        _warnings.warn(text, KrexMeasurementWarning, stacklevel=3)

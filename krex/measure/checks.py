@@ -1,0 +1,137 @@
+"""Warnings a measurement can carry, each with the next action to take.
+
+Every check is a pure function from evidence (samples, the region report,
+clocks, the stop reason) to a list of ``(MeasureWarning, detail)`` pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+from krex.measure import clocks, stopping
+
+Finding = tuple["MeasureWarning", str]
+
+PLAUSIBILITY_SLACK_REL = 0.005  # clocks of timer and region differ a little
+PLAUSIBILITY_SLACK_S = 0.001
+TIMER_RESOLUTION_FACTOR = 100  # a sample should span >= 100 timer ticks
+
+
+class MeasureWarning(Enum):
+    """Why a number may not be trusted, and what to do about it."""
+
+    UNSTABLE = (
+        "relative noise stayed above the target",
+        "rerun; if it persists, check `krex status` for interference or raise timeout_s",
+    )
+    TOO_SHORT_FOR_TIMER = (
+        "samples are too short for the timer's resolution",
+        "time more work per call (loop inside fn) or use CUDA-graph timing",
+    )
+    THROTTLED = (
+        "the device clocked down during the measurement",
+        "cool down or lock clocks, then rerun; compare only runs at the same clocks",
+    )
+    REGION_NOT_CLEAN = (
+        "the region report is not clean (interference or enforcement gaps)",
+        "read report['not_enforced'] and the steps; rerun with more retries",
+    )
+    REGION_REVOKED = (
+        "the region exceeded its maximum hold and was revoked",
+        "raise max_hold_s or lower max_time_s / timeout_s",
+    )
+    PLAUSIBILITY_FAILED = (
+        "timed samples do not fit in the region's hold time (or are negative / NaN)",
+        "do not use this number; check that fn runs on the timed device and stream",
+    )
+    ENFORCEMENT_IMPOSSIBLE = (
+        "exclusivity could not be enforced (no daemon or missing mechanisms)",
+        "run `krex doctor`; start the daemon or run where gating/freezing is allowed",
+    )
+
+    def __init__(self, summary: str, next_action: str) -> None:
+        self.summary = summary
+        self.next_action = next_action
+
+
+def plausibility(samples_ms: Sequence[float], held_s: float | None) -> list[Finding]:
+    bad = [s for s in samples_ms if not math.isfinite(s) or s < 0]
+    if bad:
+        return [(MeasureWarning.PLAUSIBILITY_FAILED, f"{len(bad)} negative or non-finite samples")]
+    if held_s is None:
+        return []
+    total_s = math.fsum(samples_ms) / 1e3
+    if total_s > held_s * (1 + PLAUSIBILITY_SLACK_REL) + PLAUSIBILITY_SLACK_S:
+        detail = f"samples sum to {total_s:.6f} s but the region was held {held_s:.6f} s"
+        return [(MeasureWarning.PLAUSIBILITY_FAILED, detail)]
+    return []
+
+
+def timer_resolution(median_ms: float, resolution_ms: float) -> list[Finding]:
+    floor_ms = TIMER_RESOLUTION_FACTOR * resolution_ms
+    if median_ms < floor_ms:
+        detail = f"median {median_ms:.6f} ms < {floor_ms:.6f} ms (100 x timer resolution)"
+        return [(MeasureWarning.TOO_SHORT_FOR_TIMER, detail)]
+    return []
+
+
+def noise(stop_reason: str, noise_rel: float, target_rel: float | None) -> list[Finding]:
+    if target_rel is None or stop_reason in stopping.QUIET_REASONS:
+        return []
+    if noise_rel > target_rel:
+        detail = f"noise {noise_rel:.2%} > target {target_rel:.2%} (stopped: {stop_reason})"
+        return [(MeasureWarning.UNSTABLE, detail)]
+    return []
+
+
+def throttle(start: dict[str, Any], end: dict[str, Any], report: dict[str, Any]) -> list[Finding]:
+    reason = clocks.throttle_reason(start, end)
+    if reason is None and report.get("throttled"):
+        reason = f"region report: {report.get('throttled')}"
+    return [(MeasureWarning.THROTTLED, reason)] if reason else []
+
+
+def region(report: dict[str, Any]) -> list[Finding]:
+    """Warnings from the region report (none for a nested region: the outer one judges)."""
+    if report.get("nested"):
+        return []
+    out: list[Finding] = []
+    gaps = report.get("not_enforced") or []
+    if not enforced(report) or gaps:
+        whats = "; ".join(f"{g.get('what')}: {g.get('why')}" for g in gaps)
+        out.append((MeasureWarning.ENFORCEMENT_IMPOSSIBLE, whats or f"mode {report.get('mode')}"))
+    if report.get("revoked"):
+        why = report.get("revoke_reason") or f"held {report.get('held_s')} s"
+        out.append((MeasureWarning.REGION_REVOKED, str(why)))
+    if not report.get("clean", False) and enforced(report):
+        out.append((MeasureWarning.REGION_NOT_CLEAN, _why_not_clean(report, gaps)))
+    return out
+
+
+def _why_not_clean(report: dict[str, Any], gaps: list[dict[str, Any]]) -> str:
+    if report.get("why_not_clean"):
+        return str(report["why_not_clean"])
+    if gaps:
+        return "enforcement gaps: " + ", ".join(str(g.get("what")) for g in gaps)
+    return "the daemon saw interference (read the report's evidence)"
+
+
+def enforced(report: dict[str, Any]) -> bool:
+    """The daemon granted exclusivity (region- or command-granular)."""
+    return report.get("mode") in ("region", "command")
+
+
+def should_retry(report: dict[str, Any]) -> bool:
+    """Retry a revoked or not-clean region, unless its gaps are structural.
+
+    A region that is not clean only because a mechanism is missing on this
+    machine (``not_enforced``) would be just as unclean the next time.
+    """
+    if report.get("nested") or not enforced(report):
+        return False
+    if report.get("revoked"):
+        return True
+    return not report.get("clean", False) and not report.get("not_enforced")

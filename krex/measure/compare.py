@@ -1,0 +1,197 @@
+"""A/B comparison inside one region: interleaved samples, a paired interval, a verdict.
+
+Baseline (A) and candidate (B) samples alternate in ABBA blocks (or a seeded
+random AB/BA order), so each A sample has a B neighbour taken moments apart;
+machine drift (±30 % between minutes here) cancels within a pair.  The
+estimate is the median of paired log-ratios ``ln(a/b)``; its interval is the
+distribution-free sign-test interval of that median, so a few 50 ms
+scheduler hits move neither.  ``speedup = exp(median)``: above 1 the
+candidate is faster.
+
+Verdict: ``same`` when the whole interval lies within ``±same_within``;
+``faster`` / ``slower`` when it excludes 1 (and is not ``same``); else
+``unclear``.  Sampling stops early once a verdict is clear at a stricter
+confidence (``1 - (1 - confidence) / 5``, a guard against optional-stopping
+false alarms), or at the time limits.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from krex.errors import RegionRevoked
+from krex.measure import checks, loop, stats
+from krex.measure.bench import HOLD_MARGIN_S, default_device
+from krex.measure.regions import RegionFactory, get_region_factory
+from krex.measure.result import Comparison, split_findings
+from krex.measure.timers import Timer, make_timer
+
+FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
+EARLY_STOP_ALPHA_DIVISOR = 5.0
+
+
+def verdict(ci_low: float, ci_high: float, same_within: float) -> str:
+    """faster / slower / same / unclear from a speedup interval."""
+    if ci_low >= 1.0 / (1.0 + same_within) and ci_high <= 1.0 + same_within:
+        return SAME
+    if ci_low > 1.0:
+        return FASTER
+    if ci_high < 1.0:
+        return SLOWER
+    return UNCLEAR
+
+
+def speedup_interval(log_ratios: list[float], confidence: float) -> tuple[float, float, float]:
+    """(speedup, low, high) from paired ln(baseline / candidate) values."""
+    low, high = stats.median_ci(log_ratios, confidence)
+    return math.exp(stats.median(log_ratios)), math.exp(low), math.exp(high)
+
+
+@dataclass
+class _Limits:
+    min_pairs: int
+    min_time_s: float
+    max_time_s: float
+    timeout_s: float
+    confidence: float
+    same_within: float
+
+
+@dataclass
+class _PairLoop:
+    """Samples A and B alternately and decides when the verdict is clear."""
+
+    a: loop.Plan
+    b: loop.Plan
+    limits: _Limits
+    order: str
+    rng: random.Random
+    a_ms: list[float] = field(default_factory=list)
+    b_ms: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+
+    def block(self) -> None:
+        """Two pairs: ABBA, or two independently shuffled AB/BA pairs."""
+        if self.order == "abba":
+            sequence = "ABBA"
+        else:
+            sequence = "".join(self.rng.choice(("AB", "BA")) for _ in range(2))
+        pending = [(kind, loop.take_sample(self.a if kind == "A" else self.b)) for kind in sequence]
+        self.a.timer.synchronize()
+        for kind, p in pending:
+            plan = self.a if kind == "A" else self.b
+            (self.a_ms if kind == "A" else self.b_ms).append(plan.timer.elapsed_ms(p) / plan.inner)
+
+    def decide(self, elapsed_s: float) -> str | None:
+        lim = self.limits
+        measured_s = (math.fsum(self.a_ms) + math.fsum(self.b_ms)) / 1e3
+        if elapsed_s >= lim.timeout_s:
+            return "timeout"
+        if measured_s >= lim.max_time_s:
+            return "max_time"
+        if len(self.a_ms) < lim.min_pairs or measured_s < lim.min_time_s:
+            return None
+        strict = 1.0 - (1.0 - lim.confidence) / EARLY_STOP_ALPHA_DIVISOR
+        _, low, high = speedup_interval(self.log_ratios(), strict)
+        return "clear" if verdict(low, high, lim.same_within) != UNCLEAR else None
+
+    def log_ratios(self) -> list[float]:
+        return [
+            math.log(a / b) for a, b in zip(self.a_ms, self.b_ms, strict=True) if a > 0 and b > 0
+        ]
+
+    def run(self, blocks_per_check: int) -> tuple[str, float]:
+        timer = self.a.timer
+        start_s = timer.now_s()
+        while True:
+            for _ in range(blocks_per_check):
+                self.block()
+            reason = self.decide(timer.now_s() - start_s)
+            if reason:
+                return reason, timer.now_s() - start_s
+
+
+def compare(
+    baseline: Callable[[], Any],
+    candidate: Callable[[], Any],
+    *,
+    device: str | None = None,
+    same_within: float = 0.01,
+    confidence: float = 0.95,
+    order: str = "abba",
+    seed: int = 0,
+    warmup_ms: float = 25.0,
+    min_pairs: int = 10,
+    min_time_s: float = 0.05,
+    max_time_s: float = 2.0,
+    timeout_s: float = 10.0,
+    cache: str = "cold",
+    retries: int = 2,
+    label: str | None = None,
+    max_hold_s: float | None = None,
+    timer: Timer | None = None,
+    region: RegionFactory | None = None,
+) -> Comparison:
+    """Is ``candidate`` faster than ``baseline``?  Both are timed in one region."""
+    if order not in ("abba", "random"):
+        raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
+    timer = timer or make_timer(device or default_device())
+    device = device or timer.device
+    cold = cache == "cold"
+    a, b = loop.Plan(baseline, timer, cold), loop.Plan(candidate, timer, cold)
+    est_a, est_b = loop.first_call_and_estimate(a), loop.first_call_and_estimate(b)
+    for plan, est in ((a, est_a), (b, est_b)):
+        loop.warm_up(plan, warmup_ms, est.call_ms)
+    limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within)
+    blocks = max(1, loop.batch_size(2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)))
+
+    def body() -> _PairLoop:
+        pairs = _PairLoop(a, b, limits, order, random.Random(seed))
+        pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks)
+        return pairs
+
+    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
+    factory = get_region_factory(region)
+    run = loop.in_region(
+        body, factory, device, retries=retries, label=label, max_hold_s=hold_s, timer=timer
+    )
+    if run.value is None:
+        raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
+    return _build(run, timer, device, order, limits)
+
+
+def _build(run: loop.RegionRun, timer: Timer, device: str, order: str, lim: _Limits):
+    pairs: _PairLoop = run.value
+    speedup, low, high = speedup_interval(pairs.log_ratios(), lim.confidence)
+    decided = verdict(low, high, lim.same_within)
+    findings = _findings(run, pairs, timer, decided, (low, high))
+    warnings, details = split_findings(findings)
+    return Comparison(
+        verdict=decided, speedup=speedup, ci_low=low, ci_high=high,
+        confidence=lim.confidence, same_within=lim.same_within, pairs=len(pairs.a_ms),
+        order=order, stop_reason=pairs.stop_reason,
+        baseline=stats.summarize(pairs.a_ms), candidate=stats.summarize(pairs.b_ms),
+        baseline_samples_ms=pairs.a_ms, candidate_samples_ms=pairs.b_ms,
+        region=run.report, device=device, timer=timer.name, elapsed_s=pairs.elapsed_s,
+        attempts=run.attempts, rejected_regions=run.rejected,
+        warnings=warnings, warning_details=details,
+    )  # fmt: skip
+
+
+def _findings(run, pairs: _PairLoop, timer: Timer, decided: str, ci) -> list[checks.Finding]:
+    shortest = min(stats.median(pairs.a_ms), stats.median(pairs.b_ms))
+    out = [
+        *checks.region(run.report),
+        *checks.plausibility(pairs.a_ms + pairs.b_ms, run.report.get("held_s")),
+        *checks.timer_resolution(shortest, timer.resolution_ms),
+        *checks.throttle(run.clocks_start, run.clocks_end, run.report),
+    ]
+    if decided == UNCLEAR:
+        detail = f"interval [{ci[0]:.4f}, {ci[1]:.4f}] after {len(pairs.a_ms)} pairs"
+        out.append((checks.MeasureWarning.UNSTABLE, detail))
+    return out

@@ -1,0 +1,121 @@
+"""What measurements return: :class:`Measurement` and :class:`Comparison`.
+
+Plain dataclasses: picklable, with ``to_dict()`` giving JSON-ready dicts
+(warnings as their names, each with its next action).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from krex.measure.checks import Finding, MeasureWarning
+
+RESULT_FORMAT = 1
+
+
+def warnings_dicts(warnings: list[MeasureWarning], details: dict[str, str]) -> list[dict]:
+    return [
+        {"warning": w.name, "detail": details.get(w.name, ""), "next_action": w.next_action}
+        for w in warnings
+    ]
+
+
+def split_findings(findings: list[Finding]) -> tuple[list[MeasureWarning], dict[str, str]]:
+    """Deduplicated warnings in order, and their details joined by '; '."""
+    warnings: list[MeasureWarning] = []
+    details: dict[str, str] = {}
+    for kind, detail in findings:
+        if kind not in warnings:
+            warnings.append(kind)
+            details[kind.name] = detail
+        elif detail:
+            details[kind.name] = f"{details[kind.name]}; {detail}".strip("; ")
+    return warnings, details
+
+
+@dataclass
+class Measurement:
+    """Samples of one function in one region, their statistics and their evidence."""
+
+    samples_ms: list[float]
+    device: str
+    timer: str
+    min_ms: float
+    median_ms: float
+    mean_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    stdev_ms: float
+    noise_rel: float  # robust: 1.4826 * MAD / median
+    stdev_rel: float  # stdev / mean
+    stop_reason: str
+    noise_target: float | None
+    cache: str
+    warmup_iterations: int
+    estimate_ms: float
+    elapsed_s: float  # wall time of the timed loop, flushes included
+    region: dict[str, Any]
+    attempts: int = 1
+    rejected_regions: list[dict[str, Any]] = field(default_factory=list)
+    clocks_start: dict[str, Any] = field(default_factory=dict)
+    clocks_end: dict[str, Any] = field(default_factory=dict)
+    offcpu_fraction: float | None = None  # cpu timer: share of wall time off the CPU
+    cuda_graph: bool = False
+    label: str | None = None
+    warnings: list[MeasureWarning] = field(default_factory=list)
+    warning_details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def iterations(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def trusted(self) -> bool:
+        """No warnings at all: the number and its region are clean."""
+        return not self.warnings
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["format"] = RESULT_FORMAT
+        out["iterations"] = self.iterations
+        out["trusted"] = self.trusted
+        out["warnings"] = warnings_dicts(self.warnings, self.warning_details)
+        del out["warning_details"]
+        return out
+
+
+@dataclass
+class Comparison:
+    """A/B result: speedup = baseline time / candidate time, with its interval."""
+
+    verdict: str  # faster | slower | same | unclear (the candidate relative to baseline)
+    speedup: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    same_within: float
+    pairs: int
+    order: str
+    stop_reason: str
+    baseline: dict[str, float]  # summary statistics of the baseline samples
+    candidate: dict[str, float]
+    baseline_samples_ms: list[float]
+    candidate_samples_ms: list[float]
+    region: dict[str, Any]
+    device: str
+    timer: str
+    elapsed_s: float
+    attempts: int = 1
+    rejected_regions: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[MeasureWarning] = field(default_factory=list)
+    warning_details: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["format"] = RESULT_FORMAT
+        out["warnings"] = warnings_dicts(self.warnings, self.warning_details)
+        del out["warning_details"]
+        return out

@@ -1,0 +1,129 @@
+"""Statistics of timing samples: pure functions on lists of floats.
+
+No numpy: the core of krex stays light.  Quantiles use linear interpolation
+(numpy's and torch's default); ``lower_median`` follows ``torch.median``
+(the lower of the two middle values), which ``bench`` needs to keep the
+exact contract of ``triton.testing.do_bench``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import NormalDist
+
+MAD_TO_SD = 1.4826  # MAD of a normal distribution times this is its standard deviation
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) with linear interpolation between order statistics."""
+    if not values:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} outside [0, 1]")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return quantile(values, 0.5)
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The median as ``torch.median`` defines it: the lower middle value."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def stdev(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1); 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    m = mean(values)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median."""
+    m = median(values)
+    return median([abs(v - m) for v in values])
+
+
+def relative_noise(values: Sequence[float]) -> float:
+    """Robust relative noise: 1.4826 * MAD / median (stdev/mean without outliers).
+
+    A single 50 ms scheduler hit among 1 ms samples moves ``stdev/mean``
+    a lot and this estimate hardly at all; outliers are reported separately
+    through the p99.
+    """
+    if len(values) < 2:
+        return math.inf
+    m = median(values)
+    if m <= 0:
+        return math.inf
+    return MAD_TO_SD * mad(values) / m
+
+
+def relative_stdev(values: Sequence[float]) -> float:
+    """Classic stdev / mean (what nvbench calls noise)."""
+    if len(values) < 2:
+        return math.inf
+    m = mean(values)
+    return stdev(values) / m if m > 0 else math.inf
+
+
+def slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against their index."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    x_mean = (n - 1) / 2
+    y_mean = mean(values)
+    num = math.fsum((i - x_mean) * (v - y_mean) for i, v in enumerate(values))
+    den = math.fsum((i - x_mean) ** 2 for i in range(n))
+    return num / den
+
+
+def median_ci_ranks(n: int, confidence: float) -> tuple[int, int]:
+    """0-based ranks (lo, hi) of a distribution-free confidence interval for a median.
+
+    The sign-test interval: the number of values below the true median is
+    Binomial(n, 1/2), so order statistics ``k`` and ``n-1-k`` cover the median
+    with at least ``confidence``.  Uses the normal approximation with a
+    continuity correction (exact enough for n >= 6, conservative below).
+    """
+    if n < 1:
+        raise ValueError("no values")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    k = math.floor(n / 2 - 0.5 - z * math.sqrt(n) / 2)
+    k = max(0, min(k, (n - 1) // 2))
+    return k, n - 1 - k
+
+
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median (robust to outliers)."""
+    ordered = sorted(values)
+    lo, hi = median_ci_ranks(len(ordered), confidence)
+    return ordered[lo], ordered[hi]
+
+
+def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
+    """min / median / mean / p95 / p99 / max and both noise figures of samples."""
+    return {
+        "min_ms": min(samples_ms),
+        "median_ms": median(samples_ms),
+        "mean_ms": mean(samples_ms),
+        "p95_ms": quantile(samples_ms, 0.95),
+        "p99_ms": quantile(samples_ms, 0.99),
+        "max_ms": max(samples_ms),
+        "stdev_ms": stdev(samples_ms),
+        "noise_rel": relative_noise(samples_ms),
+        "stdev_rel": relative_stdev(samples_ms),
+    }

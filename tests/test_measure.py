@@ -1,0 +1,321 @@
+"""measure() and bench(): stopping, warnings, regions and the do_bench contract.
+
+Deterministic parts use the FakeTimer and scripted regions; the cpu-device
+parts use the real CpuTimer with an injected trivial region.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+from krex.errors import RegionRevoked
+from krex.measure import (
+    FakeTimer,
+    KrexMeasurementWarning,
+    LocalRegion,
+    Measurement,
+    MeasureWarning,
+    ScriptedRegions,
+    bench,
+    measure,
+)
+from krex.measure import regions as regions_mod
+
+W = MeasureWarning
+
+
+def _fake(ms=1.0, noise_rel=0.001, seed=0, **timer_kwargs):
+    timer = FakeTimer(seed=seed, **timer_kwargs)
+    return timer, timer.kernel(ms, noise_rel=noise_rel), ScriptedRegions(clock=timer.now_s)
+
+
+# --- stopping ---------------------------------------------------------------------------
+
+
+def test_quiet_kernel_converges_and_is_trusted():
+    timer, kernel, regions = _fake(1.0, 0.001)
+    m = measure(kernel, timer=timer, region=regions)
+    assert m.stop_reason == "converged"
+    assert m.median_ms == pytest.approx(1.0, rel=0.002)
+    assert m.noise_rel < 0.005 and m.iterations >= 100  # min_time_s = 0.1 s of samples
+    assert m.warnings == [] and m.trusted
+
+
+def test_noisy_kernel_stops_when_noise_settles_and_warns_unstable():
+    timer, kernel, regions = _fake(1.0, 0.03)
+    m = measure(kernel, timer=timer, region=regions, max_time_s=5.0, timeout_s=50.0)
+    assert m.stop_reason == "settled"
+    assert sum(m.samples_ms) < 2000  # far from max_time: stopped on settled noise
+    assert m.noise_rel == pytest.approx(0.03, rel=0.25)
+    assert W.UNSTABLE in m.warnings and "settled" in m.warning_details["UNSTABLE"]
+
+
+def test_timeout_counts_wall_time_including_flushes():
+    timer, kernel, regions = _fake(1.0, 0.05, host_overhead_ms=10.0)
+    m = measure(
+        kernel,
+        timer=timer,
+        region=regions,
+        noise_target=1e-6,
+        min_time_s=1.0,
+        max_time_s=2.0,
+        timeout_s=0.5,
+    )
+    assert m.stop_reason == "timeout"
+    assert m.elapsed_s == pytest.approx(0.5, rel=0.2)
+    assert W.UNSTABLE in m.warnings
+
+
+def test_max_time_counts_measured_time():
+    timer = FakeTimer()
+    kernel = timer.kernel(1.0, noise_rel=0.0, drift=lambda s: 1.0 + s)  # ever noisier
+    m = measure(
+        kernel,
+        timer=timer,
+        region=ScriptedRegions(clock=timer.now_s),
+        noise_target=1e-6,
+        max_time_s=0.3,
+        timeout_s=100,
+    )
+    assert m.stop_reason == "max_time"
+    assert 0.3 <= sum(m.samples_ms) / 1e3 < 0.4
+
+
+# --- the region: only around the timed loop, retried when not clean ----------------------
+
+
+def test_region_is_taken_around_the_timed_loop_only():
+    timer, kernel, _ = _fake(1.0, 0.0)
+    calls_at = {}
+
+    class Spy(LocalRegion):
+        def __enter__(self):
+            calls_at["enter"] = kernel.calls
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            calls_at["exit"] = kernel.calls
+            super().__exit__(*exc)
+
+    m = measure(kernel, timer=timer, region=Spy, warmup_ms=25, rep_ms=50)
+    assert m.warmup_iterations == 25
+    assert calls_at["enter"] == 1 + 5 + 25  # first call, estimate, warm-up: outside
+    assert calls_at["exit"] - calls_at["enter"] == 1 + 50  # in-region warm-up, samples
+
+
+def test_not_clean_region_is_retried_then_clean():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"clean": False}, {"clean": True}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions)
+    assert regions.taken == 2 and m.attempts == 2
+    assert len(m.rejected_regions) == 1 and m.rejected_regions[0]["clean"] is False
+    assert W.REGION_NOT_CLEAN not in m.warnings and m.region["clean"] is True
+
+
+def test_region_never_clean_is_warned_after_retries():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"clean": False}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions, retries=3)
+    assert regions.taken == 4 and m.attempts == 4
+    assert W.REGION_NOT_CLEAN in m.warnings
+    assert m.to_dict()["warnings"][0]["next_action"]
+
+
+def test_structural_gaps_are_not_retried_and_say_enforcement_impossible():
+    timer, kernel, _ = _fake()
+    gap = {"clean": False, "not_enforced": [{"what": "freeze", "why": "no cgroup"}]}
+    regions = ScriptedRegions([gap], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions, retries=3)
+    assert regions.taken == 1
+    assert W.ENFORCEMENT_IMPOSSIBLE in m.warnings
+    assert "freeze: no cgroup" in m.warning_details["ENFORCEMENT_IMPOSSIBLE"]
+
+
+def test_without_a_daemon_the_measurement_says_enforcement_was_impossible():
+    timer, kernel, _ = _fake()
+    m = measure(kernel, timer=timer, region=LocalRegion)
+    assert m.region["mode"] == "none" and m.region["held_s"] >= 0
+    assert W.ENFORCEMENT_IMPOSSIBLE in m.warnings and W.REGION_NOT_CLEAN not in m.warnings
+
+
+def test_revoked_region_is_retried():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"revoked": True, "clean": False}, {}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions)
+    assert m.attempts == 2 and m.warnings == []
+
+
+def test_region_revoked_error_on_exit_becomes_a_warning():
+    timer, kernel, _ = _fake()
+
+    class Revoking(LocalRegion):
+        def __exit__(self, *exc):
+            raise RegionRevoked("held too long", region=7)
+
+    m = measure(kernel, timer=timer, region=Revoking, retries=0)
+    assert m.region["revoked"] is True
+    assert W.REGION_REVOKED in m.warnings
+
+
+def test_region_factory_hook(monkeypatch):
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions(clock=timer.now_s)
+    monkeypatch.setattr(regions_mod, "_factory", None)
+    regions_mod.set_region_factory(regions)
+    try:
+        measure(kernel, timer=timer)
+    finally:
+        regions_mod.set_region_factory(None)
+    assert regions.taken == 1
+
+
+def test_nested_region_report_is_not_judged():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"nested": True, "clean": None, "mode": None}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions)
+    assert m.warnings == []
+
+
+# --- plausibility, timer resolution, throttling -------------------------------------------
+
+
+def test_samples_longer_than_the_hold_are_flagged_not_returned_silently():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"held_s": 0.001}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions)
+    assert W.PLAUSIBILITY_FAILED in m.warnings and not m.trusted
+    assert "held 0.001000 s" in m.warning_details["PLAUSIBILITY_FAILED"]
+
+
+def test_negative_samples_are_flagged():
+    timer = FakeTimer()
+    kernel = timer.kernel(durations_ms=[1.0, 1.0, -0.5, 1.0])
+    m = measure(kernel, timer=timer, region=ScriptedRegions(clock=timer.now_s), rep_ms=20)
+    assert W.PLAUSIBILITY_FAILED in m.warnings
+
+
+def test_too_short_for_the_timer():
+    timer, kernel, regions = _fake(0.01, 0.0, resolution_ms=0.001)
+    m = measure(kernel, timer=timer, region=regions, rep_ms=5)
+    assert W.TOO_SHORT_FOR_TIMER in m.warnings
+
+
+def test_throttle_reported_by_the_region():
+    timer, kernel, _ = _fake()
+    regions = ScriptedRegions([{"throttled": "thermal"}], clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions)
+    assert W.THROTTLED in m.warnings
+
+
+def test_every_warning_has_a_next_action():
+    for w in MeasureWarning:
+        assert w.summary and w.next_action
+
+
+# --- the result -----------------------------------------------------------------------------
+
+
+def test_measurement_pickles_and_serialises():
+    timer, kernel, regions = _fake(1.0, 0.01)
+    m = measure(kernel, timer=timer, region=regions, label="k1")
+    again = pickle.loads(pickle.dumps(m))
+    assert isinstance(again, Measurement) and again.samples_ms == m.samples_ms
+    d = json.loads(json.dumps(m.to_dict()))
+    assert d["iterations"] == m.iterations and d["region"]["clean"] is True
+    assert d["label"] == "k1" and d["format"] == 1
+    for key in ("min_ms", "median_ms", "mean_ms", "p95_ms", "p99_ms", "noise_rel"):
+        assert key in d
+
+
+def test_bad_cache_mode():
+    timer, kernel, regions = _fake()
+    with pytest.raises(ValueError):
+        measure(kernel, timer=timer, region=regions, cache="lukewarm")
+
+
+def test_cold_flushes_every_sample_hot_never():
+    timer, kernel, regions = _fake()
+    m = measure(kernel, timer=timer, region=regions, rep_ms=30, cache="cold")
+    assert timer.flushes >= m.iterations
+    timer, kernel, regions = _fake()
+    measure(kernel, timer=timer, region=regions, rep_ms=30, cache="hot")
+    assert timer.flushes == 0
+
+
+# --- the do_bench contract ----------------------------------------------------------------
+
+
+def _scripted_bench(durations_ms=(1.0, 2.0, 3.0, 4.0, 10.0), **kwargs):
+    """bench of a deterministic fake kernel: the same call gives the same samples."""
+    timer = FakeTimer()
+    kernel = timer.kernel(durations_ms=durations_ms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a clean fake region: no warnings at all
+        return bench(kernel, timer=timer, region=ScriptedRegions(clock=timer.now_s), **kwargs)
+
+
+def test_bench_return_modes_follow_do_bench():
+    times = _scripted_bench(return_mode="all")
+    assert isinstance(times, list) and len(times) > 10
+    assert _scripted_bench() == pytest.approx(float(np.mean(times)))  # default: mean
+    assert _scripted_bench(return_mode="min") == pytest.approx(min(times))
+    assert _scripted_bench(return_mode="max") == pytest.approx(max(times))
+    lower_median = sorted(times)[(len(times) - 1) // 2]  # torch.median: the lower middle
+    assert _scripted_bench(return_mode="median") == pytest.approx(lower_median)
+    assert isinstance(_scripted_bench(return_mode="mean"), float)
+
+
+def test_bench_quantiles_follow_torch_quantile():
+    times = _scripted_bench(return_mode="all")
+    q = _scripted_bench(quantiles=[0.2, 0.5, 0.8])
+    assert q == pytest.approx(list(np.quantile(times, [0.2, 0.5, 0.8])))
+    single = _scripted_bench(quantiles=[0.5])
+    assert isinstance(single, float) and single == pytest.approx(float(np.median(times)))
+
+
+def test_bench_budgets_set_counts():
+    assert len(_scripted_bench([1.0], return_mode="all")) == 100  # rep=100 ms of 1 ms calls
+    assert len(_scripted_bench([1.0], rep=40, return_mode="all")) == 40
+    assert len(_scripted_bench([2.0], rep=40, return_mode="all")) == 20
+    assert len(_scripted_bench([1.0], rep=0.1, return_mode="all")) == 1  # at least one
+
+
+def test_bench_rejects_unknown_return_mode():
+    with pytest.raises(ValueError):
+        _scripted_bench(return_mode="p50")
+
+
+def test_bench_clears_grads():
+    class Tensor:
+        grad = "stale"
+
+    x = Tensor()
+    seen = []
+    timer = FakeTimer()
+    kernel = timer.kernel(1.0)
+
+    def fn():
+        seen.append(x.grad)
+        kernel()
+
+    bench(fn, rep=10, grad_to_none=[x], timer=timer, region=ScriptedRegions(clock=timer.now_s))
+    assert seen[-1] is None
+
+
+def test_bench_issues_python_warnings_for_measurement_warnings():
+    timer, kernel, _ = _fake()
+    with pytest.warns(KrexMeasurementWarning, match="enforced"):
+        bench(kernel, rep=10, timer=timer, region=LocalRegion)
+
+
+def test_clock_drop_across_the_loop_is_throttling():
+    timer, kernel, regions = _fake()
+    timer.clock_script = [{"sm_mhz": 1980.0}, {"sm_mhz": 1400.0}]
+    m = measure(kernel, timer=timer, region=regions)
+    assert W.THROTTLED in m.warnings and "sm_mhz fell" in m.warning_details["THROTTLED"]
+    assert m.clocks_start == {"sm_mhz": 1980.0} and m.clocks_end == {"sm_mhz": 1400.0}

@@ -1,0 +1,105 @@
+"""The cpu device with the real CpuTimer: krex.bench against an isolated pyperf run.
+
+The machine drifts by up to ±30 % between minutes, so the pyperf run is
+bracketed by two krex measurements and the tolerance is built from what the
+runs themselves report: 3 x (krex noise + pyperf noise) plus the drift seen
+between the two krex runs, never less than 5 %.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import PY, reap, spawn
+
+from krex.measure import ScriptedRegions, measure, stats
+
+N = 30_000
+STATEMENT = f"sum(range({N}))"
+
+
+def _krex_once():
+    m = measure(
+        lambda: sum(range(N)),
+        device="cpu",
+        cache="hot",
+        region=ScriptedRegions(),
+        warmup_ms=20,
+        min_time_s=0.2,
+        max_time_s=0.6,
+        timeout_s=3.0,
+    )
+    assert m.region["clean"] and m.offcpu_fraction is not None
+    return m
+
+
+def _pyperf(tmp_path):
+    out = tmp_path / "pyperf.json"
+    proc = spawn(
+        [
+            PY,
+            "-m",
+            "pyperf",
+            "timeit",
+            "-q",
+            "-p",
+            "3",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "-l",
+            "100",
+            "-o",
+            str(out),
+            "--inherit-environ=PATH",
+            STATEMENT,
+        ]
+    )
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        reap(proc)
+    assert proc.returncode == 0
+    data = json.loads(out.read_text())
+    values_s = [v for run in data["benchmarks"][0]["runs"] for v in run.get("values", [])]
+    return [v * 1e3 for v in values_s]
+
+
+@pytest.mark.slow
+def test_bench_agrees_with_pyperf_within_the_noise_both_report(tmp_path):
+    before = _krex_once()
+    pyperf_ms = _pyperf(tmp_path)
+    after = _krex_once()
+    krex_ms = (before.median_ms + after.median_ms) / 2
+    pyperf_median = stats.median(pyperf_ms)
+    drift = abs(before.median_ms - after.median_ms) / krex_ms
+    noise = max(before.noise_rel, after.noise_rel) + stats.relative_noise(pyperf_ms)
+    tolerance = max(0.05, 3 * noise + drift)
+    gap = abs(pyperf_median / krex_ms - 1)
+    assert gap <= tolerance, (
+        f"krex {before.median_ms:.4f}/{after.median_ms:.4f} ms vs pyperf {pyperf_median:.4f} ms:"
+        f" gap {gap:.1%} > tolerance {tolerance:.1%}"
+    )
+
+
+def test_cold_cache_on_cpu_flushes_a_buffer_twice_the_llc():
+    m = measure(
+        lambda: sum(range(1000)),
+        device="cpu",
+        cache="cold",
+        region=ScriptedRegions(),
+        rep_ms=5,
+        warmup_ms=1,
+    )
+    assert m.cache == "cold" and m.iterations >= 1
+    # each sample pays a flush outside the sample: the loop's wall time is much longer
+    assert m.elapsed_s * 1e3 > 2 * sum(m.samples_ms)
+
+
+def test_real_daemon_region_report_is_attached(daemon):
+    m = measure(lambda: sum(range(1000)), device="cpu", rep_ms=5, warmup_ms=1, cache="hot")
+    assert "held_s" in m.region and "clean" in m.region
+    assert sum(m.samples_ms) / 1e3 <= m.region["held_s"] * 1.005 + 0.001
+    assert m.region["device"] == "cpu" and m.region["mode"] in ("region", "command", "none")
