@@ -28,6 +28,17 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-policy", choices=["abort", "wait", "kill"], default="abort")
     p.add_argument("--group-access", action="store_true",
                    help="let the socket's group connect (owner-only by default)")
+    p.add_argument("--no-cgroups", action="store_true",
+                   help="give jobs no cgroups (freeze falls back to SIGSTOP, isolation to affinity)")
+    p.add_argument("--workers-min", type=int, default=1, help="warm workers kept per device")
+    p.add_argument("--workers-max", type=int, default=2, help="warm workers at most per device")
+    p.add_argument("--max-programs", type=int, default=100,
+                   help="programs a worker serves before it is recycled")
+    p.add_argument("--preload", default="numpy",
+                   help="comma-separated modules each worker imports at start (default numpy)")
+    p.add_argument("--fakegpu-core", type=int, help="core the fakegpu server runs kernels on")
+    p.add_argument("--fakegpu-ctx-delay-ms", type=int, default=0,
+                   help="fakegpu context-creation delay (serialised node-wide)")
     p.add_argument("--idle-exit-s", type=float, help="exit after this long with nothing to do")
     p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_serve)
@@ -54,7 +65,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         freeze_scope=args.freeze_scope, isolate=not args.no_isolate,
         measure_cores=parse_cores(args.measure_cores), gate=not args.no_gate,
         drain_timeout_s=args.drain_timeout_s, drain_policy=args.drain_policy,
-        embedded=args.embedded,
+        embedded=args.embedded, cgroups=not args.no_cgroups, workers_min=args.workers_min,
+        workers_max=args.workers_max, max_programs=args.max_programs,
+        preload=[m for m in args.preload.split(",") if m], fakegpu_core=args.fakegpu_core,
+        fakegpu_ctx_delay_ms=args.fakegpu_ctx_delay_ms,
     )
     return serve(config)
 

@@ -25,6 +25,20 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+PATH_LISTS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """``base`` updated with ``extra``; path lists (LD_PRELOAD, ...) are prepended, not lost."""
+    env = {**base, **extra}
+    for key in PATH_LISTS:
+        if key in extra and base.get(key):
+            parts = [p for p in extra[key].split(":") if p]
+            parts += [p for p in base[key].split(":") if p and p not in parts]
+            env[key] = ":".join(parts)
+    return env
+
+
 def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
                  ) -> Callable[[], None]:
     """A ``preexec_fn``: the child enters its own process group and the job's cgroups
@@ -33,7 +47,9 @@ def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
 
     def setup() -> None:
         if new_group:
-            os.setpgid(0, 0)
+            # A session of its own: the job's group is orphaned from the start, so the
+            # kernel never sends SIGHUP to it when a stopped (frozen) member is orphaned.
+            os.setsid()
         pid = str(os.getpid()).encode()
         for path in paths:
             try:
@@ -61,7 +77,7 @@ def run_job(argv: list[str], *, device: str | None = None, name: str | None = No
     try:
         if mode == "command":
             hold = client.acquire(job_id, job["device"], whole_job=True, label="whole job")
-        child_env = {**os.environ, **(env or {}), **job["env"]}
+        child_env = merge_env({**os.environ, **(env or {})}, job["env"])
         proc = subprocess.Popen(argv, env=child_env, preexec_fn=join_cgroups(job["cgroups"]))
         client.attach_job(job_id, proc.pid)
         code = _wait_forwarding_signals(proc)

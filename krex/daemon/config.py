@@ -25,6 +25,8 @@ class DaemonConfig:
     drain_policy: str = "abort"  # abort | wait | kill
     cgroups: bool = True
     embedded: bool = False
+    fakegpu_core: int | None = None
+    fakegpu_ctx_delay_ms: int = 0
     workers_min: int = 1
     workers_max: int = 2
     max_programs: int = 100

@@ -108,6 +108,8 @@ class Daemon:
         if job is None:
             device = self._device(msg.device)
             job = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
+            job.cgroups = self.exclusivity.create_cgroups(job.job_id)
+            self.exclusivity.adopt(job.cgroups, me.pid, me.start)
         return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
 
     def _on_create_job(self, session: Session, msg: m.CreateJob) -> dict[str, Any]:
@@ -226,8 +228,13 @@ class Daemon:
     def _grant(self, st: RegionState) -> None:
         req = st.request
         if req.exclusive and not req.nested:
+            holder = self.jobs.get(req.job_id)
+            if holder is None:
+                self._abort(st, UnknownJob(f"job {req.job_id} ended before its region started"))
+                return
+            siblings, others = self._siblings(req)
             try:
-                st.held = self.exclusivity.enter(self._holder_job(req), self._siblings(req), req)
+                st.held = self.exclusivity.enter(holder, siblings, req, others)
             except EnforcementFailed as exc:
                 self._abort(st, exc)
                 return
@@ -380,6 +387,7 @@ class Daemon:
         if self.jobs.remove(job.job_id) is None:
             return
         self.exclusivity.remove_cgroups(job.cgroups)
+        self.exclusivity.job_ended(job.job_id)
         self.events.emit("job_ended", job_id=job.job_id, why=why, exit_code=job.exit_code)
 
     def job_env(self, job: Job) -> dict[str, Any]:
@@ -422,12 +430,14 @@ class Daemon:
             exclusive=job.mode != "none", whole_job=msg.whole_job, label=msg.label,
         )
 
-    def _holder_job(self, req: Request) -> Job | None:
-        return self.jobs.get(req.job_id)
-
-    def _siblings(self, req: Request) -> list[Job]:
-        scope = None if self.config.freeze_scope == "node" else req.device
-        return [j for j in self.jobs.on_device(scope) if j.job_id != req.job_id]
+    def _siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
+        """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
+        node = self.config.freeze_scope == "node"
+        siblings, others = [], []
+        for job in self.jobs.jobs.values():
+            if job.job_id != req.job_id:
+                (siblings if node or job.device == req.device else others).append(job)
+        return siblings, others
 
     def status(self) -> dict[str, Any]:
         holders = {}

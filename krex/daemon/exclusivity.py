@@ -1,54 +1,195 @@
 """Turns a grant into enforcement on real processes, and back.
 
-The daemon core speaks in jobs; this module turns them into enforcement
-targets, runs the mechanisms in order (gate → drain → freeze → isolate) via
-:mod:`krex.enforce`, and hands back a :class:`Held` whose ``exit()`` undoes
-them and returns the host part of the region report.
+The daemon core speaks in jobs; this module owns everything a job needs to
+be enforceable — its cgroups, its GPU gate file and interposer environment,
+the node's fakegpu server — and turns jobs into :mod:`krex.enforce` targets.
+On a grant it runs gate → drain → freeze → isolate through the
+:class:`~krex.enforce.enforcer.Enforcer`; the :class:`Held` it returns
+undoes them and returns the host part of the region report.  A guardian
+process started here holds a lease on every region's enforcement.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 from typing import Any, Protocol
 
 from krex.daemon.config import DaemonConfig
+from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
+from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
+from krex.enforce.gate import GateFile
+from krex.enforce.gatedrain import GateDrain, GatedJob
+from krex.enforce.guardian import GuardianClient
+from krex.enforce.guardian import sweep as sweep_journal
+from krex.enforce.job import JobTarget
+from krex.enforce.process import PROTECTED, ProcessRef
+from krex.errors import KrexError
+
+log = logging.getLogger("krex.daemon")
+GPU_KINDS = ("cuda", "rocm", "fakegpu")
+MAX_LEASE_S = 7 * 24 * 3600.0  # a whole-job hold has no maximum; the lease needs one
 
 
 class Held(Protocol):
     def exit(self) -> dict[str, Any]: ...
 
 
-class _Unenforced:
-    """A region granted with no mechanism applied: the report says why."""
+class _Region:
+    """One region's applied enforcement plus what the gate/drain step saw."""
 
-    def __init__(self, reasons: list[dict[str, str]]) -> None:
-        self.reasons = reasons
+    def __init__(self, enforcement: Enforcement, drain: GateDrain | None) -> None:
+        self.enforcement = enforcement
+        self.drain = drain
+        if drain is not None:
+            enforcement.not_enforced.extend(drain.not_drained)
 
     def exit(self) -> dict[str, Any]:
-        return {"steps": [], "siblings_frozen": 0, "freeze_backend": None,
-                "not_enforced": self.reasons, "clean": False}
+        report = dict(self.enforcement.exit())
+        if self.drain is not None:
+            report["gated_jobs"] = len(self.drain.jobs)
+            report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
+                                       for pid, s in self.drain.acks.items()}
+        return report
+
+
+def is_gpu(device: str) -> bool:
+    return device.split(":")[0] in GPU_KINDS
 
 
 class Exclusivity:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
+        self.instance = instance_name("d")
+        self.layout = CgroupLayout.probe() if config.cgroups else CgroupLayout.none()
+        self._sweep_leftovers()
+        PROTECTED.add(os.getpid())
+        self.guardian = GuardianClient()
+        self.guardian.start(self.instance, self.journal_path)
+        self.enforcer = Enforcer(EnforceConfig(
+            freeze=config.freeze, freeze_scope=config.freeze_scope, isolate=config.isolate,
+            measure_cores=config.measure_cores), self.layout, self.guardian)
+        self.gates: dict[int, GatedJob] = {}
+        self.fakegpu: Any = None
 
-    def create_cgroups(self, job_id: int) -> Any:
-        return None
+    @property
+    def journal_path(self) -> str:
+        return os.path.join(self.config.runtime_dir, "guardian.journal")
 
-    def remove_cgroups(self, cgroups: Any) -> None:
-        return None
+    def _sweep_leftovers(self) -> None:
+        """Thaw and remove what a crashed daemon (and its guardian) left behind."""
+        swept = self.layout.sweep()
+        errors = sweep_journal(self.journal_path)
+        if swept or errors:
+            log.info("swept leftovers of a previous daemon: %s %s", swept, errors)
 
-    def cgroup_paths(self, cgroups: Any) -> dict[str, str | None]:
-        return {}
+    # -- per job -------------------------------------------------------------------
+
+    def create_cgroups(self, job_id: int) -> JobCgroups | None:
+        try:
+            cg = self.layout.create_job(self.instance, job_id)
+        except OSError as exc:
+            log.info("job %d gets no cgroup: %s", job_id, exc)
+            return None
+        return cg if cg.dirs() else None
+
+    def adopt(self, cgroups: JobCgroups | None, pid: int, start: int) -> None:
+        """Move a registered (ad-hoc) process into its job's cgroups."""
+        if cgroups is not None:
+            cgroups.adopt(ProcessRef(pid, start))
+
+    def remove_cgroups(self, cgroups: JobCgroups | None) -> None:
+        if cgroups is not None:
+            try:
+                cgroups.remove()
+            except OSError as exc:
+                log.info("could not remove %s: %s", cgroups.dirs(), exc)
+
+    def cgroup_paths(self, cgroups: JobCgroups | None) -> dict[str, str | None]:
+        if cgroups is None:
+            return {}
+        return {"v2": cgroups.v2, "freezer": cgroups.freezer, "cpuset": cgroups.cpuset}
 
     def job_env(self, job: Any) -> dict[str, str]:
-        return {}
+        """What a job's processes need: the interposer on a gate file, the fake driver."""
+        if not is_gpu(job.device) or not self.config.gate:
+            return self._device_env(job.device)
+        gated = self.gates.get(job.job_id)
+        if gated is None:
+            path = os.path.join(self.config.runtime_dir, "gates", f"job-{job.job_id}")
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            gated = GatedJob(job.job_id, GateFile.create(path, ndev=1), path)
+            self.gates[job.job_id] = gated
+        from krex.devices.native import preload_env
 
-    def enter(self, holder: Any, siblings: list[Any], request: Any) -> Held:
-        return _Unenforced([{"what": "freeze", "why": "host enforcement is not built yet"}])
+        return {**self._device_env(job.device), **preload_env(gated.path, 0, base={})}
+
+    def _device_env(self, device: str) -> dict[str, str]:
+        if not device.startswith("fakegpu"):
+            return {}
+        return self._fakegpu().env(base={})
+
+    def _fakegpu(self) -> Any:
+        if self.fakegpu is None:
+            from krex.devices.fakegpu import FakeGpu
+
+            sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
+            self.fakegpu = FakeGpu(sock, core=self.config.fakegpu_core,
+                                   ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
+        return self.fakegpu
+
+    def job_ended(self, job_id: int) -> None:
+        gated = self.gates.pop(job_id, None)
+        if gated is not None:
+            gated.gate.unlink()
+
+    # -- per region ----------------------------------------------------------------
+
+    def enter(self, holder: Any, siblings: list[Any], request: Any, others: list[Any] = ()
+              ) -> Held:
+        drain = self._gate_drain(siblings, request) if is_gpu(request.device) else None
+        hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
+        enforcement = self.enforcer.enter(
+            self.target(holder), [self.target(j) for j in siblings], max_hold_s=hold,
+            pre_ops=[drain] if drain else [], others=[self.target(j) for j in others])
+        return _Region(enforcement, drain)
+
+    def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
+        if not self.config.gate:
+            return None
+        gated = [self.gates[j.job_id] for j in siblings if j.job_id in self.gates]
+        return GateDrain(gated, timeout_s=self.config.drain_timeout_s,
+                         policy=self.config.drain_policy,
+                         max_wait_s=min(request.max_hold_s, 3600.0))
+
+    def target(self, job: Any) -> JobTarget:
+        tracked = [ProcessRef(p.pid, p.start) for p in job.members]
+        if job.kind == "adhoc":
+            tracked.append(ProcessRef(job.owner.pid, job.owner.start))
+        root = ProcessRef(job.root.pid, job.root.start) if job.root else None
+        return JobTarget(job.job_id, root=root, pgid=job.pgid, cgroups=job.cgroups,
+                         tracked=tracked)
+
+    # -- the node --------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        return {"freeze": "none"}
+        backends = self.enforcer.backends()
+        return {"freeze": backends["freeze_chosen"] or "off", "isolate": self.config.isolate,
+                "measure_cores": backends["measure_cores"], "gate": self.config.gate,
+                "guardian_pid": self.guardian.pid, "cgroups": self.layout.bases()}
+
+    def backends(self) -> dict[str, Any]:
+        return self.enforcer.backends()
 
     def close(self) -> None:
-        return None
+        for job_id in list(self.gates):
+            self.job_ended(job_id)
+        if self.fakegpu is not None:
+            self.fakegpu.stop()
+            self.fakegpu = None
+        try:
+            self.guardian.stop()
+        except (KrexError, OSError):
+            pass
+        self.layout.remove_instance(self.instance)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from krex.client.job import join_cgroups
+from krex.client.job import join_cgroups, merge_env
 from krex.errors import KrexError, WorkerFailed
 from krex.protocol import messages as m
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
@@ -34,7 +34,8 @@ class DaemonLauncher:
         job = self.daemon.new_worker_job(self.device, index)
         info = self.daemon.job_env(job)
         self._spawning.job_id = job.job_id
-        return {**os.environ, **info["env"]}, join_cgroups(info["cgroups"], new_group=False)
+        return merge_env(dict(os.environ), info["env"]), join_cgroups(info["cgroups"],
+                                                                       new_group=False)
 
     def started(self, pid: int) -> None:
         self.daemon.worker_started(self._spawning.job_id, pid)

@@ -171,6 +171,9 @@ class Enforcement:
                 self._apply(op)
         except Exception as e:
             self.exit()
+            if isinstance(e, EnforcementFailed):  # keep the specific error (DrainTimeout, ...)
+                e.report = self.report  # type: ignore[attr-defined]
+                raise
             err = EnforcementFailed(f"enforcement failed at {self.steps[-1]['name']}: {e}")
             err.report = self.report  # type: ignore[attr-defined]
             raise err from e

@@ -47,6 +47,22 @@ def _fully_stopped(ref: ProcessRef) -> bool:
     return all(state(ref.pid, tid) in _STOPPED + _GONE for tid in thread_ids(ref.pid))
 
 
+def _describe(ref: ProcessRef) -> str:
+    """PID, command and thread states, for an error a person can act on."""
+    try:
+        with open(f"/proc/{ref.pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        comm = "?"
+    states = "".join(sorted(state(ref.pid, t) or "?" for t in thread_ids(ref.pid)))
+    try:
+        with open(f"/proc/{ref.pid}/cgroup") as f:
+            groups = ",".join(x.split(":", 2)[2].strip() for x in f if "krex" in x)
+    except OSError:
+        groups = ""
+    return f"{ref.pid} ({comm}, thread states {states}, cgroups {groups or '-'})"
+
+
 class SignalFreeze:
     """SIGSTOP every process of every target; SIGCONT exactly those on revert."""
 
@@ -99,10 +115,14 @@ class SignalFreeze:
         raise EnforcementFailed("processes kept appearing while freezing (fork storm?)")
 
     def _stop(self, refs: list[ProcessRef]) -> None:
-        sent = [r for r in refs if r.send_signal(signal.SIGSTOP)]
+        # The plan may predate a cgroup freeze (it is made for the guardian's lease
+        # first): a process that has since joined a frozen cgroup is frozen already,
+        # and a SIGSTOP to it would stay pending until the thaw.
+        covered = self.covered()
+        sent = [r for r in refs if r.pid not in covered and r.send_signal(signal.SIGSTOP)]
         self.stopped.extend(sent)
         if not wait_until(lambda: all(_fully_stopped(r) for r in sent), self.timeout_s):
-            slow = [r.pid for r in sent if not _fully_stopped(r)]
+            slow = [_describe(r) for r in sent if not _fully_stopped(r)]
             raise EnforcementFailed(f"processes {slow} did not stop within {self.timeout_s} s")
 
     def revert(self) -> None:

@@ -12,6 +12,7 @@ Record kinds::
     {"kind": "sigcont",  "pid": P, "start_time": T}     SIGCONT if still the same process
     {"kind": "cpuset",   "path": DIR, "cpus": "0-3"}    cpuset.cpus <- value
     {"kind": "affinity", "pid": P, "tid": T, "start_time": S, "cpus": [0, 1]}
+    {"kind": "gate_open", "path": FILE, "slot": N}      reopen a job's GPU gate
 """
 
 from __future__ import annotations
@@ -46,12 +47,23 @@ def _affinity(rec: dict) -> None:
         os.sched_setaffinity(thread.tid, rec["cpus"])
 
 
+def _gate_open(rec: dict) -> None:
+    from krex.enforce.gate import GateFile
+
+    gate = GateFile.open_existing(rec["path"])
+    try:
+        gate.open(int(rec.get("slot", 0)))
+    finally:
+        gate.release()
+
+
 _ACTIONS: dict[str, Callable[[dict], None]] = {
     "thaw_v2": _thaw_v2,
     "thaw_v1": _thaw_v1,
     "sigcont": _sigcont,
     "cpuset": _cpuset,
     "affinity": _affinity,
+    "gate_open": _gate_open,
 }
 
 

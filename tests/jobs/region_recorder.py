@@ -36,10 +36,22 @@ def worker(t):
                           "req": req, "in": t_in, "out": t_out})
 
 
-ts = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+failures = []
+
+
+def guarded(t):
+    try:
+        worker(t)
+    except BaseException as exc:  # a dead thread must fail the job, not vanish
+        failures.append(f"thread {t}: {exc!r}")
+
+
+ts = [threading.Thread(target=guarded, args=(t,)) for t in range(threads)]
 for th in ts:
     th.start()
 for th in ts:
     th.join()
 with open(out_path, "w") as f:
     f.write("\n".join(json.dumps(x) for x in lines) + "\n")
+if failures:
+    sys.exit("region_recorder: " + "; ".join(failures))

@@ -1,0 +1,104 @@
+"""``krex eval``: the headline experiment; ``krex eval report RESULTS.json``: table and plots."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from krex.cli.output import console, print_json, table
+from krex.errors import BadRequest
+
+
+def add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="throughput and timing fidelity of every mode, side by side",
+                       description="Run the eval workload under several modes in one run, or "
+                                   "`krex eval report RESULTS.json` to redo table and plots.")
+    p.add_argument("--device", default="cpu", help="cpu or fakegpu:0 (default cpu)")
+    p.add_argument("--agents", type=int, help="concurrent agents (default 8; quick 2)")
+    p.add_argument("--commands", type=int,
+                   help="commands per agent and mode, split over the rounds (default 4; quick 1)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of every mode (default 2)")
+    p.add_argument("--modes", help="comma-separated (default: all): none,command,function,region,"
+                                   "region-noworkers,region-nofreeze,region-nogate,"
+                                   "region-noisolate")
+    p.add_argument("--profile", help="default, quick, or a JSON file of phase sizes")
+    p.add_argument("--quick", action="store_true", help="small profile, 2 agents: under 2 min")
+    p.add_argument("--seed", type=int, default=0, help="order of the modes in each round")
+    p.add_argument("--out", default="results", help="directory for results (default results/)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("report", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_eval)
+
+
+def _config(args: argparse.Namespace):  # -> EvalConfig
+    from krex.eval import EvalConfig, parse_modes
+    from krex.eval.profile import load
+
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        raise BadRequest(str(exc), hint="see krex eval --help") from None
+    if not (args.device == "cpu" or args.device.startswith("fakegpu")):
+        raise BadRequest(f"krex eval runs on cpu or fakegpu:N, not {args.device}",
+                         hint="a GPU variant runs from benchmarks/gpu_check.py")
+    quick = args.quick
+    return EvalConfig(device=args.device, agents=args.agents or (2 if quick else 8),
+                      commands=args.commands or (1 if quick else 4),
+                      rounds=args.rounds or (1 if quick else 2), modes=modes,
+                      profile=load(args.profile, quick), seed=args.seed)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from krex.eval import evaluate, report
+
+    if args.report:
+        if args.report[0] != "report" or len(args.report) != 2:
+            raise BadRequest("unexpected arguments " + " ".join(args.report),
+                             hint="krex eval report RESULTS.json")
+        return _show_report(args.report[1], report(args.report[1]), args.json)
+    cfg = _config(args)
+    command = "krex " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else None
+    with _progress() as progress:
+        path, doc = evaluate(cfg, args.out, command, progress)
+    return _show_report(path, report(path), args.json)
+
+
+def _show_report(path: str, made: dict, as_json: bool) -> int:
+    from krex.eval.results import load, table_rows
+
+    doc = load(path)
+    if as_json:
+        print_json({"results": path, **made, "summary": doc["summary"], "bound": doc["bound"]})
+        return 0
+    cols, rows = table_rows(doc)
+    table(f"krex eval on {doc['device']} ({doc['agents']} agents)", cols, rows)
+    console.print(f"results: {path}; table: {made['table']}")
+    if made["plots_skipped"]:
+        console.print(f"plots: {made['plots_skipped']}")
+    else:
+        console.print("plots: " + ", ".join(os.path.basename(p) for p in made["plots"]))
+    return 0
+
+
+class _progress:
+    """A rich progress bar on stderr: one task per block."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=False)
+        self.bar.start()
+        self.tasks: dict[str, int] = {}
+        return self.update
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if label not in self.tasks:
+            self.tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(self.tasks[label], completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()

@@ -1,0 +1,111 @@
+"""A private daemon (and, for fakegpu, a device server) for one block of the eval.
+
+``EvalDaemon(workdir, serve_args, device, agents, profile)`` starts
+``krex serve`` on a fresh runtime directory with one warm worker per agent,
+waits until its socket answers, and stops and reaps it (and its fakegpu
+server) on exit.  ``env`` is the environment commands of the block get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from krex.eval.profile import Profile
+
+THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class EvalDaemon:
+    def __init__(self, workdir: str, serve_args: list[str], device: str, agents: int,
+                 profile: Profile) -> None:
+        self.runtime_dir = tempfile.mkdtemp(prefix="rt-", dir=workdir)
+        self.socket = os.path.join(self.runtime_dir, "krexd.sock")
+        self.serve_args, self.device = list(serve_args), device
+        self.agents, self.profile = agents, profile
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.gpu: Any = None
+        self.env: dict[str, str] = {}
+
+    def _base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+        env.update(THREAD_VARS, KREX_EVAL_IMPORT_MS=str(self.profile.import_ms))
+        if self.device.startswith("fakegpu"):
+            from krex.devices.fakegpu import FakeGpu
+
+            self.gpu = FakeGpu(ctx_delay_ms=int(self.profile.ctx_delay_ms)).start()
+            env = self.gpu.env(env)
+        return env
+
+    def _overrides(self) -> dict[str, Any]:
+        return {"workers_min": self.agents, "workers_max": self.agents,
+                "preload": ["numpy", "krex.eval.heavy"], "idle_exit_s": None,
+                "fakegpu_ctx_delay_ms": int(self.profile.ctx_delay_ms)}
+
+    def start(self, timeout_s: float = 30.0) -> EvalDaemon:
+        env = self._base_env()
+        pool = os.path.join(self.runtime_dir, "eval-pool.json")
+        with open(pool, "w") as f:
+            json.dump(self._overrides(), f)
+        log = open(os.path.join(self.runtime_dir, "log"), "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "krex.eval.serve", pool, "--", "--runtime-dir",
+             self.runtime_dir, *self.serve_args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        log.close()
+        self._wait_up(timeout_s)
+        self.env = {**env, "KREX_SOCKET": self.socket}
+        return self
+
+    def _wait_up(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not _reachable(self.socket):
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"eval daemon exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"eval daemon did not start: {self.log_tail()}")
+            time.sleep(0.02)
+
+    def log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.runtime_dir, "log")) as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+        if self.gpu is not None:
+            self.gpu.stop()
+            self.gpu = None
+
+    def __enter__(self) -> EvalDaemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _reachable(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

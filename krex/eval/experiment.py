@@ -1,0 +1,51 @@
+"""One eval end to end: run, summarise, bound, write results / table / plots.
+
+``evaluate(cfg, out_dir)`` -> (results path, document).  Files in ``out_dir``:
+``eval-<device>.json`` (the results file), ``eval-<device>.md`` (the table),
+``eval-<device>-*.png`` when matplotlib is installed.  ``report(path)``
+remakes the table and plots from a results file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from krex.eval import bound as bd
+from krex.eval import metrics, plots, results
+from krex.eval.runner import EvalConfig, Progress, run_eval
+
+
+def _stem(device: str) -> str:
+    return "eval-" + device.replace(":", "")
+
+
+def evaluate(cfg: EvalConfig, out_dir: str, command: str | None = None,
+             progress: Progress | None = None) -> tuple[str, dict[str, Any]]:
+    raw = run_eval(cfg, progress)
+    names = [m.name for m in cfg.modes]
+    summary = metrics.summarise(raw, names)
+    bound = bd.bounds(raw["alone"], cfg.device, cfg.profile.ctx_delay_ms, names,
+                      os.cpu_count() or 1)
+    meta = {"device": cfg.device, "agents": cfg.agents, "commands": cfg.commands,
+            "rounds": cfg.rounds, "modes": names, "profile": cfg.profile.to_dict(),
+            "command": command}
+    doc = results.document(raw, summary, bound, meta)
+    path = results.write(doc, os.path.join(out_dir, _stem(cfg.device) + ".json"))
+    report(path)
+    return path, doc
+
+
+def report(path: str) -> dict[str, Any]:
+    """Table (markdown) and plots from the results file at ``path``."""
+    doc = results.load(path)
+    base = os.path.splitext(path)[0]
+    with open(base + ".md", "w") as f:
+        f.write(results.markdown(doc))
+    pngs, why = plots.plot_all(doc, os.path.dirname(os.path.abspath(path)))
+    renamed = []
+    for p in pngs:
+        target = f"{base}-{os.path.basename(p)}"
+        os.replace(p, target)
+        renamed.append(target)
+    return {"table": base + ".md", "plots": renamed, "plots_skipped": why}

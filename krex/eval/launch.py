@@ -1,0 +1,114 @@
+"""Run one command of the workload in a given mode, from an agent's thread.
+
+Each agent thread owns a :class:`Launcher` (its own daemon connection: a
+region or whole-job acquire blocks that connection).  ``run_command`` runs
+the command and returns its merged phase record (program results plus the
+agent-side wall time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from krex.client import job as jobs
+from krex.client.connection import Client
+from krex.eval.modes import Mode
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
+
+
+def _merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    merge = getattr(jobs, "merge_env", None)
+    return merge(base, extra) if merge else {**base, **extra}
+
+
+class Launcher:
+    def __init__(self, socket_path: str, device: str, env: dict[str, str], log_path: str) -> None:
+        self.client = Client(socket_path, autostart=False)
+        self.device, self.env, self.log_path = device, env, log_path
+
+    def close(self) -> None:
+        self.client.close()
+
+    def fresh(self, argv: list[str], job_mode: str, name: str) -> int:
+        """A fresh process as a managed job (``command``: holding the device throughout)."""
+        job = self.client.create_job(device=self.device, name=name, mode=job_mode)
+        job_id, hold, proc, code = int(job["job_id"]), None, None, 1
+        try:
+            if job_mode == "command":
+                hold = self.client.acquire(job_id, job["device"], whole_job=True,
+                                           label=f"whole {name}")
+            with open(self.log_path, "ab") as log:
+                proc = subprocess.Popen(argv, env=_merge_env(self.env, job["env"]),
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        preexec_fn=jobs.join_cgroups(job["cgroups"]))
+            self.client.attach_job(job_id, proc.pid)
+            code = jobs.exit_code_of(proc.wait())
+            return code
+        finally:
+            if proc is not None:
+                _end_group(proc)
+            if hold is not None:
+                self.client.release(int(hold["region"]))
+            self.client.end_job(job_id, code)
+
+    def exec(self, args: list[str]) -> int:
+        with open(self.log_path, "a") as log:
+            result = self.client.exec(PROGRAM, args, device=self.device, env=self.env,
+                                      on_output=lambda _s, text: log.write(text))
+        return result.exit_code
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_command(launcher: Launcher, mode: Mode, spec_path: str, result_base: str,
+                seed: int, name: str) -> dict[str, Any]:
+    """Run one command; return its phases, kernels, exit codes and wall seconds."""
+    args = [spec_path]
+    t0 = time.monotonic()
+    codes, parts = [], []
+    if mode.launch == "exec":
+        codes.append(launcher.exec([*args, f"{result_base}.json", "--seed", str(seed)]))
+        parts.append(f"{result_base}.json")
+    elif mode.launch == "fresh":
+        argv = [sys.executable, PROGRAM, *args, f"{result_base}.json", "--seed", str(seed)]
+        codes.append(launcher.fresh(argv, mode.job_mode, name))
+        parts.append(f"{result_base}.json")
+    else:  # function: host compile, then one leased fresh process per device call
+        for phase, job_mode in (("compile", "none"), ("check", "command"), ("time", "command")):
+            path = f"{result_base}.{phase}.json"
+            argv = [sys.executable, PROGRAM, *args, path, "--phase", phase, "--seed", str(seed)]
+            codes.append(launcher.fresh(argv, job_mode, f"{name}-{phase}"))
+            parts.append(path)
+    t1 = time.monotonic()
+    return {"start_mono_s": t0, "end_mono_s": t1, "wall_s": t1 - t0,
+            "exit_codes": codes, "ok": all(c == 0 for c in codes), **_merge_parts(parts)}
+
+
+def _merge_parts(paths: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"kernels": [], "phases": {}}
+    for path in paths:
+        try:
+            with open(path) as f:
+                part = json.load(f)
+        except (OSError, ValueError):
+            continue
+        out["kernels"].extend(part.pop("kernels", []))
+        for key, value in part.items():
+            if key.endswith("_s"):
+                out["phases"][key] = out["phases"].get(key, 0.0) + value
+    return out

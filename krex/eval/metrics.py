@@ -1,0 +1,111 @@
+"""From the raw document to the numbers: throughput, inflation, handoff, overlaps.
+
+Inflation of one timed kernel = its median ÷ the same kernel's median measured
+alone, where "alone" is the geometric mean of the references taken right
+before and right after its block (drift between minutes cancels).  Reported
+in percent, as p50 / p95 / p99 per kernel-duration bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    xs = sorted(v for v in values if math.isfinite(v))
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def references(block: dict[str, Any]) -> dict[str, float]:
+    """Kernel name -> reference median (geometric mean of before and after)."""
+    refs: dict[str, list[float]] = {}
+    for side in ("before", "after"):
+        for k in block["refs"].get(side) or []:
+            if k.get("median_ms", 0) > 0:
+                refs.setdefault(k["kernel"], []).append(k["median_ms"])
+    return {name: math.exp(sum(map(math.log, v)) / len(v)) for name, v in refs.items()}
+
+
+def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per timed kernel: bucket, measured, reference, inflation %."""
+    refs = references(block)
+    rows = []
+    for cmd in block["commands"]:
+        for k in cmd["kernels"]:
+            ref = refs.get(k["kernel"])
+            if ref and k.get("median_ms"):
+                rows.append({"bucket_ms": k["bucket_ms"], "kernel": k["kernel"],
+                             "median_ms": k["median_ms"], "ref_ms": ref,
+                             "inflation_pct": (k["median_ms"] / ref - 1) * 100})
+    return rows
+
+
+def handoffs_us(regions: list[dict[str, Any]]) -> list[float]:
+    """Release of one exclusive region -> grant of the next that was waiting, in µs."""
+    spans = sorted((r for r in regions if r.get("exclusive") and not r.get("nested")),
+                   key=lambda r: r["granted_mono_ns"])
+    out = []
+    for prev, nxt in zip(spans, spans[1:]):
+        end_ns = prev["granted_mono_ns"] + prev["held_s"] * 1e9
+        gap_ns = nxt["granted_mono_ns"] - end_ns
+        if (nxt.get("waited_s") or 0) * 1e9 > gap_ns >= 0:
+            out.append(gap_ns / 1e3)
+    return out
+
+
+def overlaps(regions: list[dict[str, Any]]) -> int:
+    """Exclusive, non-nested regions on one device whose [grant, release) intersect."""
+    per_dev: dict[str, list[tuple[float, float]]] = {}
+    for r in regions:
+        if r.get("exclusive") and not r.get("nested"):
+            start = r["granted_mono_ns"] / 1e9
+            per_dev.setdefault(r["device"], []).append((start, start + r["held_s"]))
+    n = 0
+    for spans in per_dev.values():
+        spans.sort()
+        n += sum(b[0] < a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
+    return n
+
+
+def _bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for b in sorted({r["bucket_ms"] for r in rows}):
+        vals = [r["inflation_pct"] for r in rows if r["bucket_ms"] == b]
+        out[f"{b:g}"] = {"n": len(vals), **{f"p{q}": percentile(vals, q) for q in (50, 95, 99)}}
+    return out
+
+
+def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    cmds = [c for b in blocks for c in b["commands"]]
+    wall = sum(b["wall_s"] for b in blocks)
+    rows = [r for b in blocks for r in inflations(b)]
+    hand = [h for b in blocks for h in handoffs_us(b["regions"])]
+    kernels = [k for c in cmds for k in c["kernels"]]
+    unclean = [k for k in kernels if not (k.get("region") or {}).get("clean")]
+    reasons: dict[str, int] = {}
+    for k in unclean:
+        for ne in (k.get("region") or {}).get("not_enforced") or []:
+            what = ne.get("what", str(ne)) if isinstance(ne, dict) else str(ne)
+            reasons[what] = reasons.get(what, 0) + 1
+    return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
+            "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
+            "command_wall_p50_s": percentile([c["wall_s"] for c in cmds], 50),
+            "inflation_pct": _bucket_stats(rows), "handoff_us": {
+                "n": len(hand), "p50": percentile(hand, 50), "p95": percentile(hand, 95)},
+            "overlaps": sum(overlaps(b["regions"]) for b in blocks),
+            "regions_not_clean": len(unclean), "timed_kernels": len(kernels),
+            "not_enforced": reasons}
+
+
+def summarise(raw: dict[str, Any], modes: list[str]) -> dict[str, Any]:
+    per = {m: summarise_mode([b for b in raw["blocks"] if b["mode"] == m]) for m in modes}
+    base = per.get("command", {}).get("throughput_cpm") or 0.0
+    for s in per.values():
+        s["speedup_vs_command"] = s["throughput_cpm"] / base if base else float("nan")
+    return per

@@ -1,0 +1,94 @@
+"""The results file (versioned JSON, written atomically) and its markdown table.
+
+Document: ``format``, ``kind: "krex-eval"``, ``device``, ``agents``,
+``commands``, ``modes``, ``profile``, ``machine``, ``command`` (exact command
+line), ``date``, ``spec`` (calibrated kernels and compile size), ``alone``,
+``blocks`` (raw: commands, kernels, references, region records),
+``summary`` (per mode, :mod:`krex.eval.metrics`) and ``bound``
+(:mod:`krex.eval.bound`).  Tables and plots are made from this file only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any
+
+FORMAT = 1
+
+
+def machine() -> dict[str, Any]:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"host": platform.node(), "cpus": os.cpu_count(), "memory_gib": round(mem_gib, 1),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine()}
+
+
+def document(raw: dict[str, Any], summary: dict[str, Any], bound: dict[str, Any],
+             meta: dict[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "kind": "krex-eval", **meta, "machine": machine(),
+            "command": " ".join(["krex", *sys.argv[1:]]) if meta.get("command") is None
+            else meta["command"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **raw, "summary": summary, "bound": bound}
+
+
+def write(doc: dict[str, Any], path: str) -> str:
+    """Write ``doc`` to ``path`` atomically (temporary file + rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".eval-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, allow_nan=True)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("kind") != "krex-eval" or doc.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a krex eval results file of format {FORMAT}")
+    return doc
+
+
+def _f(x: float | None, nd: int = 1) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{nd}f}"
+
+
+def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    buckets = [f"{b:g}" for b in doc["profile"]["buckets_ms"]]
+    cols = ["mode", "cmd/min", "× command", "bound", "eff. %", "bound 16c",
+            *[f"p95 infl. ≥{b} ms %" for b in reversed(buckets)], "p99 ≥0.1 ms %",
+            "handoff p50 µs", "not clean", "overlaps", "failed"]
+    rows = []
+    bound = doc["bound"]["per_mode_cpm"]
+    node = doc["bound"]["node16_per_mode_cpm"]
+    for mode, s in doc["summary"].items():
+        infl = s["inflation_pct"]
+        eff = 100 * s["throughput_cpm"] / bound[mode] if bound.get(mode) else None
+        rows.append([mode, _f(s["throughput_cpm"]), _f(s["speedup_vs_command"], 2),
+                     _f(bound.get(mode)), _f(eff, 0), _f(node.get(mode)),
+                     *[_f(infl.get(b, {}).get("p95"), 2) for b in reversed(buckets)],
+                     _f(infl.get(buckets[0], {}).get("p99"), 2),
+                     _f(s["handoff_us"]["p50"], 0),
+                     f"{s['regions_not_clean']}/{s['timed_kernels']}", str(s["overlaps"]),
+                     str(s["failed"])])
+    return cols, rows
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    cols, rows = table_rows(doc)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    ph = doc["bound"]["phase_sizes_s"]
+    m = doc["machine"]
+    head = (f"`{doc['command']}` — {doc['date']}; {m['cpus']} cores, {m['memory_gib']} GiB, "
+            f"Linux {m['kernel']}; device `{doc['device']}`, {doc['agents']} agents, "
+            f"profile `{doc['profile']['name']}`.\n\nPhase sizes alone (s): "
+            + ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in ph.items()) + "\n")
+    return head + "\n" + "\n".join(lines) + "\n"
