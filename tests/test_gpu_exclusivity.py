@@ -1,0 +1,74 @@
+"""GPU half of a region on fakegpu, through the real daemon: gate and drain.
+
+Freezing a sibling does not stop the work it already queued on the device
+(fakegpu queues kernels in its server, as a GPU does); only gate + drain do.
+"""
+
+import json
+import os
+
+import pytest
+from helpers import PY, REPO, Daemon, krex, reap
+
+from krex.devices import fakegpu
+
+pytestmark = pytest.mark.skipif(not fakegpu.available(), reason="fakegpu was not built")
+JOBS = os.path.join(REPO, "tests", "jobs")
+
+
+def with_daemon(runtime_dir, monkeypatch, *flags):
+    d = Daemon(str(runtime_dir), *flags).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    return d
+
+
+def start_sibling(batch=100):
+    sib = krex("run", "--device", "fakegpu:0", "--name", "gpu-sib", "--", PY,
+               os.path.join(JOBS, "gpu_sibling.py"), str(batch))
+    line = sib.stdout.readline().strip()
+    assert line == "batch 1", line + sib.stderr.read() if sib.poll() is not None else line
+    return sib
+
+
+def measure_holder():
+    p = krex("run", "--device", "fakegpu:0", "--name", "gpu-holder", "--", PY,
+             os.path.join(JOBS, "gpu_measure.py"))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gate+drain", "freeze-only"])
+def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatch, gate):
+    flags = () if gate else ("--no-gate",)
+    d = with_daemon(runtime_dir, monkeypatch, *flags)
+    sib = start_sibling()
+    try:
+        seen = measure_holder()
+    finally:
+        reap(sib)
+        d.stop()
+    assert "error" not in seen, seen
+    if gate:
+        # The sibling's ~0.5 s of queued kernels ran to completion before the grant.
+        assert seen["median_ms"] < 1.15, seen["median_ms"]
+        host = seen["report"]["host"]
+        assert host["gated_jobs"] == 1 and len(host["drain_acks_ms"]) == 1
+        assert seen["clean"]
+    else:
+        # Negative control: frozen on the host, its queue still time-slices the device.
+        assert seen["median_ms"] > 1.4, seen["median_ms"]
+
+
+def test_drain_timeout_aborts_the_region_and_releases_everything(runtime_dir, monkeypatch):
+    d = with_daemon(runtime_dir, monkeypatch, "--drain-timeout-s", "0.1")
+    sib = start_sibling(batch=200)  # ~1 s of queued work per batch
+    try:
+        seen = measure_holder()
+        assert seen["error"] == "drain_timeout", seen
+        assert "did not drain" in seen["message"]
+        # The gate is open and the sibling thawed: it queues its next batch.
+        assert sib.stdout.readline().strip() == "batch 2"
+    finally:
+        reap(sib)
+        d.stop()
