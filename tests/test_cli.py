@@ -76,6 +76,13 @@ def test_doctor_reports_capabilities():
     assert out.returncode == 0
     checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
     assert "root" in checks and "devices" in checks
+    assert checks["freeze: signal"]["ok"]  # always available
+    assert "freeze backend chosen" in checks and "isolate: affinity" in checks
+    from krex.devices import fakegpu
+
+    if fakegpu.available():
+        test = checks["GPU interposer self-test"]
+        assert test["ok"] and "cuGetProcAddress 1" in test["detail"], test
     assert run_krex("doctor").returncode == 0
 
 

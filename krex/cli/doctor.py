@@ -37,4 +37,23 @@ def diagnose() -> dict[str, Any]:
 
 
 def _enforce_checks() -> list[dict[str, Any]]:
-    return []
+    from krex.devices.selftest import interposer_selftest
+    from krex.enforce.doctor import capabilities
+
+    caps = capabilities()
+    advice = "; ".join(caps["advice"])
+    freeze = caps["freeze"]
+    checks = [_check(f"freeze: {name}", info["ok"], info["why"] or "available", advice)
+              for name, info in freeze.items()]
+    checks.append(_check("freeze backend chosen", caps["freeze_chosen"] == "cgroup2",
+                         caps["freeze_chosen"] or "none", advice))
+    for name, info in caps["isolate"].items():
+        checks.append(_check(f"isolate: {name}", info["ok"], info["why"] or "available",
+                             advice))
+    checks.append(_check("measure cores", bool(caps["measure_cores"]),
+                         f"{caps['measure_cores']} of {caps['all_cores']}",
+                         "CPU isolation needs at least 2 cores"))
+    test = interposer_selftest()
+    checks.append(_check("GPU interposer self-test", test["ok"], test["detail"],
+                         "reinstall krex (pip install -e .) so the native parts are built"))
+    return checks
