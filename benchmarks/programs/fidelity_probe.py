@@ -1,0 +1,95 @@
+"""The measured job of the fidelity benchmark: times kernels of ~0.1, 1 and 10 ms.
+
+argv: DEVICE OUT_JSON SIZES_JSON
+cpu: compute-bound (a Python loop) and memory-bound (a buffer copy) kernels;
+fakegpu:0: spin_us_N kernels timed with device events.  Each kernel is timed
+by krex.measure, whose region covers the timed loop only.
+"""
+
+import json
+import sys
+import time
+
+import krex
+
+device, out, sizes_path = sys.argv[1], sys.argv[2], sys.argv[3]
+# Kernel sizes are calibrated once (by the first run) and reused by every run,
+# so that the alone and the loaded runs time the very same kernels.
+try:
+    with open(sizes_path) as f:
+        SIZES = json.load(f)
+except FileNotFoundError:
+    SIZES = {}
+BUCKETS_MS = (0.1, 1.0, 10.0)
+
+
+def cpu_kernels():
+    def compute(n):
+        def k():
+            x = 0
+            for i in range(n):
+                x = (x * 31 + i) % 1000003
+            return x
+        return k
+
+    def memory(nbytes):
+        src, dst = bytearray(nbytes), bytearray(nbytes)
+
+        def k():
+            dst[:] = src
+        return k
+
+    ks = {}
+    for ms in BUCKETS_MS:
+        for kind, make, start in (("compute", compute, 1000), ("memory", memory, 1 << 16)):
+            name = f"{kind}-{ms:g}ms"
+            if name not in SIZES:
+                SIZES[name] = _calibrate(make, ms, start)
+            ks[name] = (ms, make(SIZES[name]))
+    return ks, None
+
+
+def _calibrate(make, target_ms, start):
+    n = start
+    while True:
+        k = make(n)
+        k()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            k()
+        took = (time.perf_counter() - t0) / 3 * 1e3
+        if took >= target_ms * 0.9 or n > 1 << 30:
+            return max(1, int(n * target_ms / max(took, 1e-6)))
+        n = int(n * (2 if took < target_ms / 4 else max(1.1, target_ms / took)))
+
+
+def gpu_kernels():
+    import ctypes
+
+    from krex.measure.events import FakegpuTimer
+
+    timer = FakegpuTimer(0)
+    lib = timer.api.lib
+    mod = ctypes.c_void_p()
+    lib.cuModuleLoadData(ctypes.byref(mod), b"fake")
+    args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
+    ks = {}
+    for ms in BUCKETS_MS:
+        fn = ctypes.c_void_p()
+        lib.cuModuleGetFunction(ctypes.byref(fn), mod, f"spin_us_{int(ms * 1000)}".encode())
+        ks[f"spin-{ms:g}ms"] = (ms, lambda fn=fn: lib.cuLaunchKernel(fn, *args))
+    return ks, timer
+
+
+kernels, timer = gpu_kernels() if device.startswith("fakegpu") else cpu_kernels()
+results = {}
+for name, (ms, fn) in kernels.items():
+    m = krex.measure(fn, device=device, timer=timer, cache="hot", warmup_ms=max(5, 3 * ms),
+                     min_time_s=max(0.15, 30 * ms / 1e3), max_time_s=max(0.3, 40 * ms / 1e3),
+                     timeout_s=10, retries=0, noise_target=0.0)
+    results[name] = {"bucket_ms": ms, "samples_ms": m.samples_ms,
+                     "clean": m.region.get("clean"), "held_s": m.region.get("held_s")}
+with open(out, "w") as f:
+    json.dump(results, f)
+with open(sizes_path, "w") as f:
+    json.dump(SIZES, f)
