@@ -20,7 +20,7 @@ from krex.cli.output import console, ms, print_json, table
 from krex.client.connection import Client
 from krex.errors import BadRequest
 
-EXAMPLES = ["compute_kernel.py", "memory_kernel.py", "shell_region.sh"]
+EXAMPLES = ["compute_kernel.py", "memory_kernel.py", "compare_kernels.py", "shell_region.sh"]
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:
@@ -78,7 +78,7 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str) -
         waited = [r["waited_s"] for r in mine]
         held = [r["held_s"] for r in mine]
         jobs.append({"job": name.removeprefix(tag + "-"), "exit_code": code,
-                     "regions": len(mine),
+                     "regions": len(mine), "clean": sum(bool(r.get("clean")) for r in mine),
                      "waited_p50_s": statistics.median(waited) if waited else None,
                      "waited_max_s": max(waited, default=None),
                      "held_p50_s": statistics.median(held) if held else None,
@@ -106,8 +106,10 @@ def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
         for line in out.strip().splitlines()[-3:]:
             console.print(f"[dim]{name.split('-', 1)[1]}:[/dim] {line}")
     table("regions per job (ms)",
-          ["job", "exit", "regions", "waited p50", "waited max", "held p50", "held total"],
-          [[j["job"], j["exit_code"], j["regions"], ms(j["waited_p50_s"]), ms(j["waited_max_s"]),
+          ["job", "exit", "regions", "clean", "waited p50", "waited max", "held p50",
+           "held total"],
+          [[j["job"], j["exit_code"], j["regions"], j["clean"], ms(j["waited_p50_s"]),
+            ms(j["waited_max_s"]),
             ms(j["held_p50_s"]), ms(j["held_total_s"])] for j in summary["jobs"]])
     console.print(f"{summary['regions']} regions, {summary['overlaps']} overlapping "
                   "exclusive regions on any device")

@@ -283,7 +283,7 @@ class Daemon:
         held_s = time.monotonic() - (st.granted_mono or time.monotonic())
         st.report = self._report(st, host, held_s, outcome, reason)
         self.counters.released += outcome == "released"
-        self.finished.append(self._record(st, held_s, outcome))
+        self.finished.append({**self._record(st, held_s, outcome), "clean": st.report["clean"]})
         self.events.emit(outcome, region=req.region, job_id=req.job_id, device=req.device,
                          held_s=held_s, reason=reason)
 
