@@ -140,3 +140,44 @@ def test_daemon_sigkill_thaws_siblings_within_1s(runtime_dir, monkeypatch, tmp_p
         reap(holder)
         reap(sib)
         d.stop()
+
+
+def test_first_sigterm_lets_the_holder_finish_second_forces(runtime_dir, monkeypatch, tmp_path):
+    d = Daemon(str(runtime_dir)).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    sib, out = start_sibling(tmp_path)
+    holder = krex("run", "--", PY, os.path.join(JOBS, "hold_region.py"),
+                  str(tmp_path / "h.json"), "0.8")
+    try:
+        wait_for(lambda: _held(d) == 1, 20)
+        d.proc.send_signal(signal.SIGTERM)  # stop admitting; the region may finish
+        _, err = holder.communicate(timeout=30)
+        assert holder.returncode == 0, err  # its release was still served
+        seen = json.loads((tmp_path / "h.json").read_text())
+        assert seen["report"]["clean"]
+        assert d.proc.wait(15) == 0
+        wait_for(lambda: stamps(out)[-1] > seen["t_out"], 5)  # thawed at the end
+        # A second signal exits at once, still thawing.
+        d2 = Daemon(str(runtime_dir)).start()
+        monkeypatch.setenv("KREX_SOCKET", d2.socket)
+        holder2 = krex("run", "--", PY, os.path.join(JOBS, "hold_forever.py"))
+        assert holder2.stdout.readline().strip() == "inside"
+        d2.proc.send_signal(signal.SIGTERM)
+        d2.proc.send_signal(signal.SIGTERM)
+        d2.proc.wait(15)
+        mark = time.monotonic_ns()
+        wait_for(lambda: stamps(out)[-1] > mark, 5)
+        reap(holder2)
+        d2.stop()
+    finally:
+        reap(holder)
+        reap(sib)
+        d.stop()
+
+
+def _held(d):
+    try:
+        with d.client() as c:
+            return 1 if c.status()["scheduler"].get("cpu", {}).get("holder") else 0
+    except Exception:
+        return 0

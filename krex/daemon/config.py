@@ -25,6 +25,7 @@ class DaemonConfig:
     drain_policy: str = "abort"  # abort | wait | kill
     cgroups: bool = True
     embedded: bool = False
+    shutdown_grace_s: float = 10.0  # first SIGTERM/stop: how long held regions may finish
     fakegpu_core: int | None = None
     fakegpu_ctx_delay_ms: int = 0
     workers_min: int = 1

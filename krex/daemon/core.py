@@ -361,6 +361,11 @@ class Daemon:
             self.exclusivity.close()
             self.events.close()
 
+    def held_regions(self) -> int:
+        with self.lock:
+            return sum(st.granted_mono is not None and st.report is None
+                       for st in self.regions.values())
+
     def idle(self) -> bool:
         with self.lock:
             return not self.regions and not self.jobs.jobs

@@ -150,6 +150,7 @@ class Server:
 
     def _finish(self) -> None:
         assert self.daemon is not None
+        self._let_holders_finish()
         self.daemon.shutdown()
         for s in list(self.sessions):
             s.close()
@@ -161,6 +162,12 @@ class Server:
             pass
         if self._lockfile is not None:
             os.close(self._lockfile)
+
+    def _let_holders_finish(self) -> None:
+        """Admissions are closed; give regions already granted time to end by themselves."""
+        deadline = time.monotonic() + self.config.shutdown_grace_s
+        while self.daemon.held_regions() and time.monotonic() < deadline and self._signals < 2:
+            time.sleep(0.01)
 
     def install_signal_handlers(self) -> None:
         """First SIGTERM/SIGINT: stop admitting and finish; second: exit now (still thawing)."""
