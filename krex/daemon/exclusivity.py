@@ -17,6 +17,7 @@ import os
 from typing import Any, Protocol
 
 from krex.daemon.config import DaemonConfig
+from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
@@ -39,14 +40,18 @@ class Held(Protocol):
 class _Region:
     """One region's applied enforcement plus what the gate/drain step saw."""
 
-    def __init__(self, enforcement: Enforcement, drain: GateDrain | None) -> None:
+    def __init__(self, enforcement: Enforcement, drain: GateDrain | None,
+                 audit: NvmlAudit | None) -> None:
         self.enforcement = enforcement
         self.drain = drain
+        self.audit = audit
         if drain is not None:
             enforcement.not_enforced.extend(drain.not_drained)
 
     def exit(self) -> dict[str, Any]:
         report = dict(self.enforcement.exit())
+        if self.audit is not None:
+            report["device_audit"] = self.audit.finish()
         if self.drain is not None:
             report["gated_jobs"] = len(self.drain.jobs)
             report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
@@ -150,10 +155,14 @@ class Exclusivity:
               ) -> Held:
         drain = self._gate_drain(siblings, request) if is_gpu(request.device) else None
         hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
+        holder_target = self.target(holder)
         enforcement = self.enforcer.enter(
-            self.target(holder), [self.target(j) for j in siblings], max_hold_s=hold,
+            holder_target, [self.target(j) for j in siblings], max_hold_s=hold,
             pre_ops=[drain] if drain else [], others=[self.target(j) for j in others])
-        return _Region(enforcement, drain)
+        audit = nvml_audit(request.device)
+        if audit is not None:
+            audit.begin({r.pid for r in holder_target.processes()})
+        return _Region(enforcement, drain, audit)
 
     def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
         if not self.config.gate:
