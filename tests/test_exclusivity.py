@@ -181,3 +181,28 @@ def _held(d):
             return 1 if c.status()["scheduler"].get("cpu", {}).get("holder") else 0
     except Exception:
         return 0
+
+
+@pytest.mark.parametrize("scope", ["device", "node"])
+def test_freeze_scope(runtime_dir, monkeypatch, tmp_path, scope):
+    from krex.devices import fakegpu
+
+    if not fakegpu.available():
+        pytest.skip("needs a second device (fakegpu was not built)")
+    d = Daemon(str(runtime_dir), "--freeze-scope", scope).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    out = tmp_path / "other.txt"
+    other = krex("run", "--device", "fakegpu:0", "--", PY, os.path.join(JOBS, "progress.py"),
+                 str(out))
+    try:
+        assert other.stdout.readline().strip() == "running"
+        wait_for(lambda: out.exists() and len(stamps(out)) > 20)
+        seen = hold(tmp_path, 0.4)  # a region on cpu
+    finally:
+        reap(other)
+        d.stop()
+    inside = [t for t in stamps(out) if seen["t_in"] < t < seen["t_out"]]
+    if scope == "node":
+        assert inside == []  # every job on the node is frozen
+    else:
+        assert len(inside) > 50  # a job on another device keeps running
