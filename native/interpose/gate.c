@@ -158,6 +158,9 @@ static struct krex_gate_proc *attach(void)
     pthread_mutex_lock(&g_attach_mu);
     struct krex_gate_proc *p = atomic_load(&g_proc);
     if (!p && (p = claim_slot()) != NULL) {
+        /* Publish before the drain thread starts: it exits at once when g_proc is
+         * not its slot (its test for a stale thread after fork). */
+        atomic_store(&g_proc, p);
         pthread_t tid;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -168,7 +171,6 @@ static struct krex_gate_proc *attach(void)
         pthread_create(&tid, &attr, drain_main, p);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         pthread_attr_destroy(&attr);
-        atomic_store(&g_proc, p);
     }
     atomic_store(&g_attach_state, p ? 1 : -1);
     pthread_mutex_unlock(&g_attach_mu);
