@@ -38,7 +38,8 @@ timer = FakegpuTimer(0)
 lib = timer.api.lib
 mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
 lib.cuModuleLoadData(ctypes.byref(mod), b"fake")
-lib.cuModuleGetFunction(ctypes.byref(fn), mod, ("spin_us_%d" % int(float(sys.argv[1]) * 1000)).encode())
+name = ("spin_us_%d" % int(float(sys.argv[1]) * 1000)).encode()
+lib.cuModuleGetFunction(ctypes.byref(fn), mod, name)
 args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
 out = []
 for _ in range(int(sys.argv[2])):

@@ -11,6 +11,7 @@ Usage: python benchmarks/bench_regions.py [--n 2000] [--enforce]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import md_table, percentiles, private_daemon, write_results  # noqa: E402
+
 
 def round_trip(n: int) -> list[float]:
     from krex.client.connection import Client
@@ -72,7 +74,7 @@ def handoff(n: int) -> list[float]:
         p.wait()
     spans.sort()
     # A handoff is a grant to one process right after the other released.
-    return [(b[0] - a[1]) / 1e3 for a, b in zip(spans, spans[1:]) if a[2] != b[2]]
+    return [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
 
 
 def main() -> None:
@@ -86,7 +88,8 @@ def main() -> None:
         rt_enf = round_trip(args.n // 4)
         ho_enf = handoff(args.n // 4)
     rows = {"round_trip_us": percentiles(rt), "handoff_us": percentiles(ho),
-            "round_trip_enforced_us": percentiles(rt_enf), "handoff_enforced_us": percentiles(ho_enf)}
+            "round_trip_enforced_us": percentiles(rt_enf),
+            "handoff_enforced_us": percentiles(ho_enf)}
     path = write_results("regions", {"n": args.n, "results": rows,
                                      "handoffs_measured": len(ho)})
     print(md_table(["metric (µs)", "p50", "p95", "p99"],

@@ -1,5 +1,6 @@
 """Regions under a real daemon: exclusivity, fairness, modes, holder death, revocation."""
 
+import itertools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ def read_lines(path):
 
 def overlaps(spans):
     spans = sorted(spans)
-    return sum(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    return sum(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
 def run_jobs(tmp_path, count, regions, hold_ms, mode="region", threads=None):

@@ -39,5 +39,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console.print(f"region: waited {region.get('waited_s', 0) * ms:.1f} ms, "
                   f"clean {region.get('clean')}")
     for w in result.get("warnings", []):
-        console.print(f"warning: {w.get('warning')}: {w.get('detail', '')} (next: {w.get('next_action', '')})")
+        console.print(f"warning: {w.get('warning')}: {w.get('detail', '')} "
+                      f"(next: {w.get('next_action', '')})")
     return 0

@@ -29,7 +29,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-access", action="store_true",
                    help="let the socket's group connect (owner-only by default)")
     p.add_argument("--no-cgroups", action="store_true",
-                   help="give jobs no cgroups (freeze falls back to SIGSTOP, isolation to affinity)")
+                   help="give jobs no cgroups (freeze falls back to SIGSTOP, isolation to "
+                        "affinity)")
     p.add_argument("--workers-min", type=int, default=1, help="warm workers kept per device")
     p.add_argument("--workers-max", type=int, default=2, help="warm workers at most per device")
     p.add_argument("--max-programs", type=int, default=100,

@@ -9,6 +9,7 @@ on a device overlapped.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -96,7 +97,7 @@ def count_overlaps(records: list[dict[str, Any]]) -> int:
     overlaps = 0
     for device_spans in spans.values():
         device_spans.sort()
-        for (_, end), (start, _) in zip(device_spans, device_spans[1:]):
+        for (_, end), (start, _) in itertools.pairwise(device_spans):
             overlaps += start < end
     return overlaps
 

@@ -141,7 +141,10 @@ class Client:
 
     def submit(self, fn: Callable[..., Any], *args: Any, device: str | None = None,
                timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
-        """Call the picklable ``fn(*args, **kwargs)`` in a warm worker; see ``result.returned()``."""
+        """Call the picklable ``fn(*args, **kwargs)`` in a warm worker.
+
+        The return value comes back pickled: ``result.returned()``.
+        """
         req = ExecRequest.for_callable(fn, *args, **kwargs)
         req.timeout_s = timeout_s
         return self._exec(req, device, None)
