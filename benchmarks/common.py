@@ -6,13 +6,14 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from krex.client.autostart import daemon_reachable
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 FORMAT_VERSION = 1
@@ -57,7 +58,7 @@ def private_daemon(*args: str) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
-        while not _reachable(sock):
+        while not daemon_reachable(sock):
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("benchmark daemon did not start")
             time.sleep(0.01)
@@ -77,17 +78,6 @@ def private_daemon(*args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _reachable(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def md_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
+
+import psutil
 
 from krex.cli.output import console, ms, print_json, table
 from krex.client.connection import Client
@@ -97,15 +98,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 

@@ -20,7 +20,8 @@ START_TIMEOUT_S = 20.0
 DEFAULT_IDLE_EXIT_S = 600
 
 
-def _reachable(path: str) -> bool:
+def daemon_reachable(path: str) -> bool:
+    """True when something accepts connections on the Unix socket ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -33,7 +34,7 @@ def _reachable(path: str) -> bool:
 
 def ensure_daemon(path: str) -> None:
     """Make sure a daemon answers on ``path``, starting an embedded one if needed."""
-    if _reachable(path):
+    if daemon_reachable(path):
         return
     rundir = os.path.dirname(path)
     ensure_private_dir(rundir)
@@ -48,7 +49,7 @@ def ensure_daemon(path: str) -> None:
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if _reachable(path):
+        if daemon_reachable(path):
             return
         if proc.poll() not in (None, 0):
             break

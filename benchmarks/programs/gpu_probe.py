@@ -1,0 +1,83 @@
+"""The measured job of gpu_check.py's inflation check: kernels of 0.05, 0.5 and 5 ms.
+
+argv: DEVICE OUT_JSON SIZES_JSON FAMILIES
+FAMILIES, comma-separated: ``driver`` (a PTX spin kernel through the driver API with
+ctypes, timed with krex's DriverEventTimer; fakegpu: spin_ns_N with FakegpuTimer) and
+``torch`` (``torch.cuda._sleep(cycles)``, timed with torch events; GPU only).
+Calibrations (cycles per ms) are made by the first run and reused by every later run,
+so the alone and the loaded runs time the very same kernels.  Each kernel is timed
+by krex.measure, whose region covers the timed loop only.
+"""
+
+import json
+import sys
+
+from gpu_driver import Driver, parse_device
+
+import krex
+
+device, out, sizes_path, families = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+BUCKETS_MS = (0.05, 0.5, 5.0)
+kind, index = parse_device(device)
+try:
+    with open(sizes_path) as f:
+        SIZES = json.load(f)
+except FileNotFoundError:
+    SIZES = {}
+
+
+def driver_kernels():
+    from krex.measure.events import DriverEventTimer, FakegpuTimer
+
+    timer = FakegpuTimer(index) if kind == "fakegpu" else DriverEventTimer(index)
+    drv = Driver(device, lib=timer.api.lib)
+    if kind != "fakegpu":
+        drv.cycles_per_ms = SIZES.get("driver_cycles_per_ms") or drv.calibrate()
+        SIZES["driver_cycles_per_ms"] = drv.cycles_per_ms
+    return {f"driver-{ms:g}ms": (ms, drv.spin(ms), timer) for ms in BUCKETS_MS}
+
+
+def torch_kernels():
+    import torch
+
+    from krex.measure.events import TorchEventTimer
+
+    torch.cuda.set_device(index)
+    if "torch_cycles_per_ms" not in SIZES:
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+        ratios = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(10_000_000)
+            b.record()
+            b.synchronize()
+            ratios.append(10_000_000 / a.elapsed_time(b))
+        SIZES["torch_cycles_per_ms"] = sorted(ratios)[2]
+    per_ms = SIZES["torch_cycles_per_ms"]
+    timer = TorchEventTimer(index, device)
+    return {f"torch-{ms:g}ms": (ms, lambda c=int(ms * per_ms): torch.cuda._sleep(c), timer)
+            for ms in BUCKETS_MS}
+
+
+kernels = {}
+errors = {}
+for family, make in (("driver", driver_kernels), ("torch", torch_kernels)):
+    if family in families:
+        try:
+            kernels.update(make())
+        except Exception as exc:  # noqa: BLE001  (recorded; the other family still runs)
+            errors[family] = f"{type(exc).__name__}: {exc}"
+results = {}
+for name, (ms, fn, timer) in kernels.items():
+    m = krex.measure(fn, device=device, timer=timer, cache="hot", warmup_ms=max(5, 3 * ms),
+                     min_time_s=max(0.15, 30 * ms / 1e3), max_time_s=max(0.3, 40 * ms / 1e3),
+                     timeout_s=10, retries=0, noise_target=0.0, cuda_graph=False)
+    results[name] = {"bucket_ms": ms, "samples_ms": m.samples_ms,
+                     "clean": m.region.get("clean"), "held_s": m.region.get("held_s"),
+                     "not_enforced": m.region.get("not_enforced")}
+with open(out, "w") as f:
+    json.dump({"kernels": results, "errors": errors}, f)
+with open(sizes_path, "w") as f:
+    json.dump(SIZES, f)
