@@ -1,5 +1,8 @@
 """Timing fidelity under interference (issues 3 and 4): p50/p95/p99 inflation per bucket.
 
+Mode "alone" compares a second run without siblings with the first: the noise
+floor of the method on this machine, against which the other modes are read.
+
 One job times kernels of ~0.1, 1 and 10 ms (benchmarks/programs/fidelity_probe.py)
 while 4 sibling jobs run heavy work; inflation = each sample ÷ the median of the
 same kernel timed alone in the same round (rounds interleave alone and loaded
@@ -94,15 +97,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serve-args", default="",
+                    help="extra `krex serve` flags for every mode, e.g. '--fakegpu-core 1'")
     args = ap.parse_args()
     kind = args.device.split(":")[0]
     modes = MODES[kind]
-    pooled: dict[str, dict[float, list[float]]] = {m: {} for m in modes}
-    clean: dict[str, list[bool]] = {m: [] for m in modes}
+    # "alone" is a second run with no siblings: the noise floor of the method itself.
+    pooled: dict[str, dict[float, list[float]]] = {m: {} for m in ("alone", *modes)}
+    clean: dict[str, list[bool]] = {m: [] for m in ("alone", *modes)}
     with contextlib.ExitStack() as stack:
-        socks = {m: stack.enter_context(private_daemon(*flags)) for m, flags in modes.items()}
+        extra = args.serve_args.split()
+        socks = {m: stack.enter_context(private_daemon(*flags, *extra))
+                 for m, flags in modes.items()}
         for r in range(args.rounds):
             alone = probe(socks["region"], args.device, "region")
+            again = probe(socks["region"], args.device, "region")
+            for bucket, xs in inflation(alone, again).items():
+                pooled["alone"].setdefault(bucket, []).extend(xs)
+            clean["alone"] += [bool(v["clean"]) for v in again.values()]
             for mode, sock in socks.items():
                 with siblings(sock, args.device, kind):
                     loaded = probe(sock, args.device, mode)
@@ -114,6 +126,7 @@ def main() -> None:
              for m, buckets in pooled.items()}
     name = f"fidelity-{kind}"
     path = write_results(name, {"device": args.device, "rounds": args.rounds,
+                                "serve_args": args.serve_args,
                                 "inflation_pct": table,
                                 "clean_fraction": {m: sum(c) / max(len(c), 1)
                                                    for m, c in clean.items()}})
