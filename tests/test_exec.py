@@ -54,3 +54,30 @@ def test_exec_json_result_and_timeout(daemon, tmp_path):
 def test_exec_missing_program_is_a_usage_error(daemon):
     out = run_krex("exec", "/nonexistent.py")
     assert out.returncode == 1 and "no such program" in out.stderr
+
+
+def test_status_while_the_first_pool_starts_does_not_deadlock(runtime_dir, monkeypatch, tmp_path):
+    """Starting a pool calls back into the daemon; status must not wait on the pool."""
+    import threading
+
+    from helpers import Daemon
+
+    d = Daemon(str(runtime_dir), "--workers-min", "2").start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    prog = tmp_path / "p.py"
+    prog.write_text("print('ok')\n")
+    try:
+        with d.client() as runner, d.client() as watcher:
+            watcher.conn.sock.settimeout(10)  # a deadlock shows as a timeout, not a hang
+            results = []
+            t = threading.Thread(target=lambda: results.append(
+                runner.exec(str(prog), on_output=lambda s, x: None)))
+            t.start()
+            polls = 0
+            while t.is_alive():
+                watcher.status()
+                polls += 1
+            t.join()
+        assert results and results[0].ok and polls > 10
+    finally:
+        d.stop()

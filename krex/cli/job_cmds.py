@@ -29,11 +29,15 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["region", "command", "none"], default="region",
                    help="region: exclusivity inside regions (default); command: the job holds "
                         "its device from start to exit; none: no exclusivity")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run on a Ray cluster (docs/cluster.md)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from krex.cli.cluster_cmds import run_on_cluster
+        return run_on_cluster(args.cluster, _command(args), device=args.device)
     return run_job(_command(args), device=args.device, name=args.name, mode=args.mode)
 
 
@@ -62,6 +66,7 @@ def add_exec(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="device whose warm workers run it (default cpu)")
     p.add_argument("--timeout-s", type=float, help="kill the program (and its worker) after this")
     p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run on a Ray cluster (docs/cluster.md)")
     p.add_argument("program", help="PROG.py")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     p.set_defaults(func=cmd_exec)
@@ -73,6 +78,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     if not os.path.isfile(args.program):
         raise BadRequest(f"no such program: {args.program}", hint="give the path of a .py file")
+    if args.cluster:
+        from krex.cli.cluster_cmds import exec_on_cluster
+        return exec_on_cluster(args.cluster, args.program, args.args, device=args.device,
+                               timeout_s=args.timeout_s, json_out=args.json)
     with Client() as client:
         result = client.exec(args.program, args.args, device=args.device,
                              timeout_s=args.timeout_s)

@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Any
 
-
 FLUSH_INTERVAL_S = 0.02
 
 

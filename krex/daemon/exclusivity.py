@@ -21,7 +21,7 @@ from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
-from krex.enforce.gatedrain import GateDrain, GatedJob
+from krex.enforce.gatedrain import GatedJob, GateDrain
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.job import JobTarget

@@ -49,17 +49,39 @@ class Pools:
         self.daemon = daemon
         self.template = spec
         self.pools: dict[str, WorkerPool] = {}
+        self._starting: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     def pool(self, device: str) -> WorkerPool:
+        """The device's pool, started on first use.
+
+        Never holds ``_lock`` while a pool starts: starting calls back into the
+        daemon (each worker becomes a job), and ``status`` holds the daemon's lock
+        while it reads the pools.
+        """
         with self._lock:
             pool = self.pools.get(device)
-            if pool is None:
-                spec = PoolSpec(**{**vars(self.template), "device": device})
-                pool = WorkerPool(spec, DaemonLauncher(self.daemon, device))
-                pool.start()
+            starting = self._starting.get(device)
+            if pool is None and starting is None:
+                starting = self._starting[device] = threading.Event()
+                owner = True
+            else:
+                owner = False
+        if pool is not None:
+            return pool
+        if not owner:
+            starting.wait()
+            return self.pool(device)
+        try:
+            spec = PoolSpec(**{**vars(self.template), "device": device})
+            pool = WorkerPool(spec, DaemonLauncher(self.daemon, device))
+            pool.start()
+            with self._lock:
                 self.pools[device] = pool
             return pool
+        finally:
+            with self._lock:
+                self._starting.pop(device).set()
 
     def run(self, session: Session, msg: m.Exec, device: str) -> None:
         """Start the program on a thread of its own; the reply comes when it ends."""
@@ -85,7 +107,12 @@ class Pools:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {name: pool.status() for name, pool in self.pools.items()}
+            pools = dict(self.pools)
+            starting = list(self._starting)
+        out: dict[str, Any] = {name: pool.status() for name, pool in pools.items()}
+        out.update({name: {"starting": True, "workers": [], "served": 0, "queue_length": 0,
+                           "recycles": {}} for name in starting})
+        return out
 
     def shutdown(self) -> None:
         with self._lock:

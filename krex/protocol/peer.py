@@ -6,7 +6,6 @@ a recycled PID is never mistaken for the process that connected.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from dataclasses import dataclass

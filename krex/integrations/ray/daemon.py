@@ -21,6 +21,7 @@ from krex.protocol.address import SOCKET_NAME, ensure_private_dir
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 class NodeDaemon:
@@ -96,6 +97,7 @@ class NodeDaemon:
 
 def _reachable(path: str) -> bool:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)  # a wedged daemon must not wedge the node actor
     try:
         sock.connect(path)
         return True

@@ -27,11 +27,19 @@ def loopback_environment() -> dict[str, str]:
     env["RAY_AUTH_MODE"] = "token"
     env["RAY_AUTH_TOKEN"] = os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)
     os.environ.update(env)
-    ray = import_ray()
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; ours must win
+    import_ray()
+    _refresh_ray_settings()
     return env
+
+
+def _refresh_ray_settings() -> None:
+    """Ray reads these settings when it is imported: make an earlier import see ours."""
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 class LocalCluster:

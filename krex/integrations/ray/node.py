@@ -21,8 +21,10 @@ from krex.integrations.ray import outcome
 from krex.integrations.ray.daemon import NodeDaemon
 from krex.integrations.ray.program import RESULT_ENV, Program, collect
 from krex.protocol.address import runtime_dir as default_runtime_dir
+from krex.workers.spec import ExecResult
 
 OUTPUT_LIMIT = 1 << 20  # characters kept per stream (the tail)
+SLACK_NS = 1_000_000  # regions requested this long before the estimated start still count
 
 
 class KrexNode:
@@ -39,14 +41,19 @@ class KrexNode:
         self.lock = threading.Lock()
         self.counters = {"received": 0, "finished": 0, "lost": 0, "inflight": 0}
         self.worker_jobs: dict[int, int] = {}  # worker pid -> its job id in the daemon
+        # The daemon can deadlock when ``status`` arrives while a device's pool is
+        # starting (core lock vs pool lock): we start each pool alone, first, and
+        # never ask for status meanwhile.
+        self.warm_lock = threading.Lock()
+        self.warm: set[tuple[int | None, str]] = set()
         self.daemon.ensure()
+        self._warm("cpu")
 
     # -- what the node is -------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
         self._ensure()
-        with self.daemon.client() as client:
-            st = client.status()
+        st = self._status()
         pools = st.get("pools") or {}
         return {"node_id": self.node_id, "node_ip": self.node_ip, "host": socket.gethostname(),
                 "actor_pid": os.getpid(), "runtime_dir": self.daemon.runtime_dir,
@@ -63,8 +70,7 @@ class KrexNode:
         """This node and its daemon's ``status`` (devices, holders, queues, pools)."""
         try:
             info = self.info()
-            with self.daemon.client() as client:
-                return {**info, "daemon": client.status()}
+            return {**info, "daemon": self._status()}
         except KrexError as exc:
             return {"node_id": self.node_id, "node_ip": self.node_ip, "error": str(exc)}
 
@@ -94,8 +100,11 @@ class KrexNode:
     def _run(self, program: Program) -> dict[str, Any]:
         try:
             pid = self._ensure()
+            self._warm(program.device)
         except DaemonNotRunning as exc:
-            return outcome.lost(program, self.node_id, "daemon", f"cannot start: {exc}")
+            return outcome.lost(program, self.node_id, "daemon", f"unreachable: {exc}")
+        except KrexError as exc:
+            return outcome.rejected(program, self.node_id, exc)
         target = os.path.join(self.daemon.runtime_dir, "ray-results", program.program_id)
         os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
         output = _Output()
@@ -110,19 +119,38 @@ class KrexNode:
             return outcome.rejected(program, self.node_id, exc)
         mono1 = time.monotonic()
         extra = {"returned": collect(target),
-                 "regions": self._regions_of(result.worker_pid, mono0, mono1),
+                 "regions": self._regions_of(result, mono1),
                  "timings": {"submitted_wall": program.submitted_wall, "started_wall": wall0,
                              "finished_wall": time.time(), "exec_s": mono1 - mono0}}
         node = {"node_id": self.node_id, "node_ip": self.node_ip, "daemon_pid": pid}
         return outcome.finished(program, node, result, output.texts(), extra)
 
-    def _exec(self, program: Program, target: str, output: _Output):  # -> ExecResult
+    def _exec(self, program: Program, target: str, output: _Output) -> ExecResult:
         path = program.materialise(os.path.join(self.daemon.runtime_dir, "ray-programs"))
         env = {**os.environ, **program.env, RESULT_ENV: target}
         cwd = program.cwd if program.cwd and os.path.isdir(program.cwd) else os.path.dirname(path)
         with self.daemon.client() as client:
             return client.exec(path, program.args, device=program.device,
                                timeout_s=program.timeout_s, cwd=cwd, env=env, on_output=output)
+
+    def _warm(self, device: str) -> None:
+        """Start ``device``'s warm pool with a no-op program (once per daemon)."""
+        key = (self.daemon.pid, device)
+        if key in self.warm:
+            return
+        with self.warm_lock:
+            if key in self.warm:
+                return
+            noop = Program(path="krex_warmup.py", source="", device=device)
+            path = noop.materialise(os.path.join(self.daemon.runtime_dir, "ray-programs"))
+            with self.daemon.client() as client:
+                client.exec(path, [], device=device, cwd=os.path.dirname(path),
+                            env=dict(os.environ), on_output=lambda stream, text: None)
+            self.warm.add(key)
+
+    def _status(self) -> dict[str, Any]:
+        with self.warm_lock, self.daemon.client() as client:
+            return client.status()
 
     def _ensure(self) -> int:
         with self.lock:
@@ -134,22 +162,31 @@ class KrexNode:
                 self.counters[name] += 1
             self.counters["inflight"] += inflight
 
-    def _regions_of(self, worker_pid: int, mono0: float, mono1: float) -> list[dict[str, Any]]:
-        """The daemon's records of the regions the program's worker took while it ran."""
+    def _regions_of(self, result: ExecResult, mono1: float) -> list[dict[str, Any]]:
+        """The daemon's records of the regions the program's worker asked for while it ran.
+
+        Best effort, by time: the pool's clock runs from its ``submit``; the result
+        reached us ``duration_s`` later (at ``mono1``), so the program ran in about
+        ``[mono1 - duration_s + dispatch_s, mono1]``.  The window is late by the
+        reply's latency: a region taken in the program's first moments, or the next
+        program's first region, can be misattributed.  What a program ``emit``-s
+        (e.g. a ``krex.bench`` measurement with its region report) is exact.
+        """
         try:
             with self.daemon.client() as client:
-                job_id = self._worker_job(client, worker_pid)
+                job_id = self._worker_job(result.worker_pid)
                 if job_id is None:
                     return []
                 records = client.regions(job_ids=[job_id], limit=1000)
         except KrexError:
             return []
-        lo, hi = int(mono0 * 1e9), int(mono1 * 1e9)
-        return [r for r in records if lo <= r.get("granted_mono_ns", 0) <= hi]
+        lo = int((mono1 - result.duration_s + (result.dispatch_s or 0.0)) * 1e9) - SLACK_NS
+        hi = int(mono1 * 1e9)
+        return [r for r in records if lo <= r.get("requested_mono_ns", 0) <= hi]
 
-    def _worker_job(self, client: Any, worker_pid: int) -> int | None:
+    def _worker_job(self, worker_pid: int) -> int | None:
         if worker_pid not in self.worker_jobs:
-            for job in client.status()["jobs"]:
+            for job in self._status()["jobs"]:
                 if job.get("kind") == "worker" and job.get("root_pid"):
                     self.worker_jobs[job["root_pid"]] = job["job_id"]
         return self.worker_jobs.get(worker_pid)

@@ -12,7 +12,12 @@ from typing import Any
 
 from krex.integrations.ray.errors import NoKrexNodes, import_ray
 from krex.integrations.ray.node import KrexNode
-from krex.integrations.ray.resources import NAMESPACE, NODE_ACTOR_PREFIX, NODE_RESOURCE, node_actor_name
+from krex.integrations.ray.resources import (
+    NAMESPACE,
+    NODE_ACTOR_PREFIX,
+    NODE_RESOURCE,
+    node_actor_name,
+)
 
 NODE_CONCURRENCY = 256  # programs one node actor may have waiting on its daemon
 

@@ -1,0 +1,176 @@
+"""krex on a local two-node Ray cluster (loopback only): routing, regions, lost daemons.
+
+One Ray cluster for the module (head + one worker node, each a krex node with its
+own daemon on ``cpu``).  Ray's processes are children of this test process;
+they are registered as infrastructure while the cluster runs and must all be gone
+after it shuts down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'krex[ray]')")
+
+from helpers import INFRASTRUCTURE, descendants, reap  # noqa: E402
+
+import krex.ray  # noqa: E402
+from krex.integrations.ray.local import LocalCluster  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+PROGRAM = '''"""A benchmarking program for tests/test_ray.py: work, a region, its own timestamps."""
+
+import os
+import sys
+import time
+
+import krex
+import krex.ray
+
+outside_ms, inside_ms = float(sys.argv[1]), float(sys.argv[2])
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+spin(outside_ms)
+with krex.region(label="timed"):
+    entered = time.monotonic_ns()
+    spin(inside_ms)
+    left = time.monotonic_ns()
+print(f"program {sys.argv[3]} done")
+krex.ray.emit({"index": int(sys.argv[3]), "pid": os.getpid(), "entered_ns": entered,
+               "left_ns": left, "socket": os.environ.get("KREX_SOCKET")})
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("krex-ray")
+    before = {p.pid for p in descendants()}
+    lc = LocalCluster(2, cpus_per_node=1, serve_args=["--no-isolate"], root=str(root / "rt"))
+    infra: set[int] = set()
+    try:
+        lc.start()
+        infra = {p.pid for p in psutil.Process().children() if p.pid not in before}
+        INFRASTRUCTURE.update(infra)
+        prog = root / "timed_region.py"
+        prog.write_text(PROGRAM)
+        yield lc, str(prog)
+    finally:
+        lc.close()
+        INFRASTRUCTURE.difference_update(infra)
+        _assert_gone([p for p in descendants() if p.pid not in before])
+
+
+def _assert_gone(procs: list[psutil.Process], timeout_s: float = 15.0) -> None:
+    """Every process must exit by itself; reap (and report) any that does not."""
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    alive = [p for p in alive if _running(p)]
+    for p in alive:
+        reap(p)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _programs(prog: str, n: int, outside_ms: float, inside_ms: float) -> list:
+    return [(prog, [outside_ms, inside_ms, i]) for i in range(n)]
+
+
+def _assert_no_overlap(intervals: list[tuple[int, int]], what: str) -> None:
+    intervals = sorted(intervals)
+    for (a0, a1), (b0, b1) in zip(intervals, intervals[1:], strict=False):
+        assert b0 >= a1, f"{what}: regions overlap: [{a0}, {a1}] and [{b0}, {b1}]"
+
+
+def _by_node(results: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in results:
+        out.setdefault(r["node_id"], []).append(r)
+    return out
+
+
+def test_forty_programs_over_two_nodes(cluster):
+    lc, prog = cluster
+    results = ray.get(krex.ray.map(_programs(prog, 40, 20, 5)), timeout=120)
+
+    assert len(results) == 40
+    assert all(r["status"] == "ok" for r in results), [r["exception"] for r in results]
+    assert sorted(r["returned"]["index"] for r in results) == list(range(40))
+    assert all(r["stdout"] == f"program {r['returned']['index']} done\n" for r in results)
+    by_node = _by_node(results)
+    assert set(by_node) == {info["node_id"] for info in lc.infos}, "both nodes must serve"
+    sockets = {n: {r["returned"]["socket"] for r in rs} for n, rs in by_node.items()}
+    assert all(len(s) == 1 for s in sockets.values()), sockets
+    assert len(set.union(*sockets.values())) == 2, "each node runs its own daemon"
+
+    for node_id, rs in by_node.items():
+        own = [(r["returned"]["entered_ns"], r["returned"]["left_ns"]) for r in rs]
+        _assert_no_overlap(own, f"node {node_id[:8]} (programs' own clocks)")
+        for r in rs:
+            assert [g["label"] for g in r["regions"]] == ["timed"], (r["regions"], r["timings"])
+
+    records = krex.ray.regions()
+    for node_id, regions in records.items():
+        timed = [g for g in regions if g["label"] == "timed"]
+        assert len(timed) >= len(by_node[node_id])
+        _assert_no_overlap([(g["granted_mono_ns"], g["granted_mono_ns"] + int(g["held_s"] * 1e9))
+                            for g in timed], f"node {node_id[:8]} (daemon records)")
+
+
+def test_killed_daemon_loses_only_its_programs(cluster):
+    lc, prog = cluster
+    victim = lc.infos[1]["node_id"]
+    handle = krex.ray.node_actors()[victim]
+    pid = ray.get(handle.daemon_pid.remote())
+    kids = psutil.Process(pid).children(recursive=True)
+    refs = krex.ray.map(_programs(prog, 40, 30, 10))
+    ray.wait(refs, num_returns=6, timeout=60)
+    os.kill(pid, signal.SIGKILL)
+    results = ray.get(refs, timeout=120)
+
+    lost = [r for r in results if r["status"] == "lost"]
+    assert lost, "the kill happened while programs were in flight: some must be lost"
+    for r in lost:
+        assert r["node_id"] == victim and r["outcome"] == "unknown"
+        assert r["lost"]["what"] == "daemon" and str(pid) in r["lost"]["reason"]
+    assert all(r["status"] == "ok" for r in results if r["status"] != "lost")
+    assert len(results) == 40
+    survivor = [r for r in results if r["node_id"] != victim]
+    assert survivor and all(r["status"] == "ok" for r in survivor)
+
+    after = ray.get(krex.ray.map(_programs(prog, 6, 1, 1)), timeout=60)
+    assert all(r["status"] == "ok" for r in after)
+    restarted = {r["daemon_pid"] for r in after if r["node_id"] == victim}
+    assert pid not in restarted
+    _assert_gone(kids)
+
+
+def test_cluster_status_and_cli_exec(cluster):
+    lc, prog = cluster
+    nodes = krex.ray.status()
+    assert {n["node_id"] for n in nodes} == {i["node_id"] for i in lc.infos}
+    for n in nodes:
+        assert "cpu" in n["devices"] and n["daemon"]["daemon"]["pid"] == n["daemon_pid"]
+        assert n["daemon"]["pools"]["cpu"]["workers"], "each node keeps warm workers"
+
+    from helpers import run_krex
+
+    done = run_krex("exec", "--cluster", lc.address, "--json", prog, "1", "1", "7", timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "program 7 done" in done.stdout
+    assert '"status": "ok"' in done.stdout
