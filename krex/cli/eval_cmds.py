@@ -25,6 +25,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="default, quick, or a JSON file of phase sizes")
     p.add_argument("--quick", action="store_true", help="small profile, 2 agents: under 2 min")
     p.add_argument("--seed", type=int, default=0, help="order of the modes in each round")
+    p.add_argument("--timeout-s", type=float, default=120.0,
+                   help="kill a command after this long and count it failed (default 120)")
     p.add_argument("--out", default="results", help="directory for results (default results/)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("report", nargs="*", help=argparse.SUPPRESS)
@@ -46,7 +48,8 @@ def _config(args: argparse.Namespace):  # -> EvalConfig
     return EvalConfig(device=args.device, agents=args.agents or (2 if quick else 8),
                       commands=args.commands or (1 if quick else 4),
                       rounds=args.rounds or (1 if quick else 2), modes=modes,
-                      profile=load(args.profile, quick), seed=args.seed)
+                      profile=load(args.profile, quick), seed=args.seed,
+                      command_timeout_s=args.timeout_s)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -56,7 +59,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.report[0] != "report" or len(args.report) != 2:
             raise BadRequest("unexpected arguments " + " ".join(args.report),
                              hint="krex eval report RESULTS.json")
-        return _show_report(args.report[1], report(args.report[1]), args.json)
+        return _show_report(args.report[1], report(args.report[1], refresh=True), args.json)
     cfg = _config(args)
     command = "krex " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else None
     with _progress() as progress:

@@ -13,12 +13,24 @@ Modules: ``profile`` (phase sizes), ``compile`` / ``kernels`` / ``heavy`` /
 (a private daemon per block), ``launch`` (a command in a mode), ``runner``
 (interleaved blocks and references), ``metrics``, ``bound``, ``results``,
 ``plots``, ``experiment`` (end to end).  Method: docs/eval.md.
+
+The names below are imported lazily: the benchmarking command itself
+(``program.py``) imports ``krex.eval.heavy`` and must not pay for the harness.
 """
 
-from krex.eval.experiment import evaluate, report
-from krex.eval.modes import MODES, parse_modes
-from krex.eval.profile import DEFAULT, QUICK, Profile
-from krex.eval.runner import EvalConfig
+from __future__ import annotations
 
-__all__ = ["DEFAULT", "MODES", "QUICK", "EvalConfig", "Profile", "evaluate", "parse_modes",
-           "report"]
+import importlib
+from typing import Any
+
+_WHERE = {"evaluate": "experiment", "report": "experiment", "MODES": "modes",
+          "parse_modes": "modes", "DEFAULT": "profile", "QUICK": "profile",
+          "Profile": "profile", "EvalConfig": "runner"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'krex.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"krex.eval.{_WHERE[name]}"), name)

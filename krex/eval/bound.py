@@ -1,13 +1,13 @@
 """The ideal throughput bound of each mode, from phase sizes measured alone.
 
-One command alone, fresh and in a warm worker, gives: start-up ``s``
+The fastest of two commands alone, fresh and in a warm worker, gives: start-up ``s``
 (interpreter, imports, context), compile ``c``, check ``k``, timing ``t`` of
 which ``r`` is held in regions, warm dispatch ``w``; the profile gives the
 serialised context delay ``x`` (fakegpu).  Per mode, a command needs:
 
 - ``E`` exclusive device seconds (``command``: the whole command;
   ``function``: two fresh start-ups + check + timing; region modes: ``r``);
-- ``H`` host core-seconds outside ``E`` (start-up or dispatch, compile, and on
+- ``H`` host core-seconds outside ``E`` (start-up less ``x``, or dispatch; compile; on
   ``cpu`` the check and warm-up; on this machine fakegpu's device is a host
   thread spinning through every kernel, so its busy time is host time too);
 - ``X`` serialised context creation (``x`` per fresh device process);
@@ -26,7 +26,9 @@ from krex.eval.modes import MODES
 
 
 def phase_sizes(alone: dict[str, Any], device: str, ctx_delay_ms: float) -> dict[str, float]:
-    fresh, warm = alone["fresh"], alone["warm"]
+    """Phase sizes of the fastest alone run of each kind (fresh, warm)."""
+    fresh = min(alone["fresh"], key=lambda c: c["wall_s"])
+    warm = min(alone["warm"], key=lambda c: c["wall_s"])
     p = fresh["phases"]
     c, k, t = p.get("compile_s", 0.0), p.get("check_s", 0.0), p.get("timing_s", 0.0)
     r = sum((kr.get("region") or {}).get("held_s") or 0.0 for kr in fresh["kernels"])
@@ -44,11 +46,14 @@ def seconds_per_command(mode_name: str, ph: dict[str, float], device: str, cores
                                      "region_s"))
     cpu = device == "cpu"
     device_s = k + t
-    start = ph["dispatch_s"] if mode.warm else s
-    host = start + c + ((k + t - r) if cpu else 0.0) + (device_s if spin_host else 0.0)
+    cpu_start = max(0.0, s - ph["ctx_s"])  # the context delay is a serialised wait, not CPU
+    start = ph["dispatch_s"] if mode.warm else cpu_start
+    frozen = mode.frozen_regions and mode.job_mode == "region"
+    spin = (device_s - (r if frozen else 0.0)) if spin_host else 0.0  # r is inside E
+    host = start + c + ((k + t - r) if cpu else 0.0) + spin
     n_ctx = 0 if mode.warm else 1
     if mode.launch == "function":
-        exclusive, host, n_ctx = 2 * s + k + t, host + 2 * s, 2
+        exclusive, host, n_ctx = 2 * s + k + t, host + 2 * cpu_start, 2
     elif mode.name == "command":
         exclusive = s + c + k + t
     elif mode.name == "none":
@@ -56,9 +61,8 @@ def seconds_per_command(mode_name: str, ph: dict[str, float], device: str, cores
     else:
         exclusive = r
     floor = max(n_ctx * ph["ctx_s"], 0.0 if cpu else device_s)
-    if mode.launch == "exec" or mode.name == "region-noworkers":
-        if mode.frozen_regions:
-            return max(exclusive + host / cores, floor)
+    if frozen:
+        return max(exclusive + host / cores, floor)
     return max(exclusive, (host + (r if cpu else 0.0)) / cores, floor)
 
 

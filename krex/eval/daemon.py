@@ -8,6 +8,7 @@ server) on exit.  ``env`` is the environment commands of the block get.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -19,6 +20,9 @@ from typing import Any
 
 from krex.eval.profile import Profile
 
+# fakegpu's device is a spinning host thread: keep it off the measurement core (the
+# daemon reserves the last core for region holders), as a real GPU needs no host core.
+FAKEGPU_CORE = 0
 THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -39,14 +43,16 @@ class EvalDaemon:
         if self.device.startswith("fakegpu"):
             from krex.devices.fakegpu import FakeGpu
 
-            self.gpu = FakeGpu(ctx_delay_ms=int(self.profile.ctx_delay_ms)).start()
+            self.gpu = FakeGpu(core=FAKEGPU_CORE, ctx_delay_ms=int(self.profile.ctx_delay_ms))
+            self.gpu.start()
             env = self.gpu.env(env)
         return env
 
     def _overrides(self) -> dict[str, Any]:
         return {"workers_min": self.agents, "workers_max": self.agents,
                 "preload": ["numpy", "krex.eval.heavy"], "idle_exit_s": None,
-                "fakegpu_ctx_delay_ms": int(self.profile.ctx_delay_ms)}
+                "fakegpu_ctx_delay_ms": int(self.profile.ctx_delay_ms),
+                "fakegpu_core": FAKEGPU_CORE}
 
     def start(self, timeout_s: float = 30.0) -> EvalDaemon:
         env = self._base_env()
@@ -72,6 +78,15 @@ class EvalDaemon:
                 raise RuntimeError(f"eval daemon did not start: {self.log_tail()}")
             time.sleep(0.02)
 
+    def device_busy_ns(self) -> int | None:
+        """fakegpu: busy device nanoseconds so far (the daemon's server, else ours)."""
+        from krex.devices.fakegpu import FakeGpu
+
+        paths = [os.path.join(self.runtime_dir, "fakegpu.sock")]
+        paths += [self.gpu.socket_path] if self.gpu is not None else []
+        busy = [FakeGpu(p).stats()["busy_ns"] for p in paths if os.path.exists(p)]
+        return sum(busy) if busy else None
+
     def log_tail(self) -> str:
         try:
             with open(os.path.join(self.runtime_dir, "log")) as f:
@@ -81,6 +96,7 @@ class EvalDaemon:
 
     def stop(self) -> None:
         if self.proc is not None:
+            kids = _descendants(self.proc.pid)
             if self.proc.poll() is None:
                 self.proc.terminate()
                 try:
@@ -88,6 +104,7 @@ class EvalDaemon:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
+            _reap(kids)  # whatever the daemon started and left behind (workers, servers)
             self.proc = None
         if self.gpu is not None:
             self.gpu.stop()
@@ -98,6 +115,29 @@ class EvalDaemon:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _reap(procs: list[Any], timeout_s: float = 3.0) -> None:
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, left = psutil.wait_procs(alive, timeout=timeout_s)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=timeout_s)
 
 
 def _reachable(path: str) -> bool:

@@ -36,9 +36,21 @@ def evaluate(cfg: EvalConfig, out_dir: str, command: str | None = None,
     return path, doc
 
 
-def report(path: str) -> dict[str, Any]:
-    """Table (markdown) and plots from the results file at ``path``."""
+def recompute(doc: dict[str, Any]) -> dict[str, Any]:
+    """Summary and bound again from the raw blocks of a results file (same code as a run)."""
+    names = list(doc["modes"])
+    doc["summary"] = metrics.summarise(doc, names)
+    doc["bound"] = bd.bounds(doc["alone"], doc["device"], doc["profile"]["ctx_delay_ms"], names,
+                             doc["machine"]["cpus"] or 1)
+    return doc
+
+
+def report(path: str, refresh: bool = False) -> dict[str, Any]:
+    """Table (markdown) and plots from the results file at ``path``; ``refresh``
+    first recomputes its summary and bound from its raw blocks and rewrites it."""
     doc = results.load(path)
+    if refresh:
+        results.write(recompute(doc), path)
     base = os.path.splitext(path)[0]
     with open(base + ".md", "w") as f:
         f.write(results.markdown(doc))

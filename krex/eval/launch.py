@@ -29,9 +29,11 @@ def _merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
 
 
 class Launcher:
-    def __init__(self, socket_path: str, device: str, env: dict[str, str], log_path: str) -> None:
+    def __init__(self, socket_path: str, device: str, env: dict[str, str], log_path: str,
+                 timeout_s: float = 120.0) -> None:
         self.client = Client(socket_path, autostart=False)
         self.device, self.env, self.log_path = device, env, log_path
+        self.timeout_s = timeout_s  # a hung command is killed and counted as failed (124)
 
     def close(self) -> None:
         self.client.close()
@@ -49,7 +51,10 @@ class Launcher:
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         preexec_fn=jobs.join_cgroups(job["cgroups"]))
             self.client.attach_job(job_id, proc.pid)
-            code = jobs.exit_code_of(proc.wait())
+            try:
+                code = jobs.exit_code_of(proc.wait(self.timeout_s))
+            except subprocess.TimeoutExpired:
+                code = 124
             return code
         finally:
             if proc is not None:
@@ -61,6 +66,7 @@ class Launcher:
     def exec(self, args: list[str]) -> int:
         with open(self.log_path, "a") as log:
             result = self.client.exec(PROGRAM, args, device=self.device, env=self.env,
+                                      timeout_s=self.timeout_s,
                                       on_output=lambda _s, text: log.write(text))
         return result.exit_code
 

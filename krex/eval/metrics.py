@@ -1,8 +1,11 @@
 """From the raw document to the numbers: throughput, inflation, handoff, overlaps.
 
 Inflation of one timed kernel = its median ÷ the same kernel's median measured
-alone, where "alone" is the geometric mean of the references taken right
-before and right after its block (drift between minutes cancels).  Reported
+alone, where "alone" is the faster of the references taken right before and
+right after its block (drift between minutes cancels; interference from
+outside krex — other users of the machine — only ever slows a reference
+down, so the faster one is the better estimate of "alone", and it makes
+inflation err on the high side).  Reported
 in percent, as p50 / p95 / p99 per kernel-duration bucket.
 """
 
@@ -23,13 +26,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def references(block: dict[str, Any]) -> dict[str, float]:
-    """Kernel name -> reference median (geometric mean of before and after)."""
+    """Kernel name -> reference median (the faster of before and after)."""
     refs: dict[str, list[float]] = {}
     for side in ("before", "after"):
         for k in block["refs"].get(side) or []:
             if k.get("median_ms", 0) > 0:
                 refs.setdefault(k["kernel"], []).append(k["median_ms"])
-    return {name: math.exp(sum(map(math.log, v)) / len(v)) for name, v in refs.items()}
+    return {name: min(v) for name, v in refs.items()}
 
 
 def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,7 +54,7 @@ def handoffs_us(regions: list[dict[str, Any]]) -> list[float]:
     spans = sorted((r for r in regions if r.get("exclusive") and not r.get("nested")),
                    key=lambda r: r["granted_mono_ns"])
     out = []
-    for prev, nxt in zip(spans, spans[1:]):
+    for prev, nxt in zip(spans, spans[1:], strict=False):
         end_ns = prev["granted_mono_ns"] + prev["held_s"] * 1e9
         gap_ns = nxt["granted_mono_ns"] - end_ns
         if (nxt.get("waited_s") or 0) * 1e9 > gap_ns >= 0:
@@ -69,8 +72,19 @@ def overlaps(regions: list[dict[str, Any]]) -> int:
     n = 0
     for spans in per_dev.values():
         spans.sort()
-        n += sum(b[0] < a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
+        n += sum(b[0] < a[1] - 1e-6 for a, b in zip(spans, spans[1:], strict=False))
     return n
+
+
+def timed_share(block: dict[str, Any]) -> float:
+    """Fraction of the block's wall time the commands' timed loops held regions."""
+    t0 = block["start_mono_s"]
+    t1 = t0 + block["wall_s"]
+    held = sum(r["held_s"] for r in block["regions"]
+               if not str(r.get("job") or "").startswith("ref-")
+               and str(r.get("label") or "").startswith("eval ")
+               and t0 <= r["granted_mono_ns"] / 1e9 <= t1)
+    return held / block["wall_s"] if block["wall_s"] else 0.0
 
 
 def _bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -100,7 +114,21 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
                 "n": len(hand), "p50": percentile(hand, 50), "p95": percentile(hand, 95)},
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),
             "regions_not_clean": len(unclean), "timed_kernels": len(kernels),
+            "timed_share": sum(timed_share(b) * b["wall_s"] for b in blocks) / wall if wall else 0,
+            "device_utilisation": _utilisation(blocks),
+            "loadavg_1min": _mean([x for b in blocks for x in b.get("loadavg_1min") or []]),
             "not_enforced": reasons}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _utilisation(blocks: list[dict[str, Any]]) -> float | None:
+    busy = [b.get("device_busy_s") for b in blocks]
+    if not busy or any(x is None for x in busy):
+        return None
+    return sum(busy) / sum(b["wall_s"] for b in blocks)
 
 
 def summarise(raw: dict[str, Any], modes: list[str]) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 |---|---|---|
 | ``none`` | default | fresh process, managed job of mode ``none``: no exclusivity |
 | ``command`` | default | fresh process holding the device from start to exit |
-| ``function`` | default | compile in a fresh host process; check and timing each a fresh process holding the device for that call |
+| ``function`` | default | fresh host process compiles; check and timing: each a |
+|  |  | fresh process holding the device for that call |
 | ``region`` | default | warm worker (``Client.exec``); regions around the timed loops |
 | ``region-noworkers`` | default | fresh process (managed job, mode ``region``) |
 | ``region-nofreeze`` | ``--freeze off`` | warm worker |

@@ -57,7 +57,7 @@ def _cdf(doc: dict[str, Any], out_dir: str) -> str:
 
     buckets = doc["profile"]["buckets_ms"]
     fig, axes = plt.subplots(1, len(buckets), figsize=(4 * len(buckets), 3.6), squeeze=False)
-    for ax, b in zip(axes[0], buckets):
+    for ax, b in zip(axes[0], buckets, strict=True):
         for mode in doc["summary"]:
             vals = sorted(r["inflation_pct"] for blk in doc["blocks"] if blk["mode"] == mode
                           for r in inflations(blk) if r["bucket_ms"] == b)
@@ -79,7 +79,7 @@ def _timeline(doc: dict[str, Any], out_dir: str) -> str:
     for blk in doc["blocks"]:
         firsts.setdefault(blk["mode"], blk)
     fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(firsts)))
-    for row, (mode, blk) in enumerate(firsts.items()):
+    for row, blk in enumerate(firsts.values()):
         t0 = blk["start_mono_s"]
         spans = [(r["granted_mono_ns"] / 1e9 - t0, r["held_s"]) for r in blk["regions"]
                  if not r.get("nested") and r["granted_mono_ns"] / 1e9 >= t0]

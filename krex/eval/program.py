@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+MIN_SAMPLES = 5  # every kernel gets at least this many timed calls
 _T0 = time.perf_counter()
 import krex.eval.heavy  # noqa: E402,F401  (the framework import: free in a warm worker)
 
@@ -61,7 +62,8 @@ def _time(kernels: list[tuple[Any, Any]], timer: Any, spec: dict[str, Any]) -> l
     cache = prof["cache"].get(device.partition(":")[0], "cold")
     out = []
     for k, fn in kernels:
-        m = measure(fn, device=device, warmup_ms=prof["warmup_ms"], rep_ms=prof["rep_ms"],
+        rep_ms = max(prof["rep_ms"], MIN_SAMPLES * k.bucket_ms)
+        m = measure(fn, device=device, warmup_ms=prof["warmup_ms"], rep_ms=rep_ms,
                     cache=cache, retries=0, timer=timer, label=f"eval {k.name}")
         region = m.region or {}
         out.append({"kernel": k.name, "bucket_ms": k.bucket_ms, "median_ms": m.median_ms,

@@ -60,11 +60,20 @@ def _f(x: float | None, nd: int = 1) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:.{nd}f}"
 
 
+def _load_line(doc: dict[str, Any]) -> str:
+    loads = [x for b in doc["blocks"] for x in b.get("loadavg_1min") or []]
+    if not loads:
+        return ""
+    return (f"\nMachine 1-min load average at block starts and ends: {min(loads):.1f}–"
+            f"{max(loads):.1f} on {doc['machine']['cpus']} cores (everything on the machine, "
+            "krex's own commands included).\n")
+
+
 def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     buckets = [f"{b:g}" for b in doc["profile"]["buckets_ms"]]
     cols = ["mode", "cmd/min", "× command", "bound", "eff. %", "bound 16c",
             *[f"p95 infl. ≥{b} ms %" for b in reversed(buckets)], "p99 ≥0.1 ms %",
-            "handoff p50 µs", "not clean", "overlaps", "failed"]
+            "handoff p50 µs", "timed %", "device busy %", "not clean", "overlaps", "failed"]
     rows = []
     bound = doc["bound"]["per_mode_cpm"]
     node = doc["bound"]["node16_per_mode_cpm"]
@@ -75,7 +84,9 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _f(bound.get(mode)), _f(eff, 0), _f(node.get(mode)),
                      *[_f(infl.get(b, {}).get("p95"), 2) for b in reversed(buckets)],
                      _f(infl.get(buckets[0], {}).get("p99"), 2),
-                     _f(s["handoff_us"]["p50"], 0),
+                     _f(s["handoff_us"]["p50"], 0), _f(100 * s.get("timed_share", 0.0), 0),
+                     _f(None if s.get("device_utilisation") is None
+                        else 100 * s["device_utilisation"], 0),
                      f"{s['regions_not_clean']}/{s['timed_kernels']}", str(s["overlaps"]),
                      str(s["failed"])])
     return cols, rows
@@ -90,5 +101,6 @@ def markdown(doc: dict[str, Any]) -> str:
     head = (f"`{doc['command']}` — {doc['date']}; {m['cpus']} cores, {m['memory_gib']} GiB, "
             f"Linux {m['kernel']}; device `{doc['device']}`, {doc['agents']} agents, "
             f"profile `{doc['profile']['name']}`.\n\nPhase sizes alone (s): "
-            + ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in ph.items()) + "\n")
+            + ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in ph.items()) + "\n"
+            + _load_line(doc))
     return head + "\n" + "\n".join(lines) + "\n"

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex.errors import KrexError
 from krex.eval import compile as cc
 from krex.eval import kernels as kn
 from krex.eval.daemon import EvalDaemon
-from krex.eval.launch import Launcher, run_command
+from krex.eval.launch import PROGRAM, Launcher, run_command
 from krex.eval.modes import MODES, Mode
 from krex.eval.profile import Profile
 
@@ -42,6 +43,7 @@ class EvalConfig:
     rounds: int = 2
     profile: Profile = field(default_factory=Profile)
     seed: int = 0
+    command_timeout_s: float = 120.0  # a hung command is killed and counted as failed
 
 
 def calibrate(cfg: EvalConfig, workdir: str) -> dict[str, Any]:
@@ -87,28 +89,40 @@ def _warm(d: EvalDaemon, workdir: str, agents: int) -> None:
         t.join()
 
 
-def reference(d: EvalDaemon, workdir: str, tag: str) -> list[dict[str, Any]]:
-    """Every kernel timed alone (a fresh process, nothing else running)."""
+def reference(d: EvalDaemon, mode: Mode, workdir: str, tag: str) -> list[dict[str, Any]]:
+    """Every kernel timed alone, nothing else running, the way the mode runs commands
+    (a warm worker for ``exec`` modes, else a fresh process)."""
     la = Launcher(d.socket, d.device, d.env, os.path.join(workdir, "ref.log"))
+    base = os.path.join(workdir, f"ref-{tag}")
+    args = [os.path.join(workdir, "spec.json"), f"{base}.json", "--phase", "time"]
     try:
-        base = os.path.join(workdir, f"ref-{tag}")
-        argv = [sys.executable, os.path.join(os.path.dirname(__file__), "program.py"),
-                os.path.join(workdir, "spec.json"), f"{base}.json", "--phase", "time"]
-        la.fresh(argv, "region", f"ref-{tag}")
+        if mode.warm:
+            la.exec(args)
+        else:
+            la.fresh([sys.executable, PROGRAM, *args], "region", f"ref-{tag}")
         with open(f"{base}.json") as f:
             return json.load(f)["kernels"]
+    except (OSError, ValueError, KrexError):
+        return []  # a missing reference: the other side of the block is used alone
     finally:
         la.close()
 
 
 def _agent(d: EvalDaemon, mode: Mode, workdir: str, agent: int, n: int, tag: str,
-           out: list[dict[str, Any]], tick: Callable[[], None]) -> None:
-    la = Launcher(d.socket, d.device, d.env, os.path.join(workdir, f"{tag}-a{agent}.log"))
+           out: list[dict[str, Any]], tick: Callable[[], None], timeout_s: float) -> None:
+    la = Launcher(d.socket, d.device, d.env, os.path.join(workdir, f"{tag}-a{agent}.log"),
+                  timeout_s=timeout_s)
     try:
         for i in range(n):
             base = os.path.join(workdir, f"{tag}-a{agent}-c{i}")
-            rec = run_command(la, mode, os.path.join(workdir, "spec.json"), base,
-                              seed=agent * 1000 + i, name=f"{tag}-a{agent}-c{i}")
+            t0 = time.monotonic()
+            try:
+                rec = run_command(la, mode, os.path.join(workdir, "spec.json"), base,
+                                  seed=agent * 1000 + i, name=f"{tag}-a{agent}-c{i}")
+            except KrexError as exc:  # e.g. the daemon refused a whole-job hold
+                rec = {"start_mono_s": t0, "end_mono_s": time.monotonic(), "ok": False,
+                       "wall_s": time.monotonic() - t0, "exit_codes": [], "kernels": [],
+                       "phases": {}, "error": f"{type(exc).__name__}: {exc}"}
             out.append({"agent": agent, "index": i, **rec})
             tick()
     finally:
@@ -121,19 +135,25 @@ def run_block(cfg: EvalConfig, mode: Mode, rnd: int, n: int, workdir: str,
     with EvalDaemon(workdir, list(mode.serve_args), cfg.device, cfg.agents, cfg.profile) as d:
         if mode.warm:
             _warm(d, workdir, cfg.agents)
-        before = reference(d, workdir, f"{tag}-before")
+        before = reference(d, mode, workdir, f"{tag}-before")
         commands: list[dict[str, Any]] = []
+        busy0 = d.device_busy_ns() if d.gpu is not None else None
+        load0 = os.getloadavg()[0]
         t0 = time.monotonic()
         threads = [threading.Thread(target=_agent, args=(d, mode, workdir, a, n, tag, commands,
-                                                         tick)) for a in range(cfg.agents)]
+                                                         tick, cfg.command_timeout_s))
+                   for a in range(cfg.agents)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         t1 = time.monotonic()
-        after = reference(d, workdir, f"{tag}-after")
+        busy1 = d.device_busy_ns() if busy0 is not None else None
+        after = reference(d, mode, workdir, f"{tag}-after")
         regions = _regions(d)
+    busy_s = (busy1 - busy0) / 1e9 if busy0 is not None and busy1 is not None else None
     return {"mode": mode.name, "round": rnd, "start_mono_s": t0, "wall_s": t1 - t0,
+            "device_busy_s": busy_s, "loadavg_1min": [load0, os.getloadavg()[0]],
             "commands": sorted(commands, key=lambda c: (c["agent"], c["index"])),
             "refs": {"before": before, "after": after}, "regions": regions}
 
@@ -148,20 +168,22 @@ def _regions(d: EvalDaemon) -> list[dict[str, Any]]:
         la.close()
 
 
-def alone(cfg: EvalConfig, workdir: str) -> dict[str, Any]:
-    """One command alone, fresh and warm: the phase sizes the bound is computed from."""
+def alone(cfg: EvalConfig, workdir: str, repeats: int = 2) -> dict[str, Any]:
+    """Commands alone, fresh and warm: the phase sizes the bound is computed from."""
     quiet = Mode("alone", "fresh", "region")
+    spec = os.path.join(workdir, "spec.json")
+    out: dict[str, list[dict[str, Any]]] = {"fresh": [], "warm": []}
     with EvalDaemon(workdir, [], cfg.device, 1, cfg.profile) as d:
         _warm(d, workdir, 1)
         la = Launcher(d.socket, d.device, d.env, os.path.join(workdir, "alone.log"))
         try:
-            spec = os.path.join(workdir, "spec.json")
-            fresh = run_command(la, quiet, spec, os.path.join(workdir, "alone-f"), 0, "alone-f")
-            warm = run_command(la, MODES["region"], spec, os.path.join(workdir, "alone-w"), 0,
-                               "alone-w")
+            for i in range(repeats):
+                for kind, mode in (("fresh", quiet), ("warm", MODES["region"])):
+                    base = os.path.join(workdir, f"alone-{kind}{i}")
+                    out[kind].append(run_command(la, mode, spec, base, i, f"alone-{kind}{i}"))
         finally:
             la.close()
-    return {"fresh": fresh, "warm": warm}
+    return out
 
 
 def run_eval(cfg: EvalConfig, progress: Progress | None = None,
