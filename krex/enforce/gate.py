@@ -168,7 +168,10 @@ class GateFile:
         return int(dev.generation)
 
     def open(self, slot: int = 0) -> None:
-        """Open the gate and wake every parked launch."""
+        """Open the gate and wake every parked launch (a no-op once released:
+        :meth:`unlink` opened every gate before it let go of the file)."""
+        if self.released:
+            return
         dev = self._dev(slot)
         dev.gate = 0
         _futex_wake(self._word(dev, _Dev.gate.offset))
@@ -251,6 +254,10 @@ class GateFile:
             for p in dev.procs
             if p.pid and p.ack_generation >= generation
         }
+
+    @property
+    def released(self) -> bool:
+        return self._header is None
 
     def release(self) -> None:
         """Unmap (the gates stay as they are; open them first if needed)."""

@@ -75,9 +75,17 @@ class GateDrain:
                 raise
 
     def revert(self) -> None:
+        """Reopen every gate this op closed, each on its own: one failure must not
+        leave the others closed (their processes would park until the next region)."""
+        errors = []
         while self._closed:
             job = self._closed.pop()
-            job.gate.open(job.slot)
+            try:
+                job.gate.open(job.slot)
+            except Exception as exc:  # noqa: BLE001 - reported below, after the rest
+                errors.append(f"job {job.job_id}: {exc!r}")
+        if errors:
+            raise RuntimeError("could not reopen gates: " + "; ".join(errors))
 
     def undo_records(self) -> list[dict]:
         return [{"kind": "gate_open", "path": j.path, "slot": j.slot} for j in self.jobs]
