@@ -1,0 +1,142 @@
+"""krex eval: schedule, metrics, bound and results as pure logic; a --quick run as a smoke test.
+
+The smoke test checks structure and sanity (every mode present, inflation
+finite, command-mode holds never overlap, nothing failed), never targets:
+speed and fidelity targets live in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from helpers import run_krex
+
+from krex.eval import bound, metrics, results
+from krex.eval.modes import MODES, parse_modes
+from krex.eval.profile import DEFAULT, QUICK, Profile
+from krex.eval.runner import EvalConfig, schedule
+
+
+def test_schedule_interleaves_every_mode_once_per_round_and_splits_commands():
+    cfg = EvalConfig(commands=5, rounds=2, modes=parse_modes(None), seed=3)
+    plan = schedule(cfg)
+    assert len(plan) == 2 * len(MODES)
+    for rnd in (0, 1):
+        names = [m.name for r, m, _ in plan if r == rnd]
+        assert sorted(names) == sorted(MODES)
+    per_mode = {}
+    for _, m, n in plan:
+        per_mode[m.name] = per_mode.get(m.name, 0) + n
+    assert set(per_mode.values()) == {5}
+    assert [m.name for _, m, _ in plan[: len(MODES)]] != [m.name for _, m, _ in plan[len(MODES):]]
+
+
+def test_unknown_mode_is_rejected_with_the_known_ones():
+    with pytest.raises(ValueError, match="region-nogate"):
+        parse_modes("none,bogus")
+
+
+def test_profile_round_trips_and_quick_is_smaller():
+    assert Profile.from_dict(json.loads(json.dumps(DEFAULT.to_dict()))) == DEFAULT
+    assert QUICK.compile_ms < DEFAULT.compile_ms and QUICK.rep_ms < DEFAULT.rep_ms
+    # timing is about a fifth of a command or less in the default profile
+    cmd_ms = DEFAULT.import_ms + DEFAULT.compile_ms + DEFAULT.check_ms + DEFAULT.timing_ms("cpu")
+    assert DEFAULT.timing_ms("fakegpu:0") / cmd_ms < 0.25
+
+
+def _block(mode="region", medians=(1.1, 1.0), ref=(1.0, 1.0), regions=()):
+    kernels = [{"kernel": "k-1ms", "bucket_ms": 1.0, "median_ms": m, "region": {"clean": True}}
+               for m in medians]
+    return {"mode": mode, "round": 0, "start_mono_s": 0.0, "wall_s": 60.0,
+            "commands": [{"agent": 0, "index": 0, "ok": True, "wall_s": 1.0,
+                          "kernels": kernels, "phases": {}}],
+            "refs": {"before": [{"kernel": "k-1ms", "median_ms": ref[0]}],
+                     "after": [{"kernel": "k-1ms", "median_ms": ref[1]}]},
+            "regions": list(regions)}
+
+
+def test_inflation_is_against_the_faster_of_the_surrounding_references():
+    rows = metrics.inflations(_block(medians=(2.0,), ref=(4.0, 1.0)))
+    assert rows[0]["ref_ms"] == pytest.approx(1.0)
+    assert rows[0]["inflation_pct"] == pytest.approx(100.0)
+    one_side = _block(medians=(2.0,))
+    one_side["refs"]["after"] = []  # a reference that failed
+    assert metrics.inflations(one_side)[0]["ref_ms"] == pytest.approx(1.0)
+    s = metrics.summarise({"blocks": [_block(), _block("command")]}, ["region", "command"])
+    assert s["region"]["inflation_pct"]["1"]["p50"] == pytest.approx(5.0)
+    assert s["region"]["throughput_cpm"] == pytest.approx(1.0)
+    assert s["region"]["speedup_vs_command"] == pytest.approx(1.0)
+
+
+def _region(start_s, held_s, waited_s=0.0, nested=False):
+    return {"device": "cpu", "exclusive": True, "nested": nested, "waited_s": waited_s,
+            "granted_mono_ns": int(start_s * 1e9), "held_s": held_s}
+
+
+def test_overlaps_and_handoffs_from_region_records():
+    serial = [_region(0, 1.0), _region(1.0005, 1.0, waited_s=0.5), _region(5, 1)]
+    assert metrics.overlaps(serial) == 0
+    assert metrics.handoffs_us(serial) == [pytest.approx(500, rel=1e-3)]
+    assert metrics.overlaps([*serial, _region(0.2, 0.1)]) == 1
+    assert metrics.overlaps([*serial, _region(0.5, 1.0, nested=True)]) == 0
+
+
+def _alone(s=1.0, c=2.0, k=0.5, t=0.5, r=0.3, w=0.01):
+    kernels = [{"region": {"held_s": r}}]
+    fresh = {"wall_s": s + c + k + t, "kernels": kernels,
+             "phases": {"compile_s": c, "check_s": k, "timing_s": t}}
+    warm = {"wall_s": w + c + k + t, "kernels": kernels,
+            "phases": {"compile_s": c, "check_s": k, "timing_s": t}}
+    return {"fresh": [fresh], "warm": [warm]}
+
+
+def test_bound_command_is_one_command_at_a_time_and_region_is_above_it():
+    b = bound.bounds(_alone(), "cpu", 0, list(MODES), cores=2)
+    cpm = b["per_mode_cpm"]
+    assert cpm["command"] == pytest.approx(60 / 4.0)
+    assert cpm["region"] > cpm["region-noworkers"] > cpm["command"]
+    assert b["node16_per_mode_cpm"]["region"] > cpm["region"]
+    fake = bound.bounds(_alone(), "fakegpu:0", 400, list(MODES), cores=2)["per_mode_cpm"]
+    assert fake["function"] <= 60 / (2 * 1.0 + 0.5 + 0.5)
+
+
+def test_results_file_is_versioned_atomic_and_tabulates(tmp_path):
+    names = ["command", "region"]
+    raw = {"blocks": [_block(), _block("command")], "alone": _alone(), "spec": {}}
+    doc = results.document(raw, metrics.summarise(raw, names),
+                           bound.bounds(raw["alone"], "cpu", 0, names, 2),
+                           {"device": "cpu", "agents": 1, "commands": 1, "rounds": 1,
+                            "modes": names, "profile": QUICK.to_dict(), "command": "krex eval"})
+    path = results.write(doc, str(tmp_path / "eval-cpu.json"))
+    assert results.load(path)["format"] == results.FORMAT
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+    md = results.markdown(results.load(path))
+    assert "| region |" in md and "krex eval" in md
+    (tmp_path / "bad.json").write_text('{"format": 99}')
+    with pytest.raises(ValueError):
+        results.load(str(tmp_path / "bad.json"))
+
+
+@pytest.mark.slow
+def test_quick_eval_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    proc = run_krex("eval", "--quick", "--out", str(out), "--json", timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    doc = results.load(summary["results"])
+    assert list(doc["summary"]) == list(MODES)
+    assert {b["mode"] for b in doc["blocks"]} == set(MODES)
+    for mode, s in doc["summary"].items():
+        assert s["failed"] == 0 and s["commands"] > 0 and s["throughput_cpm"] > 0, mode
+        assert s["timed_kernels"] == s["commands"] * 6, mode  # 2 kinds x 3 buckets on cpu
+        for bucket, stats in s["inflation_pct"].items():
+            assert stats["n"] > 0 and all(math.isfinite(stats[q]) for q in ("p50", "p95")), (
+                mode, bucket)
+    assert doc["summary"]["command"]["overlaps"] == 0
+    assert doc["summary"]["region"]["overlaps"] == 0
+    assert all(v > 0 for v in doc["bound"]["per_mode_cpm"].values())
+    assert os.path.exists(summary["table"])
+    assert summary["plots"] or summary["plots_skipped"]
