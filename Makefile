@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-EXTRAS  ?= dev
+EXTRAS  ?= dev,plot
 NATIVE  := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.def' 2>/dev/null)
 
 .DEFAULT_GOAL := help

@@ -157,3 +157,29 @@ def test_memory_round_trip_and_copy_accounting(gpu):
     assert r["data"] == "0123456789abcdef"
     assert gpu.stats()["launches"] == 2 == gpu.stats()["finished"]
     assert [row[3] for row in gpu.launch_log()] == [2, 2]  # both logged as copies
+
+
+def test_server_exits_when_its_parent_dies():
+    """A daemon killed by SIGKILL must not leave its fakegpu server running."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+    from helpers import wait_for
+
+    code = ("from krex.devices.fakegpu import FakeGpu; g = FakeGpu().start(); "
+            "print(g.proc.pid, flush=True); import time; time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    parent.stdout.close()
+
+    def gone():
+        try:
+            return psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 5)

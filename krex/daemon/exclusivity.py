@@ -45,8 +45,6 @@ class _Region:
         self.enforcement = enforcement
         self.drain = drain
         self.audit = audit
-        if drain is not None:
-            enforcement.not_enforced.extend(drain.not_drained)
 
     def exit(self) -> dict[str, Any]:
         report = dict(self.enforcement.exit())
@@ -54,6 +52,7 @@ class _Region:
             report["device_audit"] = self.audit.finish()
         if self.drain is not None:
             report["gated_jobs"] = len(self.drain.jobs)
+            report["gate_idle_jobs"] = list(self.drain.idle_jobs)
             report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
                                        for pid, s in self.drain.acks.items()}
         return report

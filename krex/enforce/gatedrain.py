@@ -4,7 +4,8 @@ For each sibling job on the device: close its gate (new launches park in the
 interposer), then wait until every interposed process of the job has
 acknowledged that its queued GPU work finished.  Closing all gates first and
 then waiting lets the siblings drain in parallel.  A sibling with no active
-interposer cannot be gated: it is reported as not drained.  When a drain
+interposer has launched nothing through it: it is gated (its gate closes, so
+a first launch would park) and listed as idle in the report.  When a drain
 times out the policy decides: ``abort`` (default: revert and raise
 :class:`~krex.errors.DrainTimeout`), ``wait`` (keep waiting up to the
 region's maximum hold) or ``kill`` (SIGKILL the processes that did not ack).
@@ -42,7 +43,10 @@ class GateDrain:
     name: str = "gate_drain"
     backend: str = "interposer"
     acks: dict[int, float] = field(default_factory=dict)
-    not_drained: list[dict] = field(default_factory=list)
+    # Jobs none of whose processes has launched GPU work through the interposer:
+    # nothing of theirs can be queued (a process that reaches the GPU without the
+    # interposer is not seen here; on NVIDIA the NVML audit reports it).
+    idle_jobs: list[int] = field(default_factory=list)
     _closed: list[GatedJob] = field(default_factory=list)
 
     def available(self) -> tuple[bool, str]:
@@ -52,8 +56,7 @@ class GateDrain:
         generations = {}
         for job in self.jobs:
             if not job.gate.interposed(job.slot):
-                self.not_drained.append({"what": "drain", "why": f"job {job.job_id} has no "
-                                         "process with an active interposer"})
+                self.idle_jobs.append(job.job_id)
             generations[job.job_id] = job.gate.close(job.slot)
             self._closed.append(job)
         for job in self.jobs:

@@ -400,6 +400,21 @@ static int listen_on(const char *path)
     return fd;
 }
 
+/* The server belongs to the process that started it (a daemon, a test): when
+ * that process dies, even by SIGKILL, the server is reparented and exits too. */
+static pid_t g_parent;
+static const char *g_path;
+
+static void *watch_parent(void *arg)
+{
+    (void)arg;
+    while (getppid() == g_parent)
+        usleep(200000);
+    unlink(g_path);
+    _exit(0);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = argc > 1 ? argv[1] : getenv("KREX_FAKEGPU_SOCKET");
@@ -417,6 +432,9 @@ int main(int argc, char **argv)
         return 1;
     }
     pthread_t tid;
+    g_parent = getppid();
+    g_path = path;
+    pthread_create(&tid, NULL, watch_parent, NULL);
     pthread_create(&tid, NULL, executor, NULL);
     printf("ready\n");
     fflush(stdout);
