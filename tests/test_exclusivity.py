@@ -163,8 +163,11 @@ def test_first_sigterm_lets_the_holder_finish_second_forces(runtime_dir, monkeyp
         holder2 = krex("run", "--", PY, os.path.join(JOBS, "hold_forever.py"))
         assert holder2.stdout.readline().strip() == "inside"
         d2.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # two signals sent back to back would be delivered as one
+        forced = time.monotonic()
         d2.proc.send_signal(signal.SIGTERM)
         d2.proc.wait(15)
+        assert time.monotonic() - forced < 3  # not the 10 s grace of the first signal
         mark = time.monotonic_ns()
         wait_for(lambda: stamps(out)[-1] > mark, 5)
         reap(holder2)
