@@ -38,7 +38,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="programs a worker serves before it is recycled")
     p.add_argument("--preload", default="numpy",
                    help="comma-separated modules each worker imports at start (default numpy)")
-    p.add_argument("--fakegpu-core", type=int, help="core the fakegpu server runs kernels on")
+    p.add_argument("--fakegpu-core", type=int,
+                   help="core the fakegpu server runs kernels on (default: the first core not "
+                        "reserved for region holders)")
     p.add_argument("--fakegpu-ctx-delay-ms", type=int, default=0,
                    help="fakegpu context-creation delay (serialised node-wide)")
     p.add_argument("--idle-exit-s", type=float, help="exit after this long with nothing to do")

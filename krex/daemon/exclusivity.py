@@ -139,9 +139,18 @@ class Exclusivity:
             from krex.devices.fakegpu import FakeGpu
 
             sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
-            self.fakegpu = FakeGpu(sock, core=self.config.fakegpu_core,
+            self.fakegpu = FakeGpu(sock, core=self._fakegpu_core(),
                                    ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
         return self.fakegpu
+
+    def _fakegpu_core(self) -> int | None:
+        """The fake device's own core: as configured, else the first core that is not
+        reserved for region holders (its kernels busy-wait there, off the holder's)."""
+        if self.config.fakegpu_core is not None:
+            return self.config.fakegpu_core
+        reserved = set(self.enforcer.cores())
+        free = [c for c in self.enforcer.all_cores if c not in reserved]
+        return free[0] if free and reserved else None
 
     def job_ended(self, job_id: int) -> None:
         gated = self.gates.pop(job_id, None)
