@@ -37,6 +37,17 @@ class Held(Protocol):
     def exit(self) -> dict[str, Any]: ...
 
 
+class _Unenforced:
+    """Every mechanism is switched off: the region is granted bare, and says so."""
+
+    def __init__(self, reasons: list[dict[str, str]]) -> None:
+        self.reasons = reasons
+
+    def exit(self) -> dict[str, Any]:
+        return {"steps": [], "siblings_frozen": 0, "freeze_backend": "off",
+                "not_enforced": self.reasons, "clean": False}
+
+
 class _Region:
     """One region's applied enforcement plus what the gate/drain step saw."""
 
@@ -161,6 +172,8 @@ class Exclusivity:
 
     def enter(self, holder: Any, siblings: list[Any], request: Any, others: list[Any] = ()
               ) -> Held:
+        if self._all_off(request.device):
+            return _Unenforced(self._off_reasons(request.device))
         drain = self._gate_drain(siblings, request) if is_gpu(request.device) else None
         hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
         holder_target = self.target(holder)
@@ -171,6 +184,17 @@ class Exclusivity:
         if audit is not None:
             audit.begin({r.pid for r in holder_target.processes()})
         return _Region(enforcement, drain, audit)
+
+    def _all_off(self, device: str) -> bool:
+        c = self.config
+        return c.freeze == "off" and not c.isolate and not (c.gate and is_gpu(device))
+
+    def _off_reasons(self, device: str) -> list[dict[str, str]]:
+        why = "disabled by configuration"
+        out = [{"what": "freeze", "why": why}, {"what": "isolate", "why": why}]
+        if is_gpu(device):
+            out.append({"what": "gate_drain", "why": why})
+        return out
 
     def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
         if not self.config.gate:

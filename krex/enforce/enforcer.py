@@ -190,6 +190,8 @@ class Enforcement:
         if guardian is None:
             return
         records = [rec for op in reversed(ops) for rec in op.undo_records()]
+        if not records and self.leased is None:
+            return  # nothing the guardian could undo: no lease, no journal write
         if records != self.leased:
             guardian.lease(self.lease_id, lease_s, records)
             self.leased = records
@@ -229,7 +231,7 @@ class Enforcement:
             return self.report
         self.stack.close()
         guardian = self.enforcer.guardian
-        if guardian is not None:
+        if guardian is not None and self.leased is not None:
             self.revoked = self.lease_id in guardian.expired()
             guardian.end(self.lease_id)
         self.report = self._report()

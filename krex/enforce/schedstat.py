@@ -25,10 +25,30 @@ def _field(path: str, key: str) -> int | None:
     return None
 
 
+def _sched(path: str) -> tuple[int, int] | None:
+    """(involuntary switches, migrations) from one read of a ``sched`` file."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("nr_involuntary_switches", "se.nr_migrations"):
+            values[key] = int(float(value))
+    if len(values) < 2:
+        return None
+    return values["nr_involuntary_switches"], values["se.nr_migrations"]
+
+
 def _thread_counts(t: ThreadRef) -> tuple[int, int | None]:
     base = f"/proc/{t.pid}/task/{t.tid}"
-    switches = _field(base + "/status", "nonvoluntary_ctxt_switches") or 0
-    return switches, _field(base + "/sched", "se.nr_migrations")
+    both = _sched(base + "/sched")  # one file per thread where the kernel has it
+    if both is not None:
+        return both
+    return _field(base + "/status", "nonvoluntary_ctxt_switches") or 0, None
 
 
 @dataclass
