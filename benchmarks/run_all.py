@@ -53,6 +53,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
             continue
         quick = ["--quick"] if args.quick and _accepts_quick(script) else []
         jobs.append((name, [sys.executable, script, *quick]))
+        if name == "bench_fidelity" and _fakegpu_built():  # the GPU half, on the fake device
+            jobs.append((name + "-fakegpu", [sys.executable, script, "--device", "fakegpu:0"]))
     if not args.skip_eval:
         devices = ["cpu"] + (["fakegpu:0"] if _fakegpu_built() else [])
         for dev in devices:
