@@ -3,7 +3,7 @@
 import pytest
 
 from krex.enforce.gate import GateFile
-from krex.enforce.gatedrain import GateDrain, GatedJob
+from krex.enforce.gatedrain import GatedJob, GateDrain
 
 
 @pytest.fixture

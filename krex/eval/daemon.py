@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+from krex.client.autostart import daemon_reachable
 from krex.eval.profile import Profile
 
 # fakegpu's device is a spinning host thread: keep it off the measurement core (the
@@ -71,7 +71,7 @@ class EvalDaemon:
 
     def _wait_up(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not _reachable(self.socket):
+        while not daemon_reachable(self.socket):
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"eval daemon exited: {self.log_tail()}")
             if time.monotonic() > deadline:
@@ -138,14 +138,3 @@ def _reap(procs: list[Any], timeout_s: float = 3.0) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(left, timeout=timeout_s)
-
-
-def _reachable(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()

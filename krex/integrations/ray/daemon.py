@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from krex.client.autostart import daemon_reachable
 from krex.client.connection import Client
 from krex.errors import DaemonNotRunning
 from krex.protocol.address import SOCKET_NAME, ensure_private_dir
@@ -44,7 +44,7 @@ class NodeDaemon:
     def ensure(self) -> int:
         """Make sure a daemon answers; start one if none does.  Returns its pid."""
         self._reap()
-        if not _reachable(self.socket):
+        if not daemon_reachable(self.socket):
             self._start()
             self.pid = None
         if self.pid is None:
@@ -65,7 +65,7 @@ class NodeDaemon:
                                          start_new_session=True, env=_daemon_env(self.runtime_dir))
         self.starts += 1
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _reachable(self.socket):
+        while not daemon_reachable(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise DaemonNotRunning(f"could not start a krex daemon on {self.runtime_dir}",
                                        hint=f"see {self.runtime_dir}/daemon.log")
@@ -93,18 +93,6 @@ class NodeDaemon:
             self.proc.wait()
         code, self.proc = self.proc.returncode, None
         return {"stopped": True, "owned": True, "pid": self.pid, "exit_code": code}
-
-
-def _reachable(path: str) -> bool:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_TIMEOUT_S)  # a wedged daemon must not wedge the node actor
-    try:
-        sock.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 def _daemon_env(runtime_dir: str) -> dict[str, str]:
