@@ -87,7 +87,7 @@ def run_job(argv: list[str], *, device: str | None = None, name: str | None = No
                         hint="check the command name and PATH") from None
     finally:
         if proc is not None:
-            _end_group(proc)
+            end_group(proc)
         if hold is not None:
             _quiet(client.release, int(hold["region"]))
         _quiet(client.end_job, job_id, code)
@@ -108,13 +108,14 @@ def _wait_forwarding_signals(proc: subprocess.Popen) -> int:
             signal.signal(s, h)
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    """The job's command has exited: end what it left behind in its process group."""
+def end_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """The job's command has exited (or is killed now): signal what it left behind in
+    its process group."""
     if proc.poll() is None:
         proc.kill()
         proc.wait()
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

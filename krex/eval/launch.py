@@ -18,6 +18,7 @@ from typing import Any
 
 from krex.client import job as jobs
 from krex.client.connection import Client
+from krex.client.job import end_group
 from krex.eval.modes import Mode
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
@@ -58,7 +59,7 @@ class Launcher:
             return code
         finally:
             if proc is not None:
-                _end_group(proc)
+                end_group(proc, signal.SIGKILL)
             if hold is not None:
                 self.client.release(int(hold["region"]))
             self.client.end_job(job_id, code)
@@ -69,16 +70,6 @@ class Launcher:
                                       timeout_s=self.timeout_s,
                                       on_output=lambda _s, text: log.write(text))
         return result.exit_code
-
-
-def _end_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_command(launcher: Launcher, mode: Mode, spec_path: str, result_base: str,

@@ -9,15 +9,13 @@ import warnings as _warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from krex.errors import RegionRevoked
 from krex.measure import checks, graphs, loop, stats
-from krex.measure.regions import RegionFactory, get_region_factory
+from krex.measure.regions import RegionFactory
 from krex.measure.result import Measurement, split_findings
 from krex.measure.stopping import CountRule, NoiseRule
 from krex.measure.timers import Timer, make_timer
 
 RETURN_MODES = ("min", "max", "mean", "median", "all")
-HOLD_MARGIN_S = 5.0  # max_hold_s default: the loop's timeout plus this
 
 
 class KrexMeasurementWarning(UserWarning):
@@ -84,13 +82,8 @@ def measure(
             return CountRule(max(1, int(rep_ms / estimate.call_ms)), timeout_s=timeout_s)
         return NoiseRule(noise_target, min_time_s, max_time_s, timeout_s)
 
-    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
-    factory = get_region_factory(region)
-    run = loop.in_region(
-        body, factory, device, retries=retries, label=label, max_hold_s=hold_s, timer=timer
-    )
-    if run.value is None:
-        raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
+    run = loop.timed_region(body, region, device, retries=retries, label=label,
+                            max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer)
     target = None if rep_ms is not None else noise_target
     return _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
 

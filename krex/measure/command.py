@@ -21,8 +21,6 @@ from krex.measure import checks, loop, stats
 from krex.measure.regions import RegionFactory, get_region_factory
 from krex.measure.result import RESULT_FORMAT, split_findings, warnings_dicts
 
-HOLD_MARGIN_S = 5.0
-
 
 class CommandFailed(KrexError):
     code = "command_failed"
@@ -82,7 +80,7 @@ def bench_command(
     device = device or "cpu"
     warm = _runs(argv, warmup_runs, timeout_s, ignore_failure)
     guess_s = max((w[0] for w in warm), default=timeout_s or 60.0)
-    hold_s = max_hold_s or runs * guess_s * 3 + HOLD_MARGIN_S
+    hold_s = max_hold_s or runs * guess_s * 3 + loop.HOLD_MARGIN_S
     run = loop.in_region(
         lambda: _runs(argv, runs, timeout_s, ignore_failure),
         get_region_factory(region), device, retries=retries, label=label, max_hold_s=hold_s,

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.errors import RegionRevoked
 from krex.measure import checks, loop, stats
-from krex.measure.bench import HOLD_MARGIN_S, default_device
-from krex.measure.regions import RegionFactory, get_region_factory
+from krex.measure.bench import default_device
+from krex.measure.regions import RegionFactory
 from krex.measure.result import Comparison, split_findings
 from krex.measure.timers import Timer, make_timer
 
@@ -155,13 +154,8 @@ def compare(
         pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks)
         return pairs
 
-    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
-    factory = get_region_factory(region)
-    run = loop.in_region(
-        body, factory, device, retries=retries, label=label, max_hold_s=hold_s, timer=timer
-    )
-    if run.value is None:
-        raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
+    run = loop.timed_region(body, region, device, retries=retries, label=label,
+                            max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer)
     return _build(run, timer, device, order, limits)
 
 

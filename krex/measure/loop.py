@@ -125,6 +125,36 @@ class RegionRun:
     clocks_end: dict[str, Any]
 
 
+def timed_region(
+    body: Callable[[], Any],
+    region: Any,
+    device: str,
+    *,
+    retries: int,
+    label: str | None,
+    max_hold_s: float | None,
+    timeout_s: float,
+    timer: Timer | None,
+) -> RegionRun:
+    """:func:`in_region` for a timed loop that must yield samples.
+
+    The maximum hold defaults to the loop's timeout plus a margin; a region
+    revoked before any sample raises :class:`~krex.errors.RegionRevoked`.
+    """
+    from krex.errors import RegionRevoked
+    from krex.measure.regions import get_region_factory
+
+    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
+    run = in_region(body, get_region_factory(region), device, retries=retries, label=label,
+                    max_hold_s=hold_s, timer=timer)
+    if run.value is None:
+        raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
+    return run
+
+
+HOLD_MARGIN_S = 5.0  # a timed loop's maximum hold: its timeout plus this
+
+
 def in_region(
     body: Callable[[], Any],
     factory: RegionFactory,
