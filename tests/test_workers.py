@@ -361,3 +361,51 @@ def test_the_worker_is_spawned_not_forked_and_the_launcher_sees_it():
         cmdline = psutil.Process(pid).cmdline()
     assert cmdline[:3] == [sys.executable, "-m", "krex.workers.worker"]
     assert launcher.started_pids == launcher.exited_pids == [pid]
+
+
+ALLOC = """
+import ctypes, sys
+lib = ctypes.CDLL("libcuda.so.1")
+ptr = ctypes.c_uint64()
+rc = lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(sys.argv[1]) << 20))
+print("rc", rc)
+if rc == 0:
+    lib.cuMemFree_v2(ptr)
+"""
+
+
+def test_device_memory_cap_per_worker(tmp_path):
+    """A worker's device allocations stop at its cap (fakegpu's driver enforces it)."""
+    from krex.devices import fakegpu
+
+    if not fakegpu.available():
+        pytest.skip("fakegpu was not built")
+    prog = tmp_path / "alloc.py"
+    prog.write_text(ALLOC)
+    with fakegpu.FakeGpu() as gpu:
+        spec = PoolSpec("fakegpu:0", min_workers=1, max_workers=1, preload=[],
+                        device_memory_cap_mb=64)
+        launcher = _PlainEnvLauncher(gpu.env())
+        with WorkerPool(spec, launcher) as pool:
+            assert pool.status()["memory_cap"] == {"mb": 64, "enforced_by": "fakegpu driver"}
+            seen = []
+            for mb in (32, 128, 32):
+                req = ExecRequest.for_path(str(prog), [str(mb)], env=gpu.env())
+                result = pool.submit(req, lambda s, t: seen.append(t))
+                assert result.ok, result.exception
+    out = "".join(seen).split()
+    assert out == ["rc", "0", "rc", "2", "rc", "0"]  # 2: CUDA_ERROR_OUT_OF_MEMORY
+
+
+class _PlainEnvLauncher:
+    def __init__(self, env):
+        self.env = env
+
+    def prepare(self, index):
+        return dict(self.env), None
+
+    def started(self, pid):
+        pass
+
+    def exited(self, pid):
+        pass

@@ -38,6 +38,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="programs a worker serves before it is recycled")
     p.add_argument("--preload", default="numpy",
                    help="comma-separated modules each worker imports at start (default numpy)")
+    p.add_argument("--worker-memory-cap-mb", type=float,
+                   help="device memory cap per warm worker (fakegpu: its driver; cuda: torch's "
+                        "allocator when torch is preloaded)")
     p.add_argument("--fakegpu-core", type=int,
                    help="core the fakegpu server runs kernels on (default: the first core not "
                         "reserved for region holders)")
@@ -73,6 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers_max=args.workers_max, max_programs=args.max_programs,
         preload=[m for m in args.preload.split(",") if m], fakegpu_core=args.fakegpu_core,
         fakegpu_ctx_delay_ms=args.fakegpu_ctx_delay_ms,
+        worker_memory_cap_mb=args.worker_memory_cap_mb,
     )
     return serve(config)
 

@@ -32,6 +32,7 @@ class DaemonConfig:
     workers_max: int = 2
     max_programs: int = 100
     preload: list[str] = field(default_factory=lambda: ["numpy"])
+    worker_memory_cap_mb: float | None = None
 
     def __post_init__(self) -> None:
         if not self.socket_path:
@@ -39,7 +40,8 @@ class DaemonConfig:
 
     def pool_spec(self) -> PoolSpec:
         return PoolSpec(device="cpu", min_workers=self.workers_min, max_workers=self.workers_max,
-                        max_programs=self.max_programs, preload=list(self.preload))
+                        max_programs=self.max_programs, preload=list(self.preload),
+                        device_memory_cap_mb=self.worker_memory_cap_mb)
 
     @property
     def event_log(self) -> str:

@@ -80,6 +80,7 @@ class WorkerPool:
                     "recycles": dict(self._recycles), "min_workers": self.spec.min_workers,
                     "max_workers": self.spec.max_workers, "context": ready.get("context"),
                     "preloaded": ready.get("preloaded", []), "missing": ready.get("missing", {}),
+                    "memory_cap": ready.get("memory_cap"),
                     "last_start_failure": self._failures[-1] if self._failures else None}
 
     def shutdown(self, timeout_s: float = 5) -> None:

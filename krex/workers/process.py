@@ -61,6 +61,8 @@ class WorkerProcess:
     @classmethod
     def spawn(cls, spec: PoolSpec, launcher: WorkerLauncher, index: int) -> WorkerProcess:
         env, preexec = launcher.prepare(index)
+        if spec.device_memory_cap_mb:
+            env = {**env, "KREX_DEVICE_MEMORY_CAP_MB": str(int(spec.device_memory_cap_mb))}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "krex.workers.worker", "--fd", str(theirs.fileno())]
         try:

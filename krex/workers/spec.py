@@ -34,6 +34,10 @@ class PoolSpec:
     preload: list[str] = field(default_factory=lambda: ["numpy"])
     default_timeout_s: float | None = None
     memory_growth_limit_mb: float = 512  # device (RSS on cpu) growth beyond this -> recycle
+    # Per-worker device memory cap: fakegpu's driver enforces it (allocations past it
+    # fail with CUDA_ERROR_OUT_OF_MEMORY); on cuda, torch's caching allocator when torch
+    # is preloaded (the CUDA driver has no per-process cap).  None: no cap.
+    device_memory_cap_mb: float | None = None
     idle_shutdown_s: float = 30.0  # idle workers above min_workers stop after this long
     start_timeout_s: float = 120.0  # device init + preload must finish within this
     # A program that loads a native library from outside the system and Python

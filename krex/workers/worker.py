@@ -69,13 +69,14 @@ class Worker:
             raise SystemExit(3) from e
         t1 = time.monotonic()
         loaded, missing = _preload(init.get("preload", []))
+        self.memory_cap = _apply_memory_cap(init["device"])
         t2 = time.monotonic()
         self._warm_up()
         self.snap = snapshot.take()
         self.canary = canary.Canary.take(self.context)
         channel.send({"t": "ready", "pid": os.getpid(), "context": self.context.info,
                       "context_s": t1 - t0, "preload_s": t2 - t1, "preloaded": loaded,
-                      "missing": missing})
+                      "missing": missing, "memory_cap": self.memory_cap})
 
     def _warm_up(self) -> None:
         """Run one empty program so lazy initialisation is part of the baseline."""
@@ -112,6 +113,24 @@ class Worker:
 
 # What the runner itself sets for every program: putting it back is no news.
 _APPLIED_BY_RUNNER = {"process:cwd", "process:environ", "sys:path", "sys:argv"}
+
+
+def _apply_memory_cap(device: str) -> dict[str, object] | None:
+    """The device memory cap of this worker and what enforces it."""
+    cap = os.environ.get("KREX_DEVICE_MEMORY_CAP_MB")
+    if not cap:
+        return None
+    kind, _, index = device.partition(":")
+    if kind == "fakegpu":
+        return {"mb": int(cap), "enforced_by": "fakegpu driver"}
+    torch = sys.modules.get("torch")
+    if kind == "cuda" and torch is not None and torch.cuda.is_available():
+        ordinal = int(index or 0)
+        total = torch.cuda.get_device_properties(ordinal).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, int(cap) * 2**20 / total), ordinal)
+        return {"mb": int(cap), "enforced_by": "torch caching allocator"}
+    return {"mb": int(cap), "enforced_by": None,
+            "why": "no per-process device memory cap on this backend (preload torch on cuda)"}
 
 
 def _preload(names: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,7 +91,25 @@ API cuDeviceGetAttribute(int *v, int attrib, CUdevice d)
 }
 
 API cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { (void)d; *bytes = 80ull << 30; return 0; }
-API cuMemGetInfo_v2(size_t *free_b, size_t *total) { *free_b = 79ull << 30; *total = 80ull << 30; return 0; }
+/* Device memory of this process (fakegpu keeps allocations in the process): counted so
+ * cuMemGetInfo reports real use, and capped by KREX_DEVICE_MEMORY_CAP_MB when set. */
+static _Atomic size_t g_mem_used;
+#define FG_TOTAL_MEM (80ull << 30)
+
+static size_t mem_cap(void)
+{
+    const char *cap = getenv("KREX_DEVICE_MEMORY_CAP_MB");
+    size_t mb = cap ? (size_t)strtoull(cap, NULL, 10) : 0;
+    return mb ? mb << 20 : FG_TOTAL_MEM;
+}
+
+API cuMemGetInfo_v2(size_t *free_b, size_t *total)
+{
+    size_t cap = mem_cap(), used = atomic_load(&g_mem_used);
+    *total = cap;
+    *free_b = used < cap ? cap - used : 0;
+    return 0;
+}
 
 static CUresult create_ctx(CUcontext *out, CUdevice dev)
 {
@@ -283,15 +302,32 @@ static CUresult host_func(CUstream s, CUhostFn fn, void *data)
 API cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) { return host_func(s, fn, data); }
 API cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data) { return host_func(s, fn, data); }
 
+/* Each allocation carries its size in a 256-byte header (keeps 256-byte alignment). */
 API cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 {
+    size_t used = atomic_fetch_add(&g_mem_used, n);
+    if (used + n > mem_cap()) {
+        atomic_fetch_sub(&g_mem_used, n);
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    }
     void *mem = NULL;
-    if (posix_memalign(&mem, 256, n ? n : 1) != 0)
+    if (posix_memalign(&mem, 256, n + 256) != 0) {
+        atomic_fetch_sub(&g_mem_used, n);
         return 2;
-    *p = (CUdeviceptr)(uintptr_t)mem;
+    }
+    *(size_t *)mem = n;
+    *p = (CUdeviceptr)(uintptr_t)((char *)mem + 256);
     return CUDA_SUCCESS;
 }
-API cuMemFree_v2(CUdeviceptr p) { free((void *)(uintptr_t)p); return CUDA_SUCCESS; }
+API cuMemFree_v2(CUdeviceptr p)
+{
+    if (!p)
+        return CUDA_SUCCESS;
+    char *mem = (char *)(uintptr_t)p - 256;
+    atomic_fetch_sub(&g_mem_used, *(size_t *)mem);
+    free(mem);
+    return CUDA_SUCCESS;
+}
 
 /* A transfer: copy now, charge device time in order; sync variants wait. */
 static CUresult transfer(void *dst, const void *src, int byte, size_t n, CUstream s, int wait)
