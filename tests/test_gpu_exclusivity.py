@@ -72,3 +72,35 @@ def test_drain_timeout_aborts_the_region_and_releases_everything(runtime_dir, mo
     finally:
         reap(sib)
         d.stop()
+
+
+def test_checkpoint_lock_backend_waits_for_queued_work(runtime_dir, monkeypatch):
+    """--gpu-lock checkpoint: the driver's process lock instead of the interposer."""
+    d = with_daemon(runtime_dir, monkeypatch, "--gpu-lock", "checkpoint")
+    sib = start_sibling()
+    try:
+        seen = measure_holder()
+        # The sibling is held by the driver inside the region, and goes on after it.
+        assert sib.stdout.readline().strip() == "batch 2"
+    finally:
+        reap(sib)
+        d.stop()
+    assert "error" not in seen, seen
+    assert seen["median_ms"] < 1.15, seen["median_ms"]
+    host = seen["report"]["host"]
+    assert host["steps"][0]["name"] == "checkpoint_lock"
+    assert len(host["locked_pids"]) >= 1
+    assert seen["clean"], seen["report"]
+
+
+def test_checkpoint_lock_times_out_like_a_drain(runtime_dir, monkeypatch):
+    d = with_daemon(runtime_dir, monkeypatch, "--gpu-lock", "checkpoint",
+                    "--drain-timeout-s", "0.1")
+    sib = start_sibling(batch=200)
+    try:
+        seen = measure_holder()
+        assert seen["error"] == "drain_timeout", seen
+        assert sib.stdout.readline().strip() == "batch 2"  # not left locked or frozen
+    finally:
+        reap(sib)
+        d.stop()

@@ -27,6 +27,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-gate", action="store_true", help="do not gate/drain GPU work")
     p.add_argument("--drain-timeout-s", type=float, default=5.0)
     p.add_argument("--drain-policy", choices=["abort", "wait", "kill"], default="abort")
+    p.add_argument("--gpu-lock", choices=["interposer", "checkpoint"], default="interposer",
+                   help="how siblings' GPU work is stopped: the LD_PRELOAD gate and drain "
+                        "(default) or the driver's cuCheckpointProcessLock (R570+; not yet "
+                        "measured on a GPU)")
     p.add_argument("--group-access", action="store_true",
                    help="let the socket's group connect (owner-only by default)")
     p.add_argument("--no-cgroups", action="store_true",
@@ -72,6 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         freeze_scope=args.freeze_scope, isolate=not args.no_isolate,
         measure_cores=parse_cores(args.measure_cores), gate=not args.no_gate,
         drain_timeout_s=args.drain_timeout_s, drain_policy=args.drain_policy,
+        gpu_lock=args.gpu_lock,
         embedded=args.embedded, cgroups=not args.no_cgroups, workers_min=args.workers_min,
         workers_max=args.workers_max, max_programs=args.max_programs,
         preload=[m for m in args.preload.split(",") if m], fakegpu_core=args.fakegpu_core,

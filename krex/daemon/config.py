@@ -23,6 +23,7 @@ class DaemonConfig:
     gate: bool = True
     drain_timeout_s: float = 5.0
     drain_policy: str = "abort"  # abort | wait | kill
+    gpu_lock: str = "interposer"  # interposer (gate + drain) | checkpoint (cuCheckpointProcessLock)
     cgroups: bool = True
     embedded: bool = False
     shutdown_grace_s: float = 10.0  # first SIGTERM/stop: how long held regions may finish

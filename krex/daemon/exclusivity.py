@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
+from krex.enforce.checkpointlock import CheckpointLock, load_driver
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
@@ -51,17 +52,23 @@ class _Unenforced:
 class _Region:
     """One region's applied enforcement plus what the gate/drain step saw."""
 
-    def __init__(self, enforcement: Enforcement, drain: GateDrain | None,
+    def __init__(self, enforcement: Enforcement, drain: GateDrain | CheckpointLock | None,
                  audit: NvmlAudit | None) -> None:
         self.enforcement = enforcement
         self.drain = drain
         self.audit = audit
+        if isinstance(drain, CheckpointLock):
+            enforcement.not_enforced.extend(drain.not_locked)
 
     def exit(self) -> dict[str, Any]:
         report = dict(self.enforcement.exit())
         if self.audit is not None:
             report["device_audit"] = self.audit.finish()
-        if self.drain is not None:
+        if isinstance(self.drain, CheckpointLock):
+            report["locked_pids"] = list(self.drain.acks_s)
+            report["lock_acks_ms"] = {str(p): round(s * 1e3, 3)
+                                      for p, s in self.drain.acks_s.items()}
+        elif self.drain is not None:
             report["gated_jobs"] = len(self.drain.jobs)
             report["gate_idle_jobs"] = list(self.drain.idle_jobs)
             report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
@@ -86,6 +93,7 @@ class Exclusivity:
             freeze=config.freeze, freeze_scope=config.freeze_scope, isolate=config.isolate,
             measure_cores=config.measure_cores), self.layout, self.guardian)
         self.gates: dict[int, GatedJob] = {}
+        self._drivers: dict[str, Any] = {}
         self.fakegpu: Any = None
 
     @property
@@ -128,7 +136,7 @@ class Exclusivity:
 
     def job_env(self, job: Any) -> dict[str, str]:
         """What a job's processes need: the interposer on a gate file, the fake driver."""
-        if not is_gpu(job.device) or not self.config.gate:
+        if not is_gpu(job.device) or not self.config.gate or self.config.gpu_lock != "interposer":
             return self._device_env(job.device)
         gated = self.gates.get(job.job_id)
         if gated is None:
@@ -174,7 +182,7 @@ class Exclusivity:
               ) -> Held:
         if self._all_off(request.device):
             return _Unenforced(self._off_reasons(request.device))
-        drain = self._gate_drain(siblings, request) if is_gpu(request.device) else None
+        drain = self._gpu_stop(siblings, request) if is_gpu(request.device) else None
         hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
         holder_target = self.target(holder)
         enforcement = self.enforcer.enter(
@@ -196,9 +204,34 @@ class Exclusivity:
             out.append({"what": "gate_drain", "why": why})
         return out
 
-    def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
+    def _gpu_stop(self, siblings: list[Any], request: Any) -> GateDrain | CheckpointLock | None:
+        """The GPU step before freezing: the interposer's gate and drain, or the driver's
+        checkpoint lock of every sibling process."""
         if not self.config.gate:
             return None
+        if self.config.gpu_lock == "checkpoint":
+            pids = [r.pid for j in siblings for r in self.target(j).processes()]
+            lib_path, env = self._driver(request.device)
+            return CheckpointLock(self._driver_lib(lib_path), lib_path, pids,
+                                  timeout_s=self.config.drain_timeout_s, env=env)
+        return self._gate_drain(siblings, request)
+
+    def _driver(self, device: str) -> tuple[str, dict[str, str]]:
+        """The CUDA driver the daemon itself loads, and the environment it needs."""
+        if device.startswith("fakegpu"):
+            from krex.devices.native import fakegpu_lib_dir
+
+            env = {"KREX_FAKEGPU_SOCKET": self._fakegpu().socket_path}
+            os.environ.update(env)
+            return str(fakegpu_lib_dir() / "libcuda.so.1"), env
+        return "libcuda.so.1", {}
+
+    def _driver_lib(self, path: str) -> Any:
+        if path not in self._drivers:
+            self._drivers[path] = load_driver(path)
+        return self._drivers[path]
+
+    def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
         gated = [self.gates[j.job_id] for j in siblings if j.job_id in self.gates]
         return GateDrain(gated, timeout_s=self.config.drain_timeout_s,
                          policy=self.config.drain_policy,

@@ -13,6 +13,7 @@ Record kinds::
     {"kind": "cpuset",   "path": DIR, "cpus": "0-3"}    cpuset.cpus <- value
     {"kind": "affinity", "pid": P, "tid": T, "start_time": S, "cpus": [0, 1]}
     {"kind": "gate_open", "path": FILE, "slot": N}      reopen a job's GPU gate
+    {"kind": "cuda_unlock", "lib": PATH, "pid": P}      cuCheckpointProcessUnlock(P)
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def _gate_open(rec: dict) -> None:
         gate.release()
 
 
+def _cuda_unlock(rec: dict) -> None:
+    import ctypes
+
+    os.environ.update(rec.get("env") or {})
+    ctypes.CDLL(rec["lib"]).cuCheckpointProcessUnlock(ctypes.c_int(int(rec["pid"])), None)
+
+
 _ACTIONS: dict[str, Callable[[dict], None]] = {
     "thaw_v2": _thaw_v2,
     "thaw_v1": _thaw_v1,
@@ -64,6 +72,7 @@ _ACTIONS: dict[str, Callable[[dict], None]] = {
     "cpuset": _cpuset,
     "affinity": _affinity,
     "gate_open": _gate_open,
+    "cuda_unlock": _cuda_unlock,
 }
 
 

@@ -60,6 +60,27 @@ API cuInit(unsigned int flags)
 }
 
 API cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+
+/* cuCheckpointProcessLock/Unlock: the server holds the process's submissions. */
+typedef struct {
+    unsigned int timeoutMs, reserved0;
+    unsigned long long reserved1[7];
+} fg_lock_args;
+
+API cuCheckpointProcessLock(int pid, fg_lock_args *args)
+{
+    struct fg_rep r;
+    int st = fg_simple(FG_PROC_LOCK, 0, (uint64_t)pid, args ? args->timeoutMs : 0, &r);
+    return st != 0 ? status_of(st) : (CUresult)r.status;
+}
+
+API cuCheckpointProcessUnlock(int pid, void *args)
+{
+    (void)args;
+    struct fg_rep r;
+    int st = fg_simple(FG_PROC_UNLOCK, 0, (uint64_t)pid, 0, &r);
+    return st != 0 ? status_of(st) : (CUresult)r.status;
+}
 API cuDeviceGetCount(int *n) { *n = g_ndev < 0 ? 0 : g_ndev; return g_ndev < 0 ? CUDA_ERROR_NOT_INITIALIZED : 0; }
 
 API cuDeviceGet(CUdevice *d, int ordinal)

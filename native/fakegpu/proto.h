@@ -20,6 +20,9 @@ enum fg_op {
     FG_EVENT_SYNC,    /* a = event id -> v0 = ns once recorded */
     FG_STATS,         /* -> v0 launches, v1 kernels finished, v2 busy ns */
     FG_DUMP_LOG,      /* text = path: write the launch log -> v0 = entries */
+    FG_PROC_LOCK,     /* a = pid, flags = timeout ms: its submissions wait; returns once its
+                         queued work has run (cuCheckpointProcessLock) */
+    FG_PROC_UNLOCK,   /* a = pid: its submissions go on (cuCheckpointProcessUnlock) */
 };
 
 enum fg_flags {
@@ -31,6 +34,7 @@ enum fg_flags {
 #define FG_ERR_NOT_READY 600
 #define FG_ERR_INVALID_VALUE 1
 #define FG_ERR_INVALID_CONTEXT 201
+#define FG_ERR_TIMEOUT 909 /* CUDA_ERROR_TIMEOUT */
 
 struct fg_req {
     uint32_t op;

@@ -39,6 +39,7 @@ struct ctx {
     int used;
     int dev;
     int poisoned;
+    uint32_t pid; /* the process that created it */
     struct item *head, *tail;
 };
 
@@ -267,7 +268,7 @@ static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
     }
     for (int i = 0; i < MAX_CTX; i++) {
         if (!g_ctx[i].used) {
-            g_ctx[i] = (struct ctx){.used = 1, .dev = (int)q->a};
+            g_ctx[i] = (struct ctx){.used = 1, .dev = (int)q->a, .pid = q->pid};
             r->v0 = (uint64_t)i + 1;
             return;
         }
@@ -339,12 +340,76 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
     r->v0 = g_log_n;
 }
 
+/* Process locks (the fake cuCheckpointProcessLock): a locked process's submissions
+ * wait in the server until it is unlocked. */
+#define MAX_LOCKED 64
+static uint32_t g_locked[MAX_LOCKED];
+static pthread_cond_t g_unlocked = PTHREAD_COND_INITIALIZER;
+
+static int is_locked(uint32_t pid)
+{
+    for (int i = 0; i < MAX_LOCKED; i++)
+        if (g_locked[i] == pid)
+            return 1;
+    return 0;
+}
+
+static int queued_for(uint32_t pid)
+{
+    for (int i = 0; i < MAX_CTX; i++)
+        if (g_ctx[i].used && g_ctx[i].pid == pid && g_ctx[i].head)
+            return 1;
+    return 0;
+}
+
+static void op_proc_lock(const struct fg_req *q, struct fg_rep *r)
+{
+    uint32_t pid = (uint32_t)q->a;
+    int slot = -1;
+    for (int i = 0; i < MAX_LOCKED && slot < 0; i++)
+        if (g_locked[i] == 0 || g_locked[i] == pid)
+            slot = i;
+    if (slot < 0 || pid == 0) {
+        r->status = FG_ERR_INVALID_VALUE;
+        return;
+    }
+    g_locked[slot] = pid;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)q->flags * 1000000ull;
+    deadline.tv_sec += (time_t)(ns / 1000000000ull);
+    deadline.tv_nsec = (long)(ns % 1000000000ull);
+    while (queued_for(pid)) {
+        if (q->flags == 0)
+            pthread_cond_wait(&g_done, &g_mu);
+        else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && queued_for(pid)) {
+            g_locked[slot] = 0; /* a lock that timed out is not held */
+            pthread_cond_broadcast(&g_unlocked);
+            r->status = FG_ERR_TIMEOUT;
+            return;
+        }
+    }
+}
+
+static void op_proc_unlock(const struct fg_req *q)
+{
+    for (int i = 0; i < MAX_LOCKED; i++)
+        if (g_locked[i] == (uint32_t)q->a)
+            g_locked[i] = 0;
+    pthread_cond_broadcast(&g_unlocked);
+}
+
 static void handle(struct fg_req *q, struct fg_rep *r)
 {
     memset(r, 0, sizeof(*r));
     q->text[sizeof(q->text) - 1] = 0;
     pthread_mutex_lock(&g_mu);
+    if (q->op == FG_LAUNCH || q->op == FG_EVENT_RECORD)
+        while (is_locked(q->pid))
+            pthread_cond_wait(&g_unlocked, &g_mu);
     switch (q->op) {
+    case FG_PROC_LOCK: op_proc_lock(q, r); break;
+    case FG_PROC_UNLOCK: op_proc_unlock(q); break;
     case FG_HELLO: r->v0 = (uint64_t)g_ndev; break;
     case FG_CTX_CREATE: op_ctx_create(q, r); break;
     case FG_CTX_DESTROY: op_ctx_destroy(q, r); break;
