@@ -60,7 +60,7 @@ FORMAT = 1
 PY = sys.executable
 # Per-check wall-clock budgets (s), full and --quick.  Sum < 8 min (full) / ~3 min (quick).
 BUDGETS = {"environment": (25, 15), "interposition": (110, 50), "gate_drain": (55, 25),
-           "inflation": (175, 60), "contexts": (75, 35)}
+           "checkpoint_lock": (40, 20), "inflation": (150, 50), "contexts": (75, 35)}
 
 
 class CheckTimeout(Exception):
@@ -356,8 +356,24 @@ def _fakegpu_launches(env: dict[str, str]) -> int | None:
 
 
 def check_gate_drain(args: argparse.Namespace) -> dict[str, Any]:
+    return summarise_regions(_regions_with_streaming_sibling(args))
+
+
+def check_checkpoint_lock(args: argparse.Namespace) -> dict[str, Any]:
+    """The same holder and sibling with ``--gpu-lock checkpoint`` (cuCheckpointProcessLock)."""
+    regions = _regions_with_streaming_sibling(args, "--gpu-lock", "checkpoint")
+    out = summarise_regions(regions)
+    locks = [ms for item in regions
+             for ms in ((item["report"] or {}).get("host") or {}).get("lock_acks_ms", {}).values()]
+    out["lock_ack_ms"] = stats(locks)
+    out["ok"] = bool(regions) and bool(locks)
+    return out
+
+
+def _regions_with_streaming_sibling(args: argparse.Namespace, *flags: str) -> list[dict]:
     n = 20 if args.quick else 50
-    with private_daemon() as sock, Procs() as procs, tempfile.TemporaryDirectory() as tmp:
+    with private_daemon(*flags) as sock, Procs() as procs, \
+            tempfile.TemporaryDirectory() as tmp:
         env = pyenv({**os.environ, "KREX_SOCKET": sock})
         sibling = procs.popen(krex_cmd("run", "--device", args.device, "--name", "streamer",
                                        "--", PY, os.path.join(PROGRAMS, "gpu_stream.py"),
@@ -376,8 +392,7 @@ def check_gate_drain(args: argparse.Namespace) -> dict[str, Any]:
         if holder.returncode != 0:
             raise RuntimeError(f"holder exited {holder.returncode}: {tail(err)}")
         with open(out) as f:
-            regions = json.load(f)
-    return summarise_regions(regions)
+            return json.load(f)
 
 
 def summarise_regions(regions: list[dict]) -> dict[str, Any]:
@@ -615,7 +630,8 @@ def _ms(s: Any) -> float | None:
 
 CHECKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "environment": check_environment, "interposition": check_interposition,
-    "gate_drain": check_gate_drain, "inflation": check_inflation, "contexts": check_contexts}
+    "gate_drain": check_gate_drain, "checkpoint_lock": check_checkpoint_lock,
+    "inflation": check_inflation, "contexts": check_contexts}
 
 
 def default_out() -> str:

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
-CHECKS = ("environment", "interposition", "gate_drain", "inflation", "contexts")
+CHECKS = ("environment", "interposition", "gate_drain", "checkpoint_lock", "inflation",
+          "contexts")
 
 
 @pytest.mark.slow
