@@ -1,7 +1,8 @@
 """The measured job of the fidelity benchmark: times kernels of ~0.1, 1 and 10 ms.
 
 argv: DEVICE OUT_JSON SIZES_JSON
-cpu: compute-bound (a Python loop) and memory-bound (a buffer copy) kernels;
+cpu: compute-bound (an integer-hash loop) and memory-bound (memcpy) kernels in C,
+compiled once with cc and called through ctypes;
 fakegpu:0: spin_us_N kernels timed with device events.  Each kernel is timed
 by krex.measure, whose region covers the timed loop only.
 """
@@ -23,25 +24,57 @@ except FileNotFoundError:
 BUCKETS_MS = (0.1, 1.0, 10.0)
 
 
+C_SOURCE = r"""
+#include <stddef.h>
+#include <string.h>
+unsigned long compute(unsigned long n) {
+    unsigned long x = 1;
+    for (unsigned long i = 0; i < n; i++) x = (x * 6364136223846793005ul + i) ^ (x >> 17);
+    return x;
+}
+void copy(char *dst, const char *src, size_t n) { memcpy(dst, src, n); }
+"""
+
+
+def _c_library():
+    """Compiled kernels: no interpreter between the timer and the work."""
+    import ctypes
+    import hashlib
+    import os
+    import subprocess
+    import tempfile
+
+    tag = hashlib.sha1(C_SOURCE.encode()).hexdigest()[:12]
+    lib = os.path.join(tempfile.gettempdir(), f"krex-fidelity-{tag}.so")
+    if not os.path.exists(lib):
+        src = lib[:-3] + ".c"
+        with open(src, "w") as f:
+            f.write(C_SOURCE)
+        tmp = f"{lib}.{os.getpid()}"
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", tmp, src], check=True)
+        os.replace(tmp, lib)
+    c = ctypes.CDLL(lib)
+    c.compute.argtypes, c.compute.restype = [ctypes.c_ulong], ctypes.c_ulong
+    c.copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return c
+
+
 def cpu_kernels():
+    import ctypes
+
+    c = _c_library()
+
     def compute(n):
-        def k():
-            x = 0
-            for i in range(n):
-                x = (x * 31 + i) % 1000003
-            return x
-        return k
+        return lambda: c.compute(n)
 
     def memory(nbytes):
-        src, dst = bytearray(nbytes), bytearray(nbytes)
-
-        def k():
-            dst[:] = src
-        return k
+        src = ctypes.create_string_buffer(nbytes)
+        dst = ctypes.create_string_buffer(nbytes)
+        return lambda: c.copy(dst, src, nbytes)
 
     ks = {}
     for ms in BUCKETS_MS:
-        for kind, make, start in (("compute", compute, 1000), ("memory", memory, 1 << 16)):
+        for kind, make, start in (("compute", compute, 10000), ("memory", memory, 1 << 16)):
             name = f"{kind}-{ms:g}ms"
             if name not in SIZES:
                 SIZES[name] = _calibrate(make, ms, start)
