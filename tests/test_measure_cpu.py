@@ -9,6 +9,7 @@ between the two krex runs, never less than 5 %.
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -21,6 +22,7 @@ N = 30_000
 
 KREX_SCRIPT = f"""
 import json
+import os
 from krex.measure import ScriptedRegions, measure
 m = measure(lambda: sum(range({N})), device="cpu", cache="hot", region=ScriptedRegions(),
             warmup_ms=20, min_time_s=0.2, max_time_s=0.6, timeout_s=3.0)
@@ -33,7 +35,9 @@ def _krex_once():
     """krex.measure in a fresh process, as pyperf measures in fresh processes: the
     state of a long-lived interpreter (allocator, caches) shifts a bigint loop by
     ~10 %, which is not what this test compares."""
-    proc = spawn([PY, "-c", KREX_SCRIPT])
+    # The environment pyperf gives its workers (--inherit-environ=PATH): the size of
+    # the environment shifts the stack, and tight loops by several percent with it.
+    proc = spawn([PY, "-c", KREX_SCRIPT], env={"PATH": os.environ.get("PATH", "")})
     try:
         out, err = proc.communicate(timeout=60)
     finally:
@@ -67,20 +71,25 @@ def _pyperf(tmp_path):
         reap(proc)
     assert proc.returncode == 0
     data = json.loads(out.read_text())
-    values_s = [v for run in data["benchmarks"][0]["runs"] for v in run.get("values", [])]
-    return [v * 1e3 for v in values_s]
+    runs = [run["values"] for run in data["benchmarks"][0]["runs"] if run.get("values")]
+    return [[v * 1e3 for v in values] for values in runs]  # one list per worker process
 
 
 @pytest.mark.slow
 def test_bench_agrees_with_pyperf_within_the_noise_both_report(tmp_path):
     before = _krex_once()
-    pyperf_ms = _pyperf(tmp_path)
+    pyperf_runs = _pyperf(tmp_path)
     after = _krex_once()
     krex_ms = (before.median_ms + after.median_ms) / 2
+    pyperf_ms = [v for run in pyperf_runs for v in run]
     pyperf_median = stats.median(pyperf_ms)
+    # Noise as both report it: within a process (krex's noise_rel, pyperf's spread of
+    # values) and between processes (krex's two runs, pyperf's worker processes).
     drift = abs(before.median_ms - after.median_ms) / krex_ms
+    medians = [stats.median(run) for run in pyperf_runs]
+    between = (max(medians) - min(medians)) / pyperf_median
     noise = max(before.noise_rel, after.noise_rel) + stats.relative_noise(pyperf_ms)
-    tolerance = max(0.05, 3 * noise + drift)
+    tolerance = max(0.05, 3 * noise + drift + between)
     gap = abs(pyperf_median / krex_ms - 1)
     assert gap <= tolerance, (
         f"krex {before.median_ms:.4f}/{after.median_ms:.4f} ms vs pyperf {pyperf_median:.4f} ms:"
