@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "proto.h"
+#include "common.h"
 
 #define MAX_CTX 1024
 #define MAX_EVENTS 65536
@@ -70,19 +71,6 @@ static uint64_t g_launches, g_finished, g_busy_ns;
 static int g_ndev = 1;
 static uint64_t g_slice_ns = 1000000;
 static int g_ctx_delay_ms;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return (v && *v) ? atoi(v) : dflt;
-}
 
 static inline void cpu_relax(void)
 {

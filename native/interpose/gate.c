@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "gate.h"
+#include "common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,19 +58,6 @@ static _Atomic uint64_t g_drains_total;
 static long futex(void *addr, int op, uint32_t val, const struct timespec *ts)
 {
     return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return (v && *v) ? atoi(v) : dflt;
 }
 
 /* Map KREX_GATE_FILE (once per process; no locks shared with other processes). */

@@ -95,6 +95,18 @@ def require_nodes(address: str | None = None) -> dict[str, Any]:
     return actors
 
 
+def gather(ray: Any, refs: dict[str, Any], timeout_s: float,
+           on_error: Any) -> list[dict[str, Any]]:
+    """One answer per node actor call; ``on_error(node_id, exc)`` for an unreachable one."""
+    out = []
+    for node_id, ref in refs.items():
+        try:
+            out.append(ray.get(ref, timeout=timeout_s))
+        except ray.exceptions.RayError as exc:
+            out.append(on_error(node_id, exc))
+    return out
+
+
 def stop(address: str | None = None, *, all_nodes: bool = False,
          timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Stop the daemons the node actors started, then the actors.
@@ -104,13 +116,9 @@ def stop(address: str | None = None, *, all_nodes: bool = False,
     """
     ray = connect(address)
     actors = node_actors(address) if all_nodes else dict(_started)
-    refs = {n: h.stop.remote() for n, h in actors.items()}
-    out = []
-    for node_id, ref in refs.items():
-        try:
-            out.append(ray.get(ref, timeout=timeout_s))
-        except ray.exceptions.RayError as exc:
-            out.append({"node_id": node_id, "stopped": False, "error": type(exc).__name__})
+    out = gather(ray, {n: h.stop.remote() for n, h in actors.items()}, timeout_s,
+                 lambda node_id, exc: {"node_id": node_id, "stopped": False,
+                                       "error": type(exc).__name__})
     for node_id, handle in actors.items():
         ray.kill(handle, no_restart=True)
         _started.pop(node_id, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -58,8 +59,10 @@ class Program:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         target = os.path.join(directory, f"{digest}-{self.name}")
         if not os.path.exists(target):
-            tmp = f"{target}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            # A unique temporary name: the node actor runs concurrent calls in threads of
+            # one process, so a pid-based name raced (one replace moved the other's file).
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{digest}-", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self.source)
             os.replace(tmp, target)
         return target

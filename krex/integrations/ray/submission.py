@@ -67,13 +67,9 @@ def status(address: str | None = None, timeout_s: float = 30.0) -> list[dict[str
     """Every krex node: its info and its daemon's status (devices, holders, queues, pools)."""
     ray = nodes.connect(address)
     actors = nodes.require_nodes(address)
-    refs = {n: h.status.remote() for n, h in actors.items()}
-    out = []
-    for node_id, ref in refs.items():
-        try:
-            out.append(ray.get(ref, timeout=timeout_s))
-        except ray.exceptions.RayError as exc:
-            out.append({"node_id": node_id, "error": f"node actor unreachable: {exc}"})
+    out = nodes.gather(ray, {n: h.status.remote() for n, h in actors.items()}, timeout_s,
+                       lambda node_id, exc: {"node_id": node_id,
+                                             "error": f"node actor unreachable: {exc}"})
     return sorted(out, key=lambda s: s["node_id"])
 
 
