@@ -32,6 +32,24 @@ def test_exec_runs_in_the_same_warm_worker_with_regions(daemon, tmp_path):
     assert pools["cpu"]["served"] == 2
 
 
+def test_each_result_brackets_exactly_its_own_regions(daemon, tmp_path):
+    """``started_mono``..``ended_mono`` is on the daemon's clock: back-to-back programs
+    in one worker each own exactly the regions they asked for (a region taken as
+    the first statement included)."""
+    prog = tmp_path / "first.py"
+    prog.write_text("import krex\nwith krex.region(label='x'):\n    pass\n")
+    with daemon.client() as c:
+        results = [c.exec(str(prog), [], cwd=str(tmp_path)) for _ in range(5)]
+        records = c.regions()
+    assert all(r.ok for r in results)
+    assert len({r.worker_pid for r in results}) == 1
+    stamps = [rec["requested_mono_ns"] / 1e9 for rec in records if rec["label"] == "x"]
+    assert len(stamps) == 5
+    for r in results:
+        inside = [t for t in stamps if r.started_mono <= t <= r.ended_mono]
+        assert len(inside) == 1, (r.started_mono, r.ended_mono, stamps)
+
+
 def test_submit_a_callable_and_see_errors(daemon):
     with daemon.client() as c:
         ok = c.submit(divmod, 17, 5)

@@ -121,6 +121,7 @@ def _from_done(run: _Run, submitted: float) -> ExecResult:
         traceback=r.get("traceback"), value=r.get("value"), worker_pid=run.worker.pid,
         recycled=reason is not None, recycle_reason=reason,
         dispatch_s=None if started is None else max(0.0, started - submitted),
+        started_mono=started, ended_mono=r.get("ended_at"),
         restored=list(run.done.get("restored", [])))
 
 

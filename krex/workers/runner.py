@@ -2,9 +2,10 @@
 
 In: a request dict (``ExecRequest.to_dict()`` before base64).  Out: a dict
 with ``status``, ``exit_code``, ``exception``, ``traceback``, ``value`` and
-``started_at`` (``time.monotonic()`` just before the program's first
-instruction).  The job's argv, cwd and environment are applied here; putting
-the worker back afterwards is ``snapshot.restore``'s job.
+``started_at`` / ``ended_at`` (``time.monotonic()`` just before the
+program's first instruction and after its threads and exit functions
+finished).  The job's argv, cwd and environment are applied here; putting the
+worker back afterwards is ``snapshot.restore``'s job.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) ->
             _join_foreground_threads(threads_before)
             _run_exit_funcs(exit_funcs)
     finally:
+        result["ended_at"] = time.monotonic()
         sys.modules["__main__"] = saved_main  # type: ignore[assignment]
         _flush()
     return result

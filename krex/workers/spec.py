@@ -108,6 +108,11 @@ class ExecResult:
     recycle_reason: str | None = None
     duration_s: float = 0.0  # submit -> result
     dispatch_s: float | None = None  # submit -> first instruction of the program
+    # The program's run in the worker, on the node's CLOCK_MONOTONIC (time.monotonic()),
+    # the clock the daemon stamps regions with: what the worker asked for in between is
+    # this program's.
+    started_mono: float | None = None
+    ended_mono: float | None = None
     restored: list[str] = field(default_factory=list)  # state the program changed, put back
 
     @property

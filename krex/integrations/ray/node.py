@@ -24,7 +24,6 @@ from krex.protocol.address import runtime_dir as default_runtime_dir
 from krex.workers.spec import ExecResult
 
 OUTPUT_LIMIT = 1 << 20  # characters kept per stream (the tail)
-SLACK_NS = 1_000_000  # regions requested this long before the estimated start still count
 
 
 class KrexNode:
@@ -119,7 +118,7 @@ class KrexNode:
             return outcome.rejected(program, self.node_id, exc)
         mono1 = time.monotonic()
         extra = {"returned": collect(target),
-                 "regions": self._regions_of(result, mono1),
+                 "regions": self._regions_of(result),
                  "timings": {"submitted_wall": program.submitted_wall, "started_wall": wall0,
                              "finished_wall": time.time(), "exec_s": mono1 - mono0}}
         node = {"node_id": self.node_id, "node_ip": self.node_ip, "daemon_pid": pid}
@@ -162,16 +161,16 @@ class KrexNode:
                 self.counters[name] += 1
             self.counters["inflight"] += inflight
 
-    def _regions_of(self, result: ExecResult, mono1: float) -> list[dict[str, Any]]:
+    def _regions_of(self, result: ExecResult) -> list[dict[str, Any]]:
         """The daemon's records of the regions the program's worker asked for while it ran.
 
-        Best effort, by time: the pool's clock runs from its ``submit``; the result
-        reached us ``duration_s`` later (at ``mono1``), so the program ran in about
-        ``[mono1 - duration_s + dispatch_s, mono1]``.  The window is late by the
-        reply's latency: a region taken in the program's first moments, or the next
-        program's first region, can be misattributed.  What a program ``emit``-s
-        (e.g. a ``krex.bench`` measurement with its region report) is exact.
+        A worker runs one program at a time and stamps the program's run
+        (``started_mono`` .. ``ended_mono``) on the node's monotonic clock, the
+        clock the daemon stamps each request with on arrival: a region whose
+        request arrived in that window is this program's, exactly.
         """
+        if result.started_mono is None:
+            return []  # the program never ran (e.g. it did not compile)
         try:
             with self.daemon.client() as client:
                 job_id = self._worker_job(result.worker_pid)
@@ -180,9 +179,9 @@ class KrexNode:
                 records = client.regions(job_ids=[job_id], limit=1000)
         except KrexError:
             return []
-        lo = int((mono1 - result.duration_s + (result.dispatch_s or 0.0)) * 1e9) - SLACK_NS
-        hi = int(mono1 * 1e9)
-        return [r for r in records if lo <= r.get("requested_mono_ns", 0) <= hi]
+        lo = int(result.started_mono * 1e9)
+        hi = int((result.ended_mono if result.ended_mono is not None else time.monotonic()) * 1e9)
+        return [r for r in records if lo <= r.get("requested_mono_ns", -1) <= hi]
 
     def _worker_job(self, worker_pid: int) -> int | None:
         if worker_pid not in self.worker_jobs:
