@@ -1,19 +1,26 @@
 """Timing fidelity under interference (issues 3 and 4): p50/p95/p99 inflation per bucket.
 
-Mode "alone" compares a second run without siblings with the first: the noise
-floor of the method on this machine, against which the other modes are read.
-
 One job times kernels of ~0.1, 1 and 10 ms (benchmarks/programs/fidelity_probe.py)
-while 4 sibling jobs run heavy work; inflation = each sample ÷ the median of the
-same kernel timed alone in the same round (rounds interleave alone and loaded
-runs, so machine drift cancels).
+while 4 sibling jobs run heavy work.  Each round times the kernels alone (the
+reference), alone again, then loaded under each mode, so machine drift cancels.
+Three readings per bucket, all in % against the reference of the same round:
+
+- per sample: each loaded sample ÷ the reference median (a sample's own jitter
+  counts: on a 250 Hz VM a 1 ms sample catches a scheduler tick 1 time in 4);
+- quantile: the loaded run's p50/p95/p99 ÷ the reference run's p50/p95/p99
+  (same distribution = 0 at every quantile; ticks hit both alike);
+- reported value: a measurement's median ÷ the reference median (what krex.measure
+  reports), worst of the round's measurements.
+
+Mode "alone" is the second unloaded run against the first: the noise floor of
+each reading on this machine, against which the other modes are read.
 
 cpu modes:      none (free sharing), isolate (CPU isolation only), region (freeze + isolation)
 fakegpu modes:  none, freeze (freeze + isolation, no gate/drain), region (gate + drain + freeze
                 + isolation); siblings there keep 2 ms kernels queued on the device.
 
 Usage: python benchmarks/bench_fidelity.py [--device cpu|fakegpu:0] [--rounds 3]
-Writes results/fidelity-<device>.json and prints a markdown table.
+Writes results/fidelity-<device>.json and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -84,13 +91,51 @@ def probe(sock: str, device: str, mode: str) -> dict:
     return data
 
 
-def inflation(alone: dict, loaded: dict) -> dict[float, list[float]]:
-    per_bucket: dict[float, list[float]] = {}
-    for name, run in loaded.items():
-        ref = statistics.median(alone[name]["samples_ms"])
-        per_bucket.setdefault(run["bucket_ms"], []).extend(
-            (s / ref - 1) * 100 for s in run["samples_ms"])
-    return per_bucket
+QS = (50, 95, 99)
+
+
+class Pooled:
+    """One mode's samples of every round, normalised by the round's reference medians.
+
+    Pooled per bucket over all kernels ("1ms"), and per kernel kind ("memory 1ms").
+    """
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}  # group -> sample / ref median
+        self.ref: dict[str, list[float]] = {}  # group -> reference sample / ref median
+        self.medians: dict[str, list[float]] = {}  # group -> measurement median / ref median
+
+    def add(self, alone: dict, loaded: dict) -> None:
+        for name, run in loaded.items():
+            ref = statistics.median(alone[name]["samples_ms"])
+            for b in (f"{run['bucket_ms']:g}ms", f"{name.split('-')[0]} {run['bucket_ms']:g}ms"):
+                self._add(b, ref, run, alone[name])
+
+    def _add(self, group: str, ref: float, run: dict, alone: dict) -> None:
+        self.samples.setdefault(group, []).extend(s / ref for s in run["samples_ms"])
+        self.ref.setdefault(group, []).extend(s / ref for s in alone["samples_ms"])
+        self.medians.setdefault(group, []).append(statistics.median(run["samples_ms"]) / ref)
+
+    def readings(self) -> dict[str, dict[str, dict[str, float]]]:
+        out: dict[str, dict[str, dict[str, float]]] = {"per_sample": {}, "quantile": {},
+                                                       "reported": {}}
+        kinds = {g.split()[0] for g in self.samples if " " in g}
+        for g in sorted(self.samples, key=_group_order):
+            if " " in g and len(kinds) < 2:
+                continue  # one kind of kernel: its groups repeat the buckets
+            out["per_sample"][g] = percentiles([(x - 1) * 100 for x in self.samples[g]], QS)
+            loaded, ref = percentiles(self.samples[g], QS), percentiles(self.ref[g], QS)
+            out["quantile"][g] = {q: (loaded[q] / ref[q] - 1) * 100 for q in loaded}
+            meds = [(m - 1) * 100 for m in self.medians[g]]
+            out["reported"][g] = {"median": statistics.median(meds),
+                                  "worst": max(meds, key=abs), "n": len(meds)}
+        return out
+
+
+def _group_order(group: str) -> tuple:
+    """"0.1ms" < "1ms" < "10ms", then "compute 0.1ms" ... (all-kernel buckets first)."""
+    *kind, bucket = group.split()
+    return (bool(kind), kind, float(bucket[:-2]))
 
 
 def main() -> None:
@@ -103,37 +148,54 @@ def main() -> None:
     kind = args.device.split(":")[0]
     modes = MODES[kind]
     # "alone" is a second run with no siblings: the noise floor of the method itself.
-    pooled: dict[str, dict[float, list[float]]] = {m: {} for m in ("alone", *modes)}
+    pooled = {m: Pooled() for m in ("alone", *modes)}
     clean: dict[str, list[bool]] = {m: [] for m in ("alone", *modes)}
     with contextlib.ExitStack() as stack:
+        stack.callback(lambda: os.path.exists(SIZES) and os.unlink(SIZES))
         extra = args.serve_args.split()
         socks = {m: stack.enter_context(private_daemon(*flags, *extra))
                  for m, flags in modes.items()}
         for r in range(args.rounds):
             alone = probe(socks["region"], args.device, "region")
             again = probe(socks["region"], args.device, "region")
-            for bucket, xs in inflation(alone, again).items():
-                pooled["alone"].setdefault(bucket, []).extend(xs)
+            pooled["alone"].add(alone, again)
             clean["alone"] += [bool(v["clean"]) for v in again.values()]
             for mode, sock in socks.items():
                 with siblings(sock, args.device, kind):
                     loaded = probe(sock, args.device, mode)
-                for bucket, xs in inflation(alone, loaded).items():
-                    pooled[mode].setdefault(bucket, []).extend(xs)
+                pooled[mode].add(alone, loaded)
                 clean[mode] += [bool(v["clean"]) for v in loaded.values()]
                 print(f"round {r + 1}/{args.rounds} mode {mode} done", file=sys.stderr)
-    table = {m: {f"{b:g}ms": percentiles(xs) for b, xs in sorted(buckets.items())}
-             for m, buckets in pooled.items()}
+    readings = {m: p.readings() for m, p in pooled.items()}
     name = f"fidelity-{kind}"
     path = write_results(name, {"device": args.device, "rounds": args.rounds,
                                 "serve_args": args.serve_args,
-                                "inflation_pct": table,
+                                "inflation_pct": {m: r["per_sample"] for m, r in readings.items()},
+                                "quantile_inflation_pct": {m: r["quantile"]
+                                                           for m, r in readings.items()},
+                                "reported_inflation_pct": {m: r["reported"]
+                                                           for m, r in readings.items()},
                                 "clean_fraction": {m: sum(c) / max(len(c), 1)
                                                    for m, c in clean.items()}})
-    rows = [[m, b, *(f"{v:+.2f}" for v in p.values())]
-            for m, buckets in table.items() for b, p in buckets.items()]
-    print(md_table(["mode", "bucket", "p50 %", "p95 %", "p99 %"], rows))
+    print(render(readings))
     print(f"\nwritten {path}")
+
+
+def render(readings: dict) -> str:
+    """Markdown: one table per reading, a row per mode, p50 / p95 / p99 per bucket."""
+    parts = []
+    for reading, title in (("per_sample", "per sample"), ("quantile", "quantile vs quantile")):
+        buckets = list(next(iter(readings.values()))[reading])
+        rows = [[m, *(" / ".join(f"{v:+.2f}" for v in r[reading][b].values()) for b in buckets)]
+                for m, r in readings.items()]
+        parts.append(f"{title}, % (p50 / p95 / p99)\n\n"
+                     + md_table(["mode", *buckets], rows))
+    buckets = list(next(iter(readings.values()))["reported"])
+    rows = [[m, *(f"{r['reported'][b]['median']:+.2f} / {r['reported'][b]['worst']:+.2f}"
+                  for b in buckets)] for m, r in readings.items()]
+    parts.append("reported value (measurement median ÷ reference median), % (median / worst)"
+                 "\n\n" + md_table(["mode", *buckets], rows))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

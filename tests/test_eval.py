@@ -53,8 +53,8 @@ def _block(mode="region", medians=(1.1, 1.0), ref=(1.0, 1.0), regions=()):
     return {"mode": mode, "round": 0, "start_mono_s": 0.0, "wall_s": 60.0,
             "commands": [{"agent": 0, "index": 0, "ok": True, "wall_s": 1.0,
                           "kernels": kernels, "phases": {}}],
-            "refs": {"before": [{"kernel": "k-1ms", "median_ms": ref[0]}],
-                     "after": [{"kernel": "k-1ms", "median_ms": ref[1]}]},
+            "refs": {"before": [{"kernel": "k-1ms", "bucket_ms": 1.0, "median_ms": ref[0]}],
+                     "after": [{"kernel": "k-1ms", "bucket_ms": 1.0, "median_ms": ref[1]}]},
             "regions": list(regions)}
 
 
@@ -69,6 +69,9 @@ def test_inflation_is_against_the_faster_of_the_surrounding_references():
     assert s["region"]["inflation_pct"]["1"]["p50"] == pytest.approx(5.0)
     assert s["region"]["throughput_cpm"] == pytest.approx(1.0)
     assert s["region"]["speedup_vs_command"] == pytest.approx(1.0)
+    assert s["region"]["inflation_by_kind_pct"]["k"]["1"]["p50"] == pytest.approx(5.0)
+    drifted = metrics.summarise({"blocks": [_block(ref=(1.0, 1.2))]}, ["region"])["region"]
+    assert drifted["reference_drift_pct"]["1"]["p95"] == pytest.approx(20.0)
 
 
 def _region(start_s, held_s, waited_s=0.0, nested=False):
@@ -115,6 +118,7 @@ def test_results_file_is_versioned_atomic_and_tabulates(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
     md = results.markdown(results.load(path))
     assert "| region |" in md and "krex eval" in md
+    assert "ref drift ≥1 ms" in md and "k ≥1 ms" in md
     (tmp_path / "bad.json").write_text('{"format": 99}')
     with pytest.raises(ValueError):
         results.load(str(tmp_path / "bad.json"))

@@ -2,7 +2,10 @@
 
 argv: DEVICE OUT_JSON SIZES_JSON
 cpu: compute-bound (an integer-hash loop) and memory-bound (memcpy) kernels in C,
-compiled once with cc and called through ctypes;
+compiled once with cc and called through ctypes; the copy walks a 256 MiB ring,
+8x the last-level cache, so every size streams from DRAM (a 1 ms copy of a
+resident 12 MiB buffer would sit at the cache-capacity cliff, where what other
+tenants of the host cache decides its speed);
 fakegpu:0: spin_us_N kernels timed with device events.  Each kernel is timed
 by krex.measure, whose region covers the timed loop only.
 """
@@ -22,6 +25,7 @@ try:
 except FileNotFoundError:
     SIZES = {}
 BUCKETS_MS = (0.1, 1.0, 10.0)
+RING_BYTES = 256 << 20
 
 
 C_SOURCE = r"""
@@ -32,7 +36,11 @@ unsigned long compute(unsigned long n) {
     for (unsigned long i = 0; i < n; i++) x = (x * 6364136223846793005ul + i) ^ (x >> 17);
     return x;
 }
-void copy(char *dst, const char *src, size_t n) { memcpy(dst, src, n); }
+void copy_ring(char *dst, const char *src, size_t ring, size_t n, size_t *off) {
+    if (*off + n > ring) *off = 0;
+    memcpy(dst + *off, src + *off, n);
+    *off += n;
+}
 """
 
 
@@ -55,7 +63,8 @@ def _c_library():
         os.replace(tmp, lib)
     c = ctypes.CDLL(lib)
     c.compute.argtypes, c.compute.restype = [ctypes.c_ulong], ctypes.c_ulong
-    c.copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    c.copy_ring.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                            ctypes.POINTER(ctypes.c_size_t)]
     return c
 
 
@@ -67,10 +76,13 @@ def cpu_kernels():
     def compute(n):
         return lambda: c.compute(n)
 
+    src = ctypes.create_string_buffer(RING_BYTES)  # zero-filled: every page touched
+    dst = ctypes.create_string_buffer(RING_BYTES)
+
     def memory(nbytes):
-        src = ctypes.create_string_buffer(nbytes)
-        dst = ctypes.create_string_buffer(nbytes)
-        return lambda: c.copy(dst, src, nbytes)
+        nbytes = min(nbytes, RING_BYTES)
+        off = ctypes.c_size_t(0)
+        return lambda: c.copy_ring(dst, src, RING_BYTES, nbytes, ctypes.byref(off))
 
     ks = {}
     for ms in BUCKETS_MS:

@@ -87,6 +87,27 @@ def timed_share(block: dict[str, Any]) -> float:
     return held / block["wall_s"] if block["wall_s"] else 0.0
 
 
+def reference_drift(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per kernel: how far its alone reference moved across the block, in %.
+
+    Both references are the kernel alone; their difference is the machine's own
+    drift over the block, the floor below which no inflation can be read.
+    """
+    before = {k["kernel"]: k for k in block["refs"].get("before") or [] if k.get("median_ms")}
+    rows = []
+    for k in block["refs"].get("after") or []:
+        b = before.get(k["kernel"])
+        bucket = k.get("bucket_ms", (b or {}).get("bucket_ms"))
+        if b and k.get("median_ms") and bucket is not None:
+            rows.append({"bucket_ms": bucket, "kernel": k["kernel"],
+                         "inflation_pct": abs(k["median_ms"] / b["median_ms"] - 1) * 100})
+    return rows
+
+
+def _kind(row: dict[str, Any]) -> str:
+    return str(row["kernel"]).split("-")[0]
+
+
 def _bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out = {}
     for b in sorted({r["bucket_ms"] for r in rows}):
@@ -110,7 +131,11 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
             "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
             "command_wall_p50_s": percentile([c["wall_s"] for c in cmds], 50),
-            "inflation_pct": _bucket_stats(rows), "handoff_us": {
+            "inflation_pct": _bucket_stats(rows),
+            "inflation_by_kind_pct": {kind: _bucket_stats([r for r in rows if _kind(r) == kind])
+                                      for kind in sorted({_kind(r) for r in rows})},
+            "reference_drift_pct": _bucket_stats([r for b in blocks for r in reference_drift(b)]),
+            "handoff_us": {
                 "n": len(hand), "p50": percentile(hand, 50), "p95": percentile(hand, 95)},
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),
             "regions_not_clean": len(unclean), "timed_kernels": len(kernels),

@@ -92,10 +92,34 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return cols, rows
 
 
+def kind_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """p95 inflation per kernel kind and bucket, beside the references' own drift."""
+    buckets = [f"{b:g}" for b in reversed(doc["profile"]["buckets_ms"])]
+    first = next(iter(doc["summary"].values()), {})
+    kinds = list(first.get("inflation_by_kind_pct") or {})
+    cols = ["mode", *[f"{k} ≥{b} ms" for k in kinds for b in buckets],
+            *[f"ref drift ≥{b} ms" for b in buckets]]
+    rows = []
+    for mode, s in doc["summary"].items():
+        by_kind = s.get("inflation_by_kind_pct") or {}
+        drift = s.get("reference_drift_pct") or {}
+        rows.append([mode, *[_f(by_kind.get(k, {}).get(b, {}).get("p95"), 2)
+                             for k in kinds for b in buckets],
+                     *[_f(drift.get(b, {}).get("p95"), 2) for b in buckets]])
+    return cols, rows
+
+
+def _md(cols: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
 def markdown(doc: dict[str, Any]) -> str:
-    cols, rows = table_rows(doc)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = _md(*table_rows(doc))
+    if any("inflation_by_kind_pct" in s for s in doc["summary"].values()):
+        lines += ["", "p95 inflation per kernel kind, % — and `ref drift`: p95 of how far the "
+                  "alone references before and after a block differ (the machine's drift, the "
+                  "floor of this reading):", "", *_md(*kind_rows(doc))]
     ph = doc["bound"]["phase_sizes_s"]
     m = doc["machine"]
     head = (f"`{doc['command']}` — {doc['date']}; {m['cpus']} cores, {m['memory_gib']} GiB, "
