@@ -39,6 +39,16 @@ def test_unknown_mode_is_rejected_with_the_known_ones():
         parse_modes("none,bogus")
 
 
+def test_agents_start_spread_over_one_command_unless_told_not_to():
+    cfg = EvalConfig(device="fakegpu:0", agents=4)
+    p = cfg.profile
+    period = (p.import_ms + p.compile_ms + p.check_ms + p.timing_ms("fakegpu:0")) / 1e3
+    offsets = [cfg.start_offset_s(a) for a in range(4)]
+    assert offsets == pytest.approx([0, period / 4, period / 2, 3 * period / 4])
+    assert EvalConfig(agents=4, stagger=False).start_offset_s(3) == 0.0
+    assert EvalConfig(agents=1).start_offset_s(0) == 0.0
+
+
 def test_profile_round_trips_and_quick_is_smaller():
     assert Profile.from_dict(json.loads(json.dumps(DEFAULT.to_dict()))) == DEFAULT
     assert QUICK.compile_ms < DEFAULT.compile_ms and QUICK.rep_ms < DEFAULT.rep_ms

@@ -54,11 +54,11 @@ def _measure_in_child(kernel_ms: float) -> dict:
 # ~1.010 ms while the fastest samples read 1.0007 ms.  So: the minimum within 1 %, the
 # median within 1 % at 10 ms and within 2 % at 1 ms.  The fake "device" is a spinning
 # host thread: when other tests load both cores its kernels really take longer, so the
-# best of up to 3 attempts counts (a real GPU, or a krex region, does not have this).
+# best of up to 5 attempts counts (a real GPU, or a krex region, does not have this).
 @pytest.mark.parametrize("kernel_ms, median_rel", [(1.0, 0.02), (10.0, 0.01)])
 def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
     seen = []
-    for _ in range(3):
+    for _ in range(5):
         m = _measure_in_child(kernel_ms)
         assert m["timer"] == "fakegpu-events" and m["iterations"] >= 5
         assert not [w for w in m["warnings"] if w["warning"] == "PLAUSIBILITY_FAILED"]
@@ -67,4 +67,4 @@ def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
             kernel_ms, rel=median_rel
         ):
             return
-    pytest.fail(f"{kernel_ms} ms kernel, (min, median) ms of 3 attempts: {seen}")
+    pytest.fail(f"{kernel_ms} ms kernel, (min, median) ms of 5 attempts: {seen}")

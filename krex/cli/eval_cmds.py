@@ -25,6 +25,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="default, quick, or a JSON file of phase sizes")
     p.add_argument("--quick", action="store_true", help="small profile, 2 agents: under 2 min")
     p.add_argument("--seed", type=int, default=0, help="order of the modes in each round")
+    p.add_argument("--no-stagger", action="store_true",
+                   help="start every agent at once (default: spread over one command)")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="kill a command after this long and count it failed (default 120)")
     p.add_argument("--out", default="results", help="directory for results (default results/)")
@@ -49,7 +51,7 @@ def _config(args: argparse.Namespace):  # -> EvalConfig
                       commands=args.commands or (1 if quick else 4),
                       rounds=args.rounds or (1 if quick else 2), modes=modes,
                       profile=load(args.profile, quick), seed=args.seed,
-                      command_timeout_s=args.timeout_s)
+                      command_timeout_s=args.timeout_s, stagger=not args.no_stagger)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

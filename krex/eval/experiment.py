@@ -29,7 +29,7 @@ def evaluate(cfg: EvalConfig, out_dir: str, command: str | None = None,
                       os.cpu_count() or 1)
     meta = {"device": cfg.device, "agents": cfg.agents, "commands": cfg.commands,
             "rounds": cfg.rounds, "modes": names, "profile": cfg.profile.to_dict(),
-            "command": command}
+            "stagger": cfg.stagger, "command": command}
     doc = results.document(raw, summary, bound, meta)
     path = results.write(doc, os.path.join(out_dir, _stem(cfg.device) + ".json"))
     report(path)

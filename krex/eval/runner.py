@@ -44,6 +44,17 @@ class EvalConfig:
     profile: Profile = field(default_factory=Profile)
     seed: int = 0
     command_timeout_s: float = 120.0  # a hung command is killed and counted as failed
+    # Agents start spread over one nominal command (agent a after a/agents of it):
+    # real agents are not in lockstep, and agents that all compile at once and then
+    # all wait for the device at once leave host and device idle by turns.
+    stagger: bool = True
+
+    def start_offset_s(self, agent: int) -> float:
+        if not self.stagger or self.agents < 2:
+            return 0.0
+        p = self.profile
+        period_ms = p.import_ms + p.compile_ms + p.check_ms + p.timing_ms(self.device)
+        return agent * period_ms / 1e3 / self.agents
 
 
 def calibrate(cfg: EvalConfig, workdir: str) -> dict[str, Any]:
@@ -109,10 +120,12 @@ def reference(d: EvalDaemon, mode: Mode, workdir: str, tag: str) -> list[dict[st
 
 
 def _agent(d: EvalDaemon, mode: Mode, workdir: str, agent: int, n: int, tag: str,
-           out: list[dict[str, Any]], tick: Callable[[], None], timeout_s: float) -> None:
+           out: list[dict[str, Any]], tick: Callable[[], None], timeout_s: float,
+           offset_s: float = 0.0) -> None:
     la = Launcher(d.socket, d.device, d.env, os.path.join(workdir, f"{tag}-a{agent}.log"),
                   timeout_s=timeout_s)
     try:
+        time.sleep(offset_s)
         for i in range(n):
             base = os.path.join(workdir, f"{tag}-a{agent}-c{i}")
             t0 = time.monotonic()
@@ -141,7 +154,8 @@ def run_block(cfg: EvalConfig, mode: Mode, rnd: int, n: int, workdir: str,
         load0 = os.getloadavg()[0]
         t0 = time.monotonic()
         threads = [threading.Thread(target=_agent, args=(d, mode, workdir, a, n, tag, commands,
-                                                         tick, cfg.command_timeout_s))
+                                                         tick, cfg.command_timeout_s,
+                                                         cfg.start_offset_s(a)))
                    for a in range(cfg.agents)]
         for t in threads:
             t.start()

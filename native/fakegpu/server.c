@@ -70,7 +70,9 @@ static uint32_t g_log_n;
 static uint64_t g_launches, g_finished, g_busy_ns;
 static int g_ndev = 1;
 static uint64_t g_slice_ns = 1000000;
+static uint64_t g_idle_spin_ns = 200000;
 static int g_ctx_delay_ms;
+static uint64_t g_enqueued; /* items ever enqueued; read without the lock while polling */
 
 static inline void cpu_relax(void)
 {
@@ -179,7 +181,19 @@ static void *executor(void *arg)
     for (;;) {
         int i = pick(last);
         if (i < 0) {
-            pthread_cond_wait(&g_work, &g_mu);
+            /* A GPU's front end polls its queues; it does not sleep.  Poll for a
+             * while before blocking, so that the next command of a program that
+             * is enqueueing (an event, then its kernel) does not wait for this
+             * thread to be woken — in a VM that wake-up alone is tens of µs. */
+            uint64_t seen = __atomic_load_n(&g_enqueued, __ATOMIC_ACQUIRE);
+            pthread_mutex_unlock(&g_mu);
+            uint64_t start = now_ns();
+            while (__atomic_load_n(&g_enqueued, __ATOMIC_ACQUIRE) == seen &&
+                   now_ns() - start < g_idle_spin_ns)
+                cpu_relax();
+            pthread_mutex_lock(&g_mu);
+            if (__atomic_load_n(&g_enqueued, __ATOMIC_ACQUIRE) == seen && pick(last) < 0)
+                pthread_cond_wait(&g_work, &g_mu);
             continue;
         }
         uint64_t left = g_slice_ns;
@@ -198,6 +212,7 @@ static void enqueue(struct ctx *c, struct item *it)
     else
         c->head = it;
     c->tail = it;
+    __atomic_add_fetch(&g_enqueued, 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&g_work);
 }
 
@@ -477,6 +492,7 @@ int main(int argc, char **argv)
     }
     g_ndev = env_int("KREX_FAKEGPU_DEVICES", 1);
     g_slice_ns = (uint64_t)env_int("KREX_FAKEGPU_SLICE_US", 1000) * 1000;
+    g_idle_spin_ns = (uint64_t)env_int("KREX_FAKEGPU_IDLE_SPIN_US", 200) * 1000;
     g_ctx_delay_ms = env_int("KREX_FAKEGPU_CTX_DELAY_MS", 0);
     signal(SIGPIPE, SIG_IGN);
     int lfd = listen_on(path);
