@@ -17,7 +17,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or fakegpu:0 (default cpu)")
     p.add_argument("--agents", type=int, help="concurrent agents (default 8; quick 2)")
     p.add_argument("--commands", type=int,
-                   help="commands per agent and mode, split over the rounds (default 4; quick 1)")
+                   help="commands per agent and mode, split over the rounds (default 8; quick 1)")
     p.add_argument("--rounds", type=int, help="interleaved rounds of every mode (default 2)")
     p.add_argument("--modes", help="comma-separated (default: all): none,command,function,region,"
                                    "region-noworkers,region-nofreeze,region-nogate,"
@@ -48,7 +48,7 @@ def _config(args: argparse.Namespace):  # -> EvalConfig
                          hint="a GPU variant runs from benchmarks/gpu_check.py")
     quick = args.quick
     return EvalConfig(device=args.device, agents=args.agents or (2 if quick else 8),
-                      commands=args.commands or (1 if quick else 4),
+                      commands=args.commands or (1 if quick else 8),
                       rounds=args.rounds or (1 if quick else 2), modes=modes,
                       profile=load(args.profile, quick), seed=args.seed,
                       command_timeout_s=args.timeout_s, stagger=not args.no_stagger)

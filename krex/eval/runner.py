@@ -38,7 +38,7 @@ Progress = Callable[[str, int, int], None]  # (label, done, total)
 class EvalConfig:
     device: str = "cpu"
     agents: int = 8
-    commands: int = 4  # per agent and mode, split over the rounds
+    commands: int = 8  # per agent and mode, split over the rounds
     modes: list[Mode] = field(default_factory=lambda: list(MODES.values()))
     rounds: int = 2
     profile: Profile = field(default_factory=Profile)
