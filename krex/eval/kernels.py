@@ -5,12 +5,8 @@ command) and built inside the command by :func:`build`, which returns a
 zero-argument callable:
 
 - ``cpu``: ``compute`` is a single-threaded numpy matrix product of side
-  ``size``, ``memory`` a numpy copy of ``size`` bytes, each call the next slice
-  of a 128 MiB ring (4x a 32 MiB last-level cache) so that every size streams
-  from DRAM — a resident ~10 MiB copy sits at the cache-capacity cliff, where
-  what other tenants of the host's cache do decides its speed (its alone
-  references moved by up to 31 % within a block).  Sizes are calibrated once
-  per run (:func:`calibrate_cpu`) so each kernel lands in its bucket.
+  ``size``, ``memory`` a numpy copy of ``size`` bytes.  Sizes are calibrated
+  once per run (:func:`calibrate_cpu`) so each kernel lands in its bucket.
 - ``fakegpu``: ``spin`` launches fakegpu's ``spin_us_N`` kernel through the
   driver API (``cuLaunchKernel``); ``size`` is N.
 """
@@ -18,7 +14,6 @@ zero-argument callable:
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import time
 from collections.abc import Callable
@@ -50,24 +45,9 @@ def build(spec: KernelSpec, device: str, lib: Any = None) -> Callable[[], Any]:
         a = np.random.default_rng(0).random((spec.size, spec.size))
         b = a.T.copy()
         return lambda: a @ b
-    src, dst = _ring(spec.size)
-    n = max(1, spec.size // 8)
-    slices = itertools.cycle([(dst[o:o + n], src[o:o + n])
-                              for o in range(0, len(src) - n + 1, n)])
-    return lambda: np.copyto(*next(slices))
-
-
-RING_BYTES = 128 << 20
-_rings: list[Any] = []  # (src, dst): one ring per process, shared by its copy kernels
-
-
-def _ring(nbytes: int) -> tuple[Any, Any]:
-    import numpy as np
-
-    if not _rings or _rings[0][0].nbytes < nbytes:
-        src = np.ones(max(RING_BYTES, nbytes) // 8)
-        _rings[:] = [(src, np.ones_like(src))]  # ones: every page touched before timing
-    return _rings[0]
+    src = np.ones(max(1, spec.size // 8))
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
 
 
 def _fakegpu_kernel(lib: Any, us: int) -> Callable[[], None]:
