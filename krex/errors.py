@@ -1,24 +1,38 @@
-"""Typed errors shared by the daemon, the client and the workers.
+"""Typed errors shared by the daemon, the client, the workers and the CLI: one registry.
 
 Every error carries fields (``pid``, ``device``, ``region``, ``seconds``) and
-a ``hint`` with the next action.  Errors survive the daemon -> client ->
-worker hops: :func:`to_wire` turns one into a plain dict for a protocol
-frame and :func:`from_wire` turns it back into the same class.  They also
-pickle (``__reduce__`` keeps the fields).
+a ``hint`` with the next action.  Every class is defined here and registers
+its wire ``code`` when it is defined (codes are unique: a second class with
+the same code is a ``TypeError`` at import), so decoding an error off the
+wire never depends on which other modules happen to be imported.
+:func:`to_wire` turns an error into a plain dict for a protocol frame and
+:func:`from_wire` turns it back into the same class; errors also pickle
+(``__reduce__`` keeps the fields).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 _FIELDS = ("pid", "device", "region", "seconds", "hint")
+_REGISTRY: dict[str, type[KrexError]] = {}
 
 
 class KrexError(Exception):
     """Base class of every error krex raises on purpose."""
 
-    code = "error"
-    default_hint = ""
+    code: ClassVar[str] = "error"
+    default_hint: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if not isinstance(code, str) or not code:
+            raise TypeError(f"{cls.__name__} must define its own wire code")
+        if code in _REGISTRY:
+            taken = _REGISTRY[code].__name__
+            raise TypeError(f"error code {code!r} of {cls.__name__} is taken by {taken}")
+        _REGISTRY[code] = cls
 
     def __init__(
         self,
@@ -41,15 +55,25 @@ class KrexError(Exception):
     def fields(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _FIELDS if getattr(self, k) is not None}
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self).code, self.message, self.fields()))
 
     def __str__(self) -> str:
         return self.message
 
+    def __repr__(self) -> str:
+        fields = "".join(f", {k}={v!r}" for k, v in self.fields().items())
+        return f"{type(self).__name__}({self.message!r}{fields})"
+
+
+_REGISTRY[KrexError.code] = KrexError
+
 
 def _rebuild(code: str, message: str, fields: dict[str, Any]) -> KrexError:
     return error_class(code)(message, **fields)
+
+
+# -- the protocol ----------------------------------------------------------------------
 
 
 class ProtocolError(KrexError):
@@ -74,9 +98,34 @@ class VersionMismatch(ProtocolError):
     default_hint = "client and daemon come from different krex versions: run `krex stop` and retry"
 
 
+class BadRequest(KrexError):
+    code = "bad_request"
+    default_hint = "check the request fields against docs/protocol.md"
+
+
+# -- the daemon --------------------------------------------------------------------------
+
+
 class DaemonNotRunning(KrexError):
     code = "daemon_not_running"
     default_hint = "start one with `krex serve`, or let the client auto-start it"
+
+
+class AlreadyRunning(KrexError):
+    code = "already_running"
+    default_hint = "use it, or stop it with `krex stop`"
+
+
+class ShuttingDown(KrexError):
+    code = "shutting_down"
+    default_hint = "the daemon is stopping; retry in a moment"
+
+
+class InternalError(KrexError):
+    """A bug: the daemon caught an exception it did not expect (and kept serving)."""
+
+    code = "internal"
+    default_hint = "a bug in krex: the daemon's log has the traceback; please report it"
 
 
 class AccessDenied(KrexError):
@@ -104,6 +153,9 @@ class UnknownJob(KrexError):
     default_hint = "the job ended or KREX_JOB_ID is stale; run under `krex run`"
 
 
+# -- regions and enforcement -------------------------------------------------------------
+
+
 class RegionTimeout(KrexError):
     code = "region_timeout"
     default_hint = "the device is busy; raise the timeout or check `krex status`"
@@ -117,6 +169,9 @@ class RegionRevoked(KrexError):
 class EnforcementFailed(KrexError):
     code = "enforcement_failed"
     default_hint = "run `krex doctor` to see which mechanisms this machine supports"
+    # The host evidence (krex.protocol.report.HostEvidence) of the attempt that failed,
+    # its steps reverted; set where it is raised, never sent on the wire.
+    host: Any = None
 
 
 class DrainTimeout(EnforcementFailed):
@@ -129,35 +184,49 @@ class InterposerMissing(KrexError):
     default_hint = "reinstall krex so that the native interposer is built (pip install -e .)"
 
 
+# -- workers and measurements ------------------------------------------------------------
+
+
 class WorkerFailed(KrexError):
     code = "worker_failed"
     default_hint = "the program's result says why the worker was recycled"
 
 
-class ShuttingDown(KrexError):
-    code = "shutting_down"
-    default_hint = "the daemon is stopping; retry in a moment"
+class DeviceTimerUnavailable(KrexError):
+    code = "device_timer_unavailable"
+    default_hint = "install the device driver (or build fakegpu), or measure on device 'cpu'"
 
 
-class BadRequest(KrexError):
-    code = "bad_request"
-    default_hint = "check the request fields against docs/protocol.md"
+class CommandFailed(KrexError):
+    code = "command_failed"
+    default_hint = "run the command alone to see its error, or pass ignore_failure=True"
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_all_subclasses(sub))
-    return out
+# -- the Ray integration -----------------------------------------------------------------
+
+
+class RayMissing(KrexError):
+    code = "ray_missing"
+    default_hint = "install the extra: pip install 'krex[ray]'"
+
+
+class NoKrexNodes(KrexError):
+    code = "ray_no_krex_nodes"
+    default_hint = ("start the node actors with `krex cluster up --address ADDRESS` "
+                    "(or krex.ray.start()) and check `krex cluster status`")
+
+
+# -- the wire ------------------------------------------------------------------------------
+
+
+def error_codes() -> dict[str, type[KrexError]]:
+    """Every registered wire code and its class."""
+    return dict(_REGISTRY)
 
 
 def error_class(code: str) -> type[KrexError]:
     """The error class for a wire code (``KrexError`` when unknown)."""
-    for cls in [KrexError, *_all_subclasses(KrexError)]:
-        if cls.code == code:
-            return cls
-    return KrexError
+    return _REGISTRY.get(code, KrexError)
 
 
 def to_wire(err: KrexError) -> dict[str, Any]:

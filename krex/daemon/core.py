@@ -258,7 +258,7 @@ class Daemon:
         self.events.emit("aborted", region=st.request.region, job_id=st.request.job_id,
                          error=exc.code, message=exc.message)
         del self.regions[st.request.region]
-        st.session.push(_error(exc, st.acquire_id))
+        st.session.push(m.ErrorReply.of(exc, st.acquire_id))
         self._apply(self.scheduler.release(st.request.region, time.monotonic()))
 
     def _revoke(self, st: RegionState, reason: str) -> None:
@@ -273,7 +273,7 @@ class Daemon:
                          reason=reason)
         err = RegionTimeout(f"region on {st.request.device} {reason}",
                             device=st.request.device, seconds=st.request.timeout_s)
-        st.session.push(_error(err, st.acquire_id))
+        st.session.push(m.ErrorReply.of(err, st.acquire_id))
 
     def _close(self, st: RegionState, *, outcome: str, reason: str | None = None) -> None:
         """End a granted region: undo enforcement and write its report."""
@@ -352,7 +352,8 @@ class Daemon:
                 if st.granted_mono is not None and st.report is None:
                     self._close(st, outcome="daemon_stopped")
                 elif st.granted_mono is None:
-                    st.session.push(_error(ShuttingDown("the daemon is stopping"), st.acquire_id))
+                    stopping = ShuttingDown("the daemon is stopping")
+                    st.session.push(m.ErrorReply.of(stopping, st.acquire_id))
             self.regions.clear()
         self.pools.shutdown()  # outside the lock: workers' exits call back into the daemon
         with self.lock:
@@ -477,7 +478,3 @@ def _getpid() -> int:
 
 def _own_start() -> int:
     return start_time(os.getpid()) or 0
-
-
-def _error(exc: KrexError, re: int | None) -> m.ErrorReply:
-    return m.ErrorReply(re=re, code=exc.code, message=exc.message, **exc.fields())

@@ -89,19 +89,17 @@ class Pools:
                          name=f"krex-exec-{msg.id}").start()
 
     def _run(self, session: Session, msg: m.Exec, device: str) -> None:
-        from krex.daemon.core import _error
-
         try:
             req = ExecRequest.from_dict(msg.request)
         except (TypeError, ValueError, KeyError) as exc:
-            session.push(_error(WorkerFailed(f"bad exec request: {exc}"), msg.id))
+            session.push(m.ErrorReply.of(WorkerFailed(f"bad exec request: {exc}"), msg.id))
             return
         try:
             pool = self.pool(device)
             result = pool.submit(req, lambda stream, text: session.push(
                 m.Output(re=msg.id, stream=stream, data=text)))
         except KrexError as exc:
-            session.push(_error(exc, msg.id))
+            session.push(m.ErrorReply.of(exc, msg.id))
             return
         session.push(m.Reply(re=msg.id, data={"result": result.to_dict()}))
 

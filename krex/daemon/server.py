@@ -21,8 +21,15 @@ import time
 from typing import Any
 
 from krex.daemon.config import DaemonConfig
-from krex.daemon.core import Daemon, _error
-from krex.errors import KrexError, ProtocolError, VersionMismatch
+from krex.daemon.core import Daemon
+from krex.errors import (
+    AccessDenied,
+    AlreadyRunning,
+    InternalError,
+    KrexError,
+    ProtocolError,
+    VersionMismatch,
+)
 from krex.protocol import messages as m
 from krex.protocol.address import ensure_private_dir
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
@@ -30,10 +37,6 @@ from krex.protocol.peer import Peer, peer_of
 
 log = logging.getLogger("krex.daemon")
 SEND_TIMEOUT_S = 5.0
-
-
-class AlreadyRunning(KrexError):
-    code = "already_running"
 
 
 class Session:
@@ -101,9 +104,7 @@ class Server:
         except BlockingIOError:
             os.close(fd)
             raise AlreadyRunning(
-                f"a krex daemon already serves {self.config.runtime_dir}",
-                hint="use it, or stop it with `krex stop`",
-            ) from None
+                f"a krex daemon already serves {self.config.runtime_dir}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lockfile = fd
@@ -196,7 +197,9 @@ class Server:
             return
         session = Session(conn, peer)
         if peer.uid != os.getuid() and peer.uid != 0:
-            session.push(m.ErrorReply(code="access_denied", message="wrong user"))
+            denied = AccessDenied(f"wrong user: uid {peer.uid} is not the daemon's user",
+                                  hint="connect as the user who started the daemon")
+            session.push(m.ErrorReply.of(denied))
             session.close()
             return
         self.sessions.add(session)
@@ -216,7 +219,7 @@ class Server:
             except ConnectionClosed:
                 return
             except ProtocolError as exc:  # oversized or undecodable: framing may be lost
-                session.push(_error(exc, None))
+                session.push(m.ErrorReply.of(exc, None))
                 if exc.code == "frame_too_large":
                     return
                 continue
@@ -231,14 +234,14 @@ class Server:
                     continue
                 reply = self.daemon.handle(session, msg)  # type: ignore[union-attr]
             except VersionMismatch as exc:
-                session.push(_error(exc, re))
+                session.push(m.ErrorReply.of(exc, re))
                 return
             except KrexError as exc:
-                session.push(_error(exc, re))
+                session.push(m.ErrorReply.of(exc, re))
                 continue
             except Exception as exc:  # a bug must not take the daemon down
                 log.exception("internal error handling %s", data.get("type"))
-                session.push(m.ErrorReply(re=re, code="internal", message=repr(exc)))
+                session.push(m.ErrorReply.of(InternalError(repr(exc)), re))
                 continue
             if reply is not None:
                 session.push(m.Reply(re=msg.id, data=reply))

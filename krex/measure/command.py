@@ -16,15 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from krex.errors import KrexError
+from krex.errors import CommandFailed
 from krex.measure import checks, loop, stats
 from krex.measure.regions import RegionFactory, get_region_factory
 from krex.measure.result import RESULT_FORMAT, split_findings, warnings_dicts
-
-
-class CommandFailed(KrexError):
-    code = "command_failed"
-    default_hint = "run the command alone to see its error, or pass ignore_failure=True"
 
 
 def run_once(argv: Sequence[str], timeout_s: float | None) -> tuple[float, float, float, int]:

@@ -21,16 +21,11 @@ import os
 import sys
 from typing import Any
 
-from krex.errors import KrexError
+from krex.errors import DeviceTimerUnavailable
 
 CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
 DEFAULT_FLUSH_BYTES = 256 << 20
 FAKEGPU_FLUSH_BYTES = 1 << 20  # fakegpu has no cache; exercise the path cheaply
-
-
-class DeviceTimerUnavailable(KrexError):
-    code = "device_timer_unavailable"
-    default_hint = "install the device driver (or build fakegpu), or measure on device 'cpu'"
 
 
 class _EventApi:

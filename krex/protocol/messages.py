@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-from krex.errors import BadRequest, ProtocolError, UnknownMessage
+from krex.errors import BadRequest, KrexError, ProtocolError, UnknownMessage, to_wire
 
 VERSION = 1
 
@@ -161,6 +161,11 @@ class ErrorReply(Message):
     device: str | None = None
     region: int | None = None
     seconds: float | None = None
+
+    @classmethod
+    def of(cls, exc: KrexError, re: int | None = None) -> ErrorReply:
+        """The reply that carries ``exc`` (decoded by :func:`krex.errors.from_wire`)."""
+        return cls(re=re, **to_wire(exc))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ silent retry.  Set-up and numbers: docs/cluster.md.  ``import krex.ray`` does no
 import Ray; the functions do.
 """
 
-from krex.integrations.ray.errors import NoKrexNodes, RayMissing
+from krex.errors import NoKrexNodes, RayMissing
 from krex.integrations.ray.nodes import connect, node_actors, start
 from krex.integrations.ray.program import emit
 from krex.integrations.ray.resources import node_resources, resources_json

@@ -17,7 +17,7 @@ import tempfile
 from typing import Any
 
 from krex.integrations.ray import nodes, submission
-from krex.integrations.ray.errors import import_ray
+from krex.integrations.ray.nodes import import_ray
 from krex.integrations.ray.resources import LOOPBACK, LOOPBACK_ENV, node_resources
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from krex.integrations.ray.errors import NoKrexNodes, import_ray
+from krex.errors import NoKrexNodes, RayMissing
 from krex.integrations.ray.node import KrexNode
 from krex.integrations.ray.resources import (
     NAMESPACE,
@@ -22,6 +22,15 @@ from krex.integrations.ray.resources import (
 NODE_CONCURRENCY = 256  # programs one node actor may have waiting on its daemon
 
 _started: dict[str, Any] = {}  # node id -> handle of node actors this driver started
+
+
+def import_ray() -> Any:
+    """``import ray``, or :class:`~krex.errors.RayMissing` with the install hint."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayMissing(f"Ray is not importable: {exc}") from None
+    return ray
 
 
 def connect(address: str | None = None) -> Any:
