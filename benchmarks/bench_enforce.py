@@ -82,10 +82,10 @@ def _measure(layout, backend, holder, siblings, regions) -> dict:
         t2 = time.perf_counter()
         enter_ms.append((t1 - t0) * 1e3)
         exit_ms.append((t2 - t1) * 1e3)
-        clean += report["clean"]
+        clean += not region.reasons
         time.sleep(0.005)  # siblings run between regions
     return {
-        "backend": report["freeze_backend"],
+        "backend": report.freeze_backend,
         "siblings": len(siblings),
         "regions": regions,
         "freeze_isolate": _summary(enter_ms),

@@ -398,7 +398,7 @@ def _regions_with_streaming_sibling(args: argparse.Namespace, *flags: str) -> li
 def summarise_regions(regions: list[dict]) -> dict[str, Any]:
     series: dict[str, list[float]] = {"client_grant_ms": [], "total_enforcement_ms": [],
                                       "drain_ack_ms": []}
-    clean, gated, not_enforced = 0, [], {}
+    clean, gated, reasons = 0, [], {}
     for item in regions:
         rep = item["report"] or {}
         host = rep.get("host") or {}
@@ -412,15 +412,14 @@ def summarise_regions(regions: list[dict]) -> dict[str, Any]:
                 series.setdefault(f"{step['name']}_revert_ms", []).append(step["revert_ms"])
         series["total_enforcement_ms"].append(total)
         series["drain_ack_ms"] += list((host.get("drain_acks_ms") or {}).values())
-        gated.append(host.get("gated_jobs", 0))
+        gated.append(host.get("gated_jobs") or 0)
         clean += bool(rep.get("clean"))
-        for ne in rep.get("not_enforced", []):
-            key = f"{ne.get('what')}: {ne.get('why')}"
-            not_enforced[key] = not_enforced.get(key, 0) + 1
+        for reason in rep.get("reasons", []):  # the report's reasons not clean (protocol.md)
+            reasons[reason["message"]] = reasons.get(reason["message"], 0) + 1
     latency = {k: stats(v) for k, v in series.items()}
     return {"ok": bool(regions) and all(g >= 1 for g in gated) and bool(series["drain_ack_ms"]),
             "regions": len(regions), "clean": clean, "gated_jobs_min": min(gated, default=0),
-            "latency_ms": latency, "not_enforced": not_enforced,
+            "latency_ms": latency, "reasons": reasons,
             "close_to_drained_ms": latency.get("gate_drain_apply_ms"),
             "sample_report": regions[-1]["report"] if regions else None}
 

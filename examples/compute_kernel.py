@@ -30,7 +30,7 @@ def main(reps: int = int(sys.argv[1]) if len(sys.argv) > 1 else 8) -> None:
             kernel()
             samples.append(time.perf_counter() - t0)
     print(f"compute_kernel: median {statistics.median(samples) * 1e3:.3f} ms "
-          f"over {reps} regions (last waited {r.report['waited_s'] * 1e3:.1f} ms)")
+          f"over {reps} regions (last waited {r.report.waited_s * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ def test_foreign_processes_are_those_outside_the_holder(monkeypatch):
     audit = nvml_audit("cuda:0")
     audit.begin({10, 11})
     report = audit.finish()
-    assert report["foreign_pids"] == [77, 99]
-    assert report["start"]["utilization_pct"] == 87 and report["end"]["sm_clock_mhz"] == 1980
+    assert report.source == "nvml" and report.foreign_pids == [77, 99]
+    assert report.start["utilization_pct"] == 87 and report.end["sm_clock_mhz"] == 1980
     # A query the device does not support is recorded, the rest still reported.
-    assert report["start"]["throttle_reasons"] is None
-    assert any("throttle_reasons" in e for e in report["start"]["errors"])
+    assert report.start["throttle_reasons"] is None
+    assert any("throttle_reasons" in e for e in report.start["errors"])
 
 
 def test_no_audit_without_nvml_or_on_other_devices(monkeypatch):

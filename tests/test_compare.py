@@ -9,6 +9,7 @@ import pytest
 
 from krex.measure import FakeTimer, MeasureWarning, ScriptedRegions, compare
 from krex.measure.compare import verdict
+from krex.protocol.report import Reason, ReasonCode
 
 
 def _pair(ratio, noise_rel=0.01, seed=0, drift=None, **timer_kwargs):
@@ -92,7 +93,7 @@ def test_random_order_is_seeded_and_works():
 def test_comparison_carries_region_and_pickles():
     timer, a, b, regions = _pair(1.05)
     c = compare(a, b, timer=timer, region=regions)
-    assert c.region["clean"] is True and c.warnings == []
+    assert c.region.clean is True and c.warnings == []
     again = pickle.loads(pickle.dumps(c))
     d = again.to_dict()
     assert d["verdict"] == "slower" and d["pairs"] == len(d["baseline_samples_ms"])
@@ -101,7 +102,8 @@ def test_comparison_carries_region_and_pickles():
 
 def test_not_clean_comparison_is_retried():
     timer, a, b, _ = _pair(1.05)
-    regions = ScriptedRegions([{"clean": False}, {}], clock=timer.now_s)
+    failed = Reason(ReasonCode.STEP_FAILED, "isolate: OSError")
+    regions = ScriptedRegions([{"reasons": [failed]}, {}], clock=timer.now_s)
     c = compare(a, b, timer=timer, region=regions)
     assert c.attempts == 2 and c.warnings == []
 

@@ -24,13 +24,16 @@ from krex.enforce.isolation import CpuIsolation
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
 from krex.errors import EnforcementFailed, ProcessGone
+from krex.protocol.report import ReasonCode
 
 BACKENDS = ["signal", "cgroup2", "cgroup1"]
 
 
 @pytest.fixture
 def instance():
-    name = instance_name("t") + f"-{time.monotonic_ns()}"
+    # Unique, and alive to any daemon's sweep: the name must end in this process's
+    # pid-starttime (a trailing "-<ns>" made it look dead, and other daemons removed it).
+    name = instance_name(f"t{time.monotonic_ns()}x")
     yield name
     CgroupLayout.probe().remove_instance(name)
 
@@ -251,12 +254,12 @@ def test_enforcer_region_report(backend, tmp_path, instance):
         report = region.exit()
         assert_frozen_then_resumes(sib, frozen_at, thawed_at)
         assert log == ["apply", "revert"]
-        assert [s["name"] for s in report["steps"]] == ["gate", "freeze", "isolate"]
-        assert report["freeze_backend"] == backend and report["siblings_frozen"] == 1
-        assert report["processes_frozen"] == 1
-        assert all(s["ok"] and s["apply_ms"] >= 0 and s["revert_ms"] >= 0 for s in report["steps"])
-        assert report["clean"] is True and report["not_enforced"] == []
-        assert report["holder_nvcsw_involuntary"] >= 0
+        assert [s.name for s in report.steps] == ["gate", "freeze", "isolate"]
+        assert report.freeze_backend == backend and report.siblings_frozen == 1
+        assert report.processes_frozen == 1
+        assert all(s.ok and s.apply_ms >= 0 and s.revert_ms >= 0 for s in report.steps)
+        assert region.reasons == []
+        assert report.holder_involuntary_switches >= 0
         assert region.exit() is report  # idempotent
     finally:
         for p in (holder,):
@@ -280,12 +283,11 @@ def test_failure_midway_reverts_what_was_applied(tmp_path, monkeypatch):
         with pytest.raises(EnforcementFailed) as info:
             enforcer.enter(JobTarget(1), [sib.target], max_hold_s=5, pre_ops=[Recorder(log)])
         t = time.monotonic()
-        report = info.value.report
+        report = info.value.host
         assert log == ["apply", "revert"]
-        steps = {s["name"]: s for s in report["steps"]}
-        assert steps["gate"]["ok"] and steps["freeze"]["ok"] and steps["freeze"]["revert_ms"] >= 0
-        assert not steps["isolate"]["ok"] and "cpuset write failed" in steps["isolate"]["error"]
-        assert report["clean"] is False
+        steps = {s.name: s for s in report.steps}
+        assert steps["gate"].ok and steps["freeze"].ok and steps["freeze"].revert_ms >= 0
+        assert not steps["isolate"].ok and "cpuset write failed" in steps["isolate"].error
         wait_for(lambda: sib.progressed_after(t), timeout_s=10)  # thawed again
     finally:
         sib.kill()
@@ -312,8 +314,9 @@ def test_unavailable_mechanisms_are_reported_not_clean(tmp_path):
     )
     region = enforcer.enter(JobTarget(1), [], max_hold_s=1)
     report = region.exit()
-    whats = {n["what"] for n in report["not_enforced"]}
-    assert whats == {"freeze", "isolate"} and report["clean"] is False
+    whats = {r.evidence["mechanism"] for r in region.reasons}
+    assert whats == {"freeze", "isolate"} and report.steps == []
+    assert {r.code for r in region.reasons} == {ReasonCode.MECHANISM_UNAVAILABLE}
     assert "freeze" in enforcer.backends() and "isolate" in enforcer.backends()
 
 
@@ -354,7 +357,9 @@ def test_unfrozen_jobs_are_kept_off_the_reserved_cores(tmp_path):
         assert all(not set(m) & set(reserved) for d in during for m in d.values())
         assert all(m == reserved for m in held.values())
         assert _masks(other.proc.pid) == before
-        assert report["clean"] is False and report["not_enforced"][0]["what"] == "freeze"
+        assert report.freeze_backend == "off"
+        assert region.reasons[0].evidence["mechanism"] == "freeze"
+        assert region.reasons[0].code is ReasonCode.MECHANISM_DISABLED
     finally:
         reap(holder)
         sib.kill()

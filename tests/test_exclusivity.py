@@ -102,7 +102,8 @@ def test_revoked_region_thaws_siblings_and_is_not_clean(daemon, tmp_path):
     finally:
         reap(sib)
     rep = seen["report"]
-    assert rep["revoked"] and not rep["clean"]
+    assert rep["outcome"] == "revoked" and not rep["clean"]
+    assert [r["code"] for r in rep["reasons"]] == ["revoked"]
     # Frozen right after the grant, running again well before the holder let go.
     ts = stamps(out)
     assert [t for t in ts if seen["t_in"] < t < seen["t_in"] + 0.25e9] == []

@@ -25,8 +25,12 @@ from krex.measure import (
     measure,
 )
 from krex.measure import regions as regions_mod
+from krex.protocol.report import DeviceAudit, Outcome, Reason, ReasonCode, RegionReport
 
 W = MeasureWarning
+# A region the daemon saw interfered with (a failed step: not a structural gap).
+NOT_CLEAN = {"reasons": [Reason(ReasonCode.STEP_FAILED, "freeze: revert: OSError")]}
+CLEAN = {"reasons": []}
 
 
 def _fake(ms=1.0, noise_rel=0.001, seed=0, **timer_kwargs):
@@ -110,25 +114,26 @@ def test_region_is_taken_around_the_timed_loop_only():
 
 def test_not_clean_region_is_retried_then_clean():
     timer, kernel, _ = _fake()
-    regions = ScriptedRegions([{"clean": False}, {"clean": True}], clock=timer.now_s)
+    regions = ScriptedRegions([NOT_CLEAN, CLEAN], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions)
     assert regions.taken == 2 and m.attempts == 2
-    assert len(m.rejected_regions) == 1 and m.rejected_regions[0]["clean"] is False
-    assert W.REGION_NOT_CLEAN not in m.warnings and m.region["clean"] is True
+    assert len(m.rejected_regions) == 1 and m.rejected_regions[0].clean is False
+    assert W.REGION_NOT_CLEAN not in m.warnings and m.region.clean is True
 
 
 def test_region_never_clean_is_warned_after_retries():
     timer, kernel, _ = _fake()
-    regions = ScriptedRegions([{"clean": False}], clock=timer.now_s)
+    regions = ScriptedRegions([NOT_CLEAN], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions, retries=3)
     assert regions.taken == 4 and m.attempts == 4
     assert W.REGION_NOT_CLEAN in m.warnings
+    assert "freeze: revert: OSError" in m.warning_details["REGION_NOT_CLEAN"]
     assert m.to_dict()["warnings"][0]["next_action"]
 
 
 def test_structural_gaps_are_not_retried_and_say_enforcement_impossible():
     timer, kernel, _ = _fake()
-    gap = {"clean": False, "not_enforced": [{"what": "freeze", "why": "no cgroup"}]}
+    gap = {"reasons": [Reason.mechanism("freeze", "no cgroup")]}
     regions = ScriptedRegions([gap], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions, retries=3)
     assert regions.taken == 1
@@ -139,13 +144,15 @@ def test_structural_gaps_are_not_retried_and_say_enforcement_impossible():
 def test_without_a_daemon_the_measurement_says_enforcement_was_impossible():
     timer, kernel, _ = _fake()
     m = measure(kernel, timer=timer, region=LocalRegion)
-    assert m.region["mode"] == "none" and m.region["held_s"] >= 0
+    assert m.region.mode == "none" and m.region.held_s >= 0
+    assert [r.code for r in m.region.reasons] == [ReasonCode.NO_DAEMON]
     assert W.ENFORCEMENT_IMPOSSIBLE in m.warnings and W.REGION_NOT_CLEAN not in m.warnings
 
 
 def test_revoked_region_is_retried():
     timer, kernel, _ = _fake()
-    regions = ScriptedRegions([{"revoked": True, "clean": False}, {}], clock=timer.now_s)
+    revoked = {"outcome": Outcome.REVOKED, "reasons": [Reason(ReasonCode.REVOKED, "held long")]}
+    regions = ScriptedRegions([revoked, {}], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions)
     assert m.attempts == 2 and m.warnings == []
 
@@ -158,8 +165,8 @@ def test_region_revoked_error_on_exit_becomes_a_warning():
             raise RegionRevoked("held too long", region=7)
 
     m = measure(kernel, timer=timer, region=Revoking, retries=0)
-    assert m.region["revoked"] is True
-    assert W.REGION_REVOKED in m.warnings
+    assert m.region.revoked is True and m.region.clean is False
+    assert W.REGION_REVOKED in m.warnings and "held too long" in m.warning_details["REGION_REVOKED"]
 
 
 def test_region_factory_hook(monkeypatch):
@@ -176,9 +183,10 @@ def test_region_factory_hook(monkeypatch):
 
 def test_nested_region_report_is_not_judged():
     timer, kernel, _ = _fake()
-    regions = ScriptedRegions([{"nested": True, "clean": None, "mode": None}], clock=timer.now_s)
+    nested = {"nested": True, "outcome": Outcome.NESTED, "mode": None}
+    regions = ScriptedRegions([nested], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions)
-    assert m.warnings == []
+    assert m.warnings == [] and m.region.clean is None
 
 
 # --- plausibility, timer resolution, throttling -------------------------------------------
@@ -207,9 +215,14 @@ def test_too_short_for_the_timer():
 
 def test_throttle_reported_by_the_region():
     timer, kernel, _ = _fake()
-    regions = ScriptedRegions([{"throttled": "thermal"}], clock=timer.now_s)
+    thermal = DeviceAudit("nvml", {"throttle_reasons": 0}, {"throttle_reasons": 0x40})
+    regions = ScriptedRegions([{"device_audit": thermal}], clock=timer.now_s)
     m = measure(kernel, timer=timer, region=regions)
-    assert W.THROTTLED in m.warnings
+    assert W.THROTTLED in m.warnings and "0x40" in m.warning_details["THROTTLED"]
+    idle = DeviceAudit("nvml", {"throttle_reasons": 0x1}, {"throttle_reasons": 0x1})
+    quiet = measure(kernel, timer=timer, region=ScriptedRegions([{"device_audit": idle}],
+                                                                  clock=timer.now_s))
+    assert W.THROTTLED not in quiet.warnings  # idle is not throttling
 
 
 def test_every_warning_has_a_next_action():
@@ -227,6 +240,7 @@ def test_measurement_pickles_and_serialises():
     assert isinstance(again, Measurement) and again.samples_ms == m.samples_ms
     d = json.loads(json.dumps(m.to_dict()))
     assert d["iterations"] == m.iterations and d["region"]["clean"] is True
+    assert RegionReport.from_dict(d["region"]) == m.region
     assert d["label"] == "k1" and d["format"] == 1
     for key in ("min_ms", "median_ms", "mean_ms", "p95_ms", "p99_ms", "noise_rel"):
         assert key in d

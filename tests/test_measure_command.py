@@ -6,6 +6,7 @@ import pytest
 from helpers import PY
 
 from krex.measure import CommandFailed, ScriptedRegions, bench_command
+from krex.protocol.report import Reason, ReasonCode
 
 
 def test_times_a_command_inside_one_region():
@@ -50,7 +51,8 @@ def test_failing_command_raises_unless_ignored():
 
 
 def test_not_clean_region_warns():
-    regions = ScriptedRegions([{"clean": False}])
+    failed = Reason(ReasonCode.STEP_FAILED, "isolate: OSError")
+    regions = ScriptedRegions([{"reasons": [failed]}])
     out = bench_command([PY, "-c", "pass"], 0, 1, region=regions, retries=1)
     assert regions.taken == 2
     assert [w["warning"] for w in out["warnings"]] == ["REGION_NOT_CLEAN"]

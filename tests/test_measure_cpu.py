@@ -26,7 +26,7 @@ import os
 from krex.measure import ScriptedRegions, measure
 m = measure(lambda: sum(range({N})), device="cpu", cache="hot", region=ScriptedRegions(),
             warmup_ms=20, min_time_s=0.2, max_time_s=0.6, timeout_s=3.0)
-assert m.region["clean"] and m.offcpu_fraction is not None
+assert m.region.clean and m.offcpu_fraction is not None
 print(json.dumps({{"median_ms": m.median_ms, "noise_rel": m.noise_rel}}))
 """
 
@@ -113,6 +113,6 @@ def test_cold_cache_on_cpu_flushes_a_buffer_twice_the_llc():
 
 def test_real_daemon_region_report_is_attached(daemon):
     m = measure(lambda: sum(range(1000)), device="cpu", rep_ms=5, warmup_ms=1, cache="hot")
-    assert "held_s" in m.region and "clean" in m.region
-    assert sum(m.samples_ms) / 1e3 <= m.region["held_s"] * 1.005 + 0.001
-    assert m.region["device"] == "cpu" and m.region["mode"] in ("region", "command", "none")
+    assert m.region.region is not None and m.region.clean is not None
+    assert sum(m.samples_ms) / 1e3 <= m.region.held_s * 1.005 + 0.001
+    assert m.region.device == "cpu" and m.region.mode in ("region", "command", "none")

@@ -9,8 +9,8 @@ import time
 import pytest
 from helpers import PY, REPO, krex, reap, wait_for
 
-from krex.cli.demo import count_overlaps
 from krex.daemon.eventlog import read_events
+from krex.eval.metrics import overlaps as count_overlaps
 
 JOBS = os.path.join(REPO, "tests", "jobs")
 
@@ -59,8 +59,8 @@ def test_six_jobs_never_overlap_and_wait_fairly(daemon, tmp_path):
         records = [r for r in c.regions() if r["outcome"] == "released"]
     assert len(records) == 20 * 13
     assert count_overlaps(records) == 0  # krex's own log agrees
-    rows = [{"job": r["job_id"], "thread": r["label"], "req": r["requested_mono_ns"],
-             "in": r["granted_mono_ns"]} for r in records]
+    rows = [{"job": r["job_id"], "thread": r["label"], "req": r["requested_mono_s"],
+             "in": r["granted_mono_s"]} for r in records]
     assert worst_wait_in_grants(rows, skip_first=False) <= 5
     assert worst_wait_in_grants(lines) <= 10
 
@@ -140,11 +140,12 @@ def test_region_report_fields(daemon):
     with k.region(label="x") as r:
         with k.region() as inner:  # re-entrant in one thread
             pass
-    assert inner.report["nested"] is True
     rep = r.report
-    for key in ("region", "device", "label", "waited_s", "held_s", "clean", "not_enforced"):
-        assert key in rep
-    assert rep["label"] == "x" and rep["device"] == "cpu" and rep["held_s"] >= 0
+    assert inner.report.nested is True and inner.report.clean is None  # the outer one judges
+    assert inner.report.region == rep.region and inner.report.held_s <= rep.held_s
+    assert rep.label == "x" and rep.device == "cpu" and rep.held_s >= 0 and rep.waited_s >= 0
+    assert rep.outcome.value == "released" and rep.mode == "region"
+    assert rep.clean is (not rep.reasons)
 
 
 def test_decorator_form(daemon):

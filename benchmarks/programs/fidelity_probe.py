@@ -52,7 +52,7 @@ for name, (ms, fn) in kernels.items():
                      min_time_s=max(0.15, 30 * ms / 1e3), max_time_s=max(0.3, 40 * ms / 1e3),
                      timeout_s=10, retries=0, noise_target=0.0)
     results[name] = {"bucket_ms": ms, "samples_ms": m.samples_ms,
-                     "clean": m.region.get("clean"), "held_s": m.region.get("held_s")}
+                     "clean": m.region.clean, "held_s": m.region.held_s}
 with open(out, "w") as f:
     json.dump(results, f)
 with open(sizes_path, "w") as f:

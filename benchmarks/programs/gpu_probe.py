@@ -75,8 +75,8 @@ for name, (ms, fn, timer) in kernels.items():
                      min_time_s=max(0.15, 30 * ms / 1e3), max_time_s=max(0.3, 40 * ms / 1e3),
                      timeout_s=10, retries=0, noise_target=0.0, cuda_graph=False)
     results[name] = {"bucket_ms": ms, "samples_ms": m.samples_ms,
-                     "clean": m.region.get("clean"), "held_s": m.region.get("held_s"),
-                     "not_enforced": m.region.get("not_enforced")}
+                     "clean": m.region.clean, "held_s": m.region.held_s,
+                     "reasons": [r.message for r in m.region.reasons]}
 with open(out, "w") as f:
     json.dump({"kernels": results, "errors": errors}, f)
 with open(sizes_path, "w") as f:

@@ -19,7 +19,7 @@ for i in range(n):
     with krex.region(device=device, label=f"gpu-check-{i}") as r:
         granted = time.perf_counter() - t0
         time.sleep(hold_s)
-    reports.append({"client_grant_ms": granted * 1e3, "report": r.report})
+    reports.append({"client_grant_ms": granted * 1e3, "report": r.report.to_dict()})
     time.sleep(0.02)  # let the sibling queue work again
 with open(out, "w") as f:
     json.dump(reports, f)

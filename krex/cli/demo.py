@@ -9,7 +9,6 @@ on a device overlapped.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import statistics
 import subprocess
@@ -20,6 +19,7 @@ from typing import Any
 from krex.cli.output import console, ms, print_json, table
 from krex.client.connection import Client
 from krex.errors import BadRequest
+from krex.eval.metrics import overlaps
 
 EXAMPLES = ["compute_kernel.py", "memory_kernel.py", "compare_kernels.py", "shell_region.sh"]
 
@@ -84,22 +84,7 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str) -
                      "waited_max_s": max(waited, default=None),
                      "held_p50_s": statistics.median(held) if held else None,
                      "held_total_s": sum(held)})
-    return {"jobs": jobs, "overlaps": count_overlaps(records), "regions": len(records)}
-
-
-def count_overlaps(records: list[dict[str, Any]]) -> int:
-    """Exclusive, non-nested regions on one device whose [grant, release) intersect."""
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for r in records:
-        if r["exclusive"] and not r["nested"]:
-            start = r["granted_mono_ns"] / 1e9
-            spans.setdefault(r["device"], []).append((start, start + r["held_s"]))
-    overlaps = 0
-    for device_spans in spans.values():
-        device_spans.sort()
-        for (_, end), (start, _) in itertools.pairwise(device_spans):
-            overlaps += start < end
-    return overlaps
+    return {"jobs": jobs, "overlaps": overlaps(records), "regions": len(records)}
 
 
 def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:

@@ -1,7 +1,8 @@
 """``krex.region()``: the critical region as a context manager and decorator.
 
 Entering blocks until the daemon grants the device; leaving releases it and
-fills ``Region.report`` with the daemon's evidence.  Re-entrant within one
+fills ``Region.report`` with the daemon's evidence (a
+:class:`~krex.protocol.report.RegionReport`).  Re-entrant within one
 thread (an inner region on the same device is part of the outer one); each
 thread has its own connection, so regions from several threads of one job
 queue at the daemon and are serialised there.  A process not started by
@@ -23,6 +24,7 @@ from krex.devices.discovery import parse_device
 from krex.errors import DaemonNotRunning
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
+from krex.protocol.report import Outcome, RegionReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,6 +38,7 @@ class _State(threading.local):
         self.pid = os.getpid()
         self.conn: Connection | None = None
         self.depth: dict[str, int] = {}
+        self.outer: dict[str, dict[str, Any]] = {}  # device -> the outermost region's grant
 
 
 _state = _State()
@@ -50,7 +53,7 @@ def _connection(fresh: bool = False) -> Connection:
         if conn is not None and _state.pid == os.getpid():
             conn.close()
         if _state.pid != os.getpid():
-            _state.depth = {}
+            _state.depth, _state.outer = {}, {}
         _state.pid = os.getpid()
         _state.conn = Connection()
     return _state.conn
@@ -85,7 +88,7 @@ class Region:
         self.max_hold_s = max_hold_s
         self.label = label
         self.timeout_s = timeout_s
-        self.report: dict[str, Any] | None = None
+        self.report: RegionReport | None = None
         self.grant: dict[str, Any] | None = None
         self._nested = False
         self._t0 = 0.0
@@ -110,6 +113,7 @@ class Region:
         except BaseException:
             _state.depth[self.device] = depth
             raise
+        _state.outer[self.device] = self.grant
         return self
 
     def _acquire(self, conn: Connection) -> dict[str, Any]:
@@ -120,17 +124,29 @@ class Region:
     def __exit__(self, *exc: object) -> None:
         _state.depth[self.device] -= 1
         if self._nested:
-            self.report = {"nested": True, "device": self.device, "label": self.label,
-                           "held_s": time.monotonic() - self._t0, "clean": None}
+            self.report = self._nested_report()
             return
+        _state.outer.pop(self.device, None)
         conn = _connection()
         assert self.grant is not None
         rid = self.grant["region"]
-        self.report = conn.call(m.Release(region=rid))["report"]
-        reason = conn.revoked.pop(rid, None) or self.report.get("revoke_reason")
-        if self.report.get("revoked"):
+        self.report = RegionReport.from_dict(conn.call(m.Release(region=rid))["report"])
+        pushed = conn.revoked.pop(rid, None)
+        if self.report.revoked:
+            reason = pushed or self.report.why_not_clean()
             warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
                           stacklevel=2)
+
+    def _nested_report(self) -> RegionReport:
+        """What is known of a region inside an outer one of this thread: the outer
+        region's id, this one's hold; its cleanliness is the outer region's."""
+        outer = _state.outer.get(self.device) or {}
+        now = time.monotonic()
+        return RegionReport(device=self.device, region=outer.get("region"), label=self.label,
+                            outcome=Outcome.NESTED, nested=True,
+                            exclusive=bool(outer.get("exclusive", True)),
+                            held_s=now - self._t0, granted_mono_s=self._t0,
+                            released_mono_s=now)
 
     def __call__(self, fn: F) -> F:
         params = dict(device=self.device, max_hold_s=self.max_hold_s, label=self.label,

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
-from krex.daemon.exclusivity import Exclusivity, Held
+from krex.daemon.exclusivity import Evidence, Exclusivity, Held
 from krex.daemon.jobs import MODES, Job, JobRegistry, Pid
 from krex.daemon.pools import Pools
 from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke, Scheduler
@@ -35,6 +35,7 @@ from krex.errors import (
 )
 from krex.protocol import messages as m
 from krex.protocol.peer import Peer, is_descendant, process_group, start_time
+from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport, finite_or_none
 
 
 class Session(Protocol):
@@ -53,7 +54,7 @@ class RegionState:
     acquire_id: int | None
     requested_wall: float
     held: Held | None = None
-    report: dict[str, Any] | None = None
+    report: RegionReport | None = None
     granted_mono: float | None = None
 
 
@@ -165,10 +166,11 @@ class Daemon:
         if st.granted_mono is None:
             raise UnknownRegion(f"region {msg.region} has not been granted yet", region=msg.region)
         if st.report is None:
-            self._close(st, outcome="released")
+            self._close(st, Outcome.RELEASED)
         del self.regions[msg.region]
         self._apply(self.scheduler.release(msg.region, time.monotonic()))
-        return {"report": st.report}
+        assert st.report is not None
+        return {"report": st.report.to_dict()}
 
     def _on_status(self, session: Session, msg: m.Status) -> dict[str, Any]:
         return self.status()
@@ -240,17 +242,16 @@ class Daemon:
                 return
         st.granted_mono = time.monotonic()
         self.counters.granted += 1
-        waited = req.granted_at - req.requested_at
         self.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
-                         waited_s=waited, nested=req.nested)
-        st.session.push(m.Reply(re=st.acquire_id, data=self._granted_data(st, waited)))
+                         waited_s=_waited_s(req), nested=req.nested)
+        st.session.push(m.Reply(re=st.acquire_id, data=self._granted_data(st)))
 
-    def _granted_data(self, st: RegionState, waited: float) -> dict[str, Any]:
+    def _granted_data(self, st: RegionState) -> dict[str, Any]:
         req = st.request
-        return {"region": req.region, "device": req.device, "waited_s": waited,
+        return {"region": req.region, "device": req.device, "waited_s": _waited_s(req),
                 "nested": req.nested, "exclusive": req.exclusive,
-                "max_hold_s": None if math.isinf(req.max_hold_s) else req.max_hold_s,
-                "granted_mono_ns": int(st.granted_mono * 1e9)}
+                "max_hold_s": finite_or_none(req.max_hold_s),
+                "granted_mono_s": st.granted_mono}
 
     def _abort(self, st: RegionState, exc: KrexError) -> None:
         """Enforcement could not be set up: the request fails with that error."""
@@ -263,7 +264,7 @@ class Daemon:
 
     def _revoke(self, st: RegionState, reason: str) -> None:
         self.counters.revoked += 1
-        self._close(st, outcome="revoked", reason=reason)
+        self._close(st, Outcome.REVOKED, reason)
         st.session.push(m.Revoked(region=st.request.region, reason=reason))
 
     def _cancel(self, st: RegionState, reason: str) -> None:
@@ -275,47 +276,33 @@ class Daemon:
                             device=st.request.device, seconds=st.request.timeout_s)
         st.session.push(m.ErrorReply.of(err, st.acquire_id))
 
-    def _close(self, st: RegionState, *, outcome: str, reason: str | None = None) -> None:
+    def _close(self, st: RegionState, outcome: Outcome, why: str | None = None) -> None:
         """End a granted region: undo enforcement and write its report."""
         req = st.request
-        host = st.held.exit() if st.held is not None else None
+        evidence = st.held.exit() if st.held is not None else None
         st.held = None
-        held_s = time.monotonic() - (st.granted_mono or time.monotonic())
-        st.report = self._report(st, host, held_s, outcome, reason)
-        self.counters.released += outcome == "released"
-        self.finished.append({**self._record(st, held_s, outcome), "clean": st.report["clean"]})
-        self.events.emit(outcome, region=req.region, job_id=req.job_id, device=req.device,
-                         held_s=held_s, reason=reason)
+        st.report = self._report(st, evidence, time.monotonic(), outcome, why)
+        self.counters.released += outcome is Outcome.RELEASED
+        self.finished.append(st.report.record())
+        self.events.emit(outcome.value, region=req.region, job_id=req.job_id, device=req.device,
+                         held_s=st.report.held_s, reason=why)
 
-    def _report(self, st: RegionState, host: dict[str, Any] | None, held_s: float,
-                outcome: str, reason: str | None) -> dict[str, Any]:
+    def _report(self, st: RegionState, evidence: Evidence | None, now: float, outcome: Outcome,
+                why: str | None) -> RegionReport:
         req = st.request
         job = self.jobs.get(req.job_id)
-        not_enforced = list(host.get("not_enforced", [])) if host else []
-        if not req.exclusive:
-            not_enforced.append({"what": "exclusivity", "why": "job runs in mode none"})
-        clean = (outcome == "released" and (req.nested or (host or {}).get("clean", False))
-                 and req.exclusive)
-        return {
-            "region": req.region, "device": req.device, "label": req.label,
-            "job_id": req.job_id, "mode": job.mode if job else None,
-            "waited_s": (req.granted_at or req.requested_at) - req.requested_at,
-            "held_s": held_s, "nested": req.nested, "exclusive": req.exclusive,
-            "revoked": outcome == "revoked", "revoke_reason": reason,
-            "clean": bool(clean), "not_enforced": not_enforced,
-            "host": host,
-        }
-
-    def _record(self, st: RegionState, held_s: float, outcome: str) -> dict[str, Any]:
-        req = st.request
-        job = self.jobs.get(req.job_id)
-        return {"region": req.region, "job_id": req.job_id, "job": job.name if job else None,
-                "device": req.device, "label": req.label, "outcome": outcome,
-                "waited_s": (req.granted_at or req.requested_at) - req.requested_at,
-                "held_s": held_s, "nested": req.nested, "exclusive": req.exclusive,
-                "requested_mono_ns": int(req.requested_at * 1e9),
-                "granted_mono_ns": int((st.granted_mono or 0) * 1e9),
-                "jobs_served_while_waiting": req.jobs_served_while_waiting}
+        granted = st.granted_mono or now
+        return RegionReport(
+            region=req.region, device=req.device, label=req.label, job_id=req.job_id,
+            job=job.name if job else None, mode=job.mode if job else None, outcome=outcome,
+            nested=req.nested, exclusive=req.exclusive, waited_s=_waited_s(req),
+            held_s=now - granted, max_hold_s=finite_or_none(req.max_hold_s),
+            requested_mono_s=req.requested_at, granted_mono_s=st.granted_mono,
+            released_mono_s=now, requested_wall_s=st.requested_wall,
+            jobs_served_while_waiting=req.jobs_served_while_waiting,
+            host=evidence.host if evidence else None,
+            device_audit=evidence.device_audit if evidence else None,
+            reasons=_reasons(req, evidence, outcome, why))
 
     # -- connection and job life cycle ----------------------------------------
 
@@ -325,7 +312,7 @@ class Daemon:
             mine = [st for st in self.regions.values() if st.session is session]
             for st in mine:
                 if st.granted_mono is not None and st.report is None:
-                    self._close(st, outcome="owner_gone")
+                    self._close(st, Outcome.OWNER_GONE)
                 del self.regions[st.request.region]
             self._apply(self.scheduler.drop_owner(session, time.monotonic()))
             self.last_activity = time.monotonic()
@@ -350,7 +337,7 @@ class Daemon:
             self.accepting = False
             for st in list(self.regions.values()):
                 if st.granted_mono is not None and st.report is None:
-                    self._close(st, outcome="daemon_stopped")
+                    self._close(st, Outcome.DAEMON_STOPPED)
                 elif st.granted_mono is None:
                     stopping = ShuttingDown("the daemon is stopping")
                     st.session.push(m.ErrorReply.of(stopping, st.acquire_id))
@@ -464,6 +451,30 @@ class Daemon:
             "enforcement": self.exclusivity.describe(),
             "pools": self.pools.status(),
         }
+
+
+def _waited_s(req: Request) -> float:
+    return (req.granted_at or req.requested_at) - req.requested_at
+
+
+_ENDED = {Outcome.REVOKED: ReasonCode.REVOKED, Outcome.OWNER_GONE: ReasonCode.OWNER_GONE,
+          Outcome.DAEMON_STOPPED: ReasonCode.DAEMON_STOPPED}
+_ENDED_WHY = {Outcome.OWNER_GONE: "the holder's connection closed while it held the region",
+              Outcome.DAEMON_STOPPED: "the daemon stopped while the region was held"}
+
+
+def _reasons(req: Request, evidence: Evidence | None, outcome: Outcome,
+             why: str | None) -> list[Reason]:
+    """Why the region is not clean: from its job's mode, its enforcement and its end."""
+    out = list(evidence.reasons) if evidence is not None else []
+    if not req.exclusive:
+        out.append(Reason(ReasonCode.NOT_EXCLUSIVE, "exclusivity: job runs in mode none",
+                          {"mode": "none"}))
+    if outcome in _ENDED:
+        out.append(Reason(_ENDED[outcome], why or _ENDED_WHY[outcome],
+                          {"max_hold_s": finite_or_none(req.max_hold_s)}
+                          if outcome is Outcome.REVOKED else {}))
+    return out
 
 
 def _req_summary(r: Request) -> dict[str, Any]:

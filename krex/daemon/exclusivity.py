@@ -5,7 +5,8 @@ be enforceable — its cgroups, its GPU gate file and interposer environment,
 the node's fakegpu server — and turns jobs into :mod:`krex.enforce` targets.
 On a grant it runs gate → drain → freeze → isolate through the
 :class:`~krex.enforce.enforcer.Enforcer`; the :class:`Held` it returns
-undoes them and returns the host part of the region report.  A guardian
+undoes them and returns the region's :class:`Evidence` (host evidence,
+device audit, reasons not clean).  A guardian
 process started here holds a lease on every region's enforcement.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlAudit, nvml_audit
@@ -28,25 +29,33 @@ from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.job import JobTarget
 from krex.enforce.process import PROTECTED, ProcessRef
 from krex.errors import KrexError
+from krex.protocol.report import DeviceAudit, HostEvidence, Reason
 
 log = logging.getLogger("krex.daemon")
 GPU_KINDS = ("cuda", "rocm", "fakegpu")
 MAX_LEASE_S = 7 * 24 * 3600.0  # a whole-job hold has no maximum; the lease needs one
 
 
+class Evidence(NamedTuple):
+    """What a region's enforcement did and saw, for its report."""
+
+    host: HostEvidence
+    device_audit: DeviceAudit | None
+    reasons: list[Reason]
+
+
 class Held(Protocol):
-    def exit(self) -> dict[str, Any]: ...
+    def exit(self) -> Evidence: ...
 
 
 class _Unenforced:
     """Every mechanism is switched off: the region is granted bare, and says so."""
 
-    def __init__(self, reasons: list[dict[str, str]]) -> None:
+    def __init__(self, reasons: list[Reason]) -> None:
         self.reasons = reasons
 
-    def exit(self) -> dict[str, Any]:
-        return {"steps": [], "siblings_frozen": 0, "freeze_backend": "off",
-                "not_enforced": self.reasons, "clean": False}
+    def exit(self) -> Evidence:
+        return Evidence(HostEvidence(), None, list(self.reasons))
 
 
 class _Region:
@@ -58,22 +67,24 @@ class _Region:
         self.drain = drain
         self.audit = audit
         if isinstance(drain, CheckpointLock):
-            enforcement.not_enforced.extend(drain.not_locked)
+            enforcement.gaps.extend(Reason.mechanism(d["what"], d["why"])
+                                    for d in drain.not_locked)
 
-    def exit(self) -> dict[str, Any]:
-        report = dict(self.enforcement.exit())
-        if self.audit is not None:
-            report["device_audit"] = self.audit.finish()
+    def exit(self) -> Evidence:
+        host = self.enforcement.exit()
+        audit = self.audit.finish() if self.audit is not None else None
         if isinstance(self.drain, CheckpointLock):
-            report["locked_pids"] = list(self.drain.acks_s)
-            report["lock_acks_ms"] = {str(p): round(s * 1e3, 3)
-                                      for p, s in self.drain.acks_s.items()}
+            host.locked_pids = list(self.drain.acks_s)
+            host.lock_acks_ms = _ms(self.drain.acks_s)
         elif self.drain is not None:
-            report["gated_jobs"] = len(self.drain.jobs)
-            report["gate_idle_jobs"] = list(self.drain.idle_jobs)
-            report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
-                                       for pid, s in self.drain.acks.items()}
-        return report
+            host.gated_jobs = len(self.drain.jobs)
+            host.gate_idle_jobs = list(self.drain.idle_jobs)
+            host.drain_acks_ms = _ms(self.drain.acks)
+        return Evidence(host, audit, self.enforcement.reasons)
+
+
+def _ms(seconds: dict[int, float]) -> dict[int, float]:
+    return {pid: round(s * 1e3, 3) for pid, s in seconds.items()}
 
 
 def is_gpu(device: str) -> bool:
@@ -197,12 +208,9 @@ class Exclusivity:
         c = self.config
         return c.freeze == "off" and not c.isolate and not (c.gate and is_gpu(device))
 
-    def _off_reasons(self, device: str) -> list[dict[str, str]]:
-        why = "disabled by configuration"
-        out = [{"what": "freeze", "why": why}, {"what": "isolate", "why": why}]
-        if is_gpu(device):
-            out.append({"what": "gate_drain", "why": why})
-        return out
+    def _off_reasons(self, device: str) -> list[Reason]:
+        names = ["freeze", "isolate", *(["gate_drain"] if is_gpu(device) else [])]
+        return [Reason.mechanism(n, "disabled by configuration", disabled=True) for n in names]
 
     def _gpu_stop(self, siblings: list[Any], request: Any) -> GateDrain | CheckpointLock | None:
         """The GPU step before freezing: the interposer's gate and drain, or the driver's

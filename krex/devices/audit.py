@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from krex.protocol.report import DeviceAudit
+
 
 def nvml_audit(device: str) -> NvmlAudit | None:
     """An audit for ``cuda:N`` when NVML answers here, else None."""
@@ -56,8 +58,8 @@ class NvmlAudit:
         self.holder_pids = holder_pids
         self.start = self.sample(holder_pids)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> DeviceAudit:
         end = self.sample(self.holder_pids)
         foreign = sorted(set(self.start.get("foreign_pids") or []) |
                          set(end.get("foreign_pids") or []))
-        return {"source": "nvml", "start": self.start, "end": end, "foreign_pids": foreign}
+        return DeviceAudit("nvml", self.start, end, foreign)

@@ -4,7 +4,8 @@
 gate and drain, then freeze of the siblings, then CPU isolation), registers a
 guardian lease carrying every operation's undo records, and applies them in
 an :class:`contextlib.ExitStack`.  :meth:`Enforcement.exit` reverts them and
-returns the host part of the region report.
+returns the host part of the region report (:class:`~krex.protocol.report.HostEvidence`);
+:attr:`Enforcement.reasons` says what kept the region from being clean.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from krex.enforce.job import JobTarget
 from krex.enforce.operation import Operation
 from krex.enforce.schedstat import HolderCounters
 from krex.errors import EnforcementFailed
+from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
 
 if TYPE_CHECKING:
     from krex.enforce.guardian import GuardianClient
@@ -103,12 +105,12 @@ class Enforcer:
         siblings: list[JobTarget],
         others: list[JobTarget],
         exclude: set[int],
-    ) -> tuple[list, list[dict]]:
+    ) -> tuple[list, list[Reason]]:
         ops: list = []
-        skipped: list[dict] = []
+        skipped: list[Reason] = []
         backend, why = self.freeze_backend()
         if backend is None:
-            skipped.append({"what": "freeze", "why": why})
+            skipped.append(Reason.mechanism("freeze", why, disabled=self.config.freeze == "off"))
         else:
             ops.append(
                 FREEZERS[backend](siblings, timeout_s=self.config.freeze_timeout_s, exclude=exclude)
@@ -118,7 +120,8 @@ class Enforcer:
             movable = list(others) + ([] if backend else list(siblings))
             ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
         else:
-            skipped.append({"what": "isolate", "why": "disabled by configuration (isolate=false)"})
+            skipped.append(Reason.mechanism("isolate", "disabled by configuration (isolate=false)",
+                                            disabled=True))
         return ops, skipped
 
     def enter(
@@ -135,7 +138,7 @@ class Enforcer:
         holder_refs = holder.processes()
         ops, skipped = self._ops(holder, siblings, list(others), {r.pid for r in holder_refs})
         enforcement = Enforcement(self, holder, siblings)
-        enforcement.not_enforced.extend(skipped)
+        enforcement.gaps.extend(skipped)
         enforcement.counters = HolderCounters.begin(holder_refs)
         enforcement.start(list(pre_ops) + ops, max_hold_s + self.config.lease_margin_s)
         return enforcement
@@ -152,15 +155,15 @@ class Enforcement:
         self.enforcer = enforcer
         self.holder = holder
         self.siblings = siblings
-        self.steps: list[dict] = []
-        self.not_enforced: list[dict] = []
+        self.steps: list[Step] = []
+        self.gaps: list[Reason] = []  # mechanisms not applied (disabled, unavailable)
         self.applied: list = []
         self.lease_id = next(_lease_ids)
         self.stack = contextlib.ExitStack()
         self.counters: HolderCounters | None = None
-        self.report: dict | None = None
+        self.report: HostEvidence | None = None
         self.revoked = False
-        self.freeze_step: dict | None = None
+        self.freeze_step: Step | None = None
         self.leased: list[dict] | None = None
 
     def start(self, ops: list, lease_s: float) -> None:
@@ -172,17 +175,17 @@ class Enforcement:
         except Exception as e:
             self.exit()
             if isinstance(e, EnforcementFailed):  # keep the specific error (DrainTimeout, ...)
-                e.report = self.report  # type: ignore[attr-defined]
+                e.host = self.report
                 raise
-            err = EnforcementFailed(f"enforcement failed at {self.steps[-1]['name']}: {e}")
-            err.report = self.report  # type: ignore[attr-defined]
+            err = EnforcementFailed(f"enforcement failed at {self.steps[-1].name}: {e}")
+            err.host = self.report
             raise err from e
         self._lease(usable, lease_s)  # now with what apply found (late forks)
 
     def _check(self, op: Operation) -> bool:
         ok, why = op.available()
         if not ok:
-            self.not_enforced.append({"what": op.name, "why": why})
+            self.gaps.append(Reason.mechanism(op.name, why))
         return ok
 
     def _lease(self, ops: list, lease_s: float) -> None:
@@ -197,36 +200,48 @@ class Enforcement:
             self.leased = records
 
     def _apply(self, op: Operation) -> None:
-        step = {"name": op.name, "backend": _backend(op), "apply_ms": None, "revert_ms": None}
-        step.update(ok=False, error=None)
+        step = Step(op.name, _backend(op))
         self.steps.append(step)
         t0 = time.perf_counter()
         try:
             op.apply()
         except Exception as e:
-            step["error"] = f"{type(e).__name__}: {e}"
+            step.error = f"{type(e).__name__}: {e}"
             self.stack.callback(self._revert, op, step)  # undo the partial apply too
             raise
         finally:
-            step["apply_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
-        step.update(ok=True, backend=_backend(op))
+            step.apply_ms = round((time.perf_counter() - t0) * 1e3, 3)
+        step.ok, step.backend = True, _backend(op)
         if op.name == "freeze":
             self.freeze_step = step
-            step["processes"] = op.frozen_count() if hasattr(op, "frozen_count") else None
+            frozen_count = getattr(op, "frozen_count", None)
+            step.processes = frozen_count() if frozen_count is not None else None
         self.applied.append(op)
         self.stack.callback(self._revert, op, step)
 
-    def _revert(self, op: Operation, step: dict) -> None:
+    def _revert(self, op: Operation, step: Step) -> None:
         t0 = time.perf_counter()
         try:
             op.revert()
-        except Exception as e:  # keep reverting the rest
-            step["ok"] = False
-            step["error"] = (step["error"] or "") + f" revert: {type(e).__name__}: {e}"
-        step["revert_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        except Exception as e:  # noqa: BLE001 - recorded in the step; keep reverting the rest
+            step.ok = False
+            step.error = (step.error or "") + f" revert: {type(e).__name__}: {e}"
+        step.revert_ms = round((time.perf_counter() - t0) * 1e3, 3)
 
-    def exit(self) -> dict:
-        """Revert in reverse order, end the lease, return the host report."""
+    @property
+    def reasons(self) -> list[Reason]:
+        """Why this region's host enforcement is not clean: gaps, failed steps, lease expiry."""
+        out = list(self.gaps)
+        out += [Reason(ReasonCode.STEP_FAILED, f"{s.name}: {s.error}",
+                       {"step": s.name, "error": s.error}) for s in self.steps if not s.ok]
+        if self.revoked:
+            out.append(Reason(ReasonCode.LEASE_EXPIRED,
+                              "lease: the guardian's lease expired: region revoked",
+                              {"lease_id": self.lease_id}))
+        return out
+
+    def exit(self) -> HostEvidence:
+        """Revert in reverse order, end the lease, return the host evidence."""
         if self.report is not None:
             return self.report
         self.stack.close()
@@ -237,25 +252,17 @@ class Enforcement:
         self.report = self._report()
         return self.report
 
-    def _report(self) -> dict:
+    def _report(self) -> HostEvidence:
         freeze = self.freeze_step
         switches, migrations = self.counters.deltas() if self.counters else (0, None)
-        not_enforced = list(self.not_enforced)
-        if self.revoked:
-            not_enforced.append(
-                {"what": "lease", "why": "the guardian's lease expired: region revoked"}
-            )
-        clean = bool(self.steps) and all(s["ok"] for s in self.steps) and not not_enforced
-        return {
-            "steps": self.steps,
-            "siblings_frozen": len(self.siblings) if freeze else 0,
-            "processes_frozen": (freeze.get("processes") or 0) if freeze else 0,
-            "freeze_backend": freeze["backend"] if freeze else "off",
-            "not_enforced": not_enforced,
-            "holder_nvcsw_involuntary": switches,
-            "holder_migrations": migrations,
-            "clean": clean and not self.revoked,
-        }
+        return HostEvidence(
+            steps=self.steps,
+            siblings_frozen=len(self.siblings) if freeze else 0,
+            processes_frozen=(freeze.processes or 0) if freeze else 0,
+            freeze_backend=freeze.backend if freeze else "off",
+            holder_involuntary_switches=switches,
+            holder_migrations=migrations,
+        )
 
 
 __all__ = ["EnforceConfig", "Enforcer", "Enforcement", "FREEZE_CHOICES", "SignalFreeze"]

@@ -52,13 +52,12 @@ def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
 def handoffs_us(regions: list[dict[str, Any]]) -> list[float]:
     """Release of one exclusive region -> grant of the next that was waiting, in µs."""
     spans = sorted((r for r in regions if r.get("exclusive") and not r.get("nested")),
-                   key=lambda r: r["granted_mono_ns"])
+                   key=lambda r: r["granted_mono_s"])
     out = []
     for prev, nxt in zip(spans, spans[1:], strict=False):
-        end_ns = prev["granted_mono_ns"] + prev["held_s"] * 1e9
-        gap_ns = nxt["granted_mono_ns"] - end_ns
-        if (nxt.get("waited_s") or 0) * 1e9 > gap_ns >= 0:
-            out.append(gap_ns / 1e3)
+        gap_s = nxt["granted_mono_s"] - (prev["granted_mono_s"] + prev["held_s"])
+        if (nxt.get("waited_s") or 0) > gap_s >= 0:
+            out.append(gap_s * 1e6)
     return out
 
 
@@ -67,7 +66,7 @@ def overlaps(regions: list[dict[str, Any]]) -> int:
     per_dev: dict[str, list[tuple[float, float]]] = {}
     for r in regions:
         if r.get("exclusive") and not r.get("nested"):
-            start = r["granted_mono_ns"] / 1e9
+            start = r["granted_mono_s"]
             per_dev.setdefault(r["device"], []).append((start, start + r["held_s"]))
     n = 0
     for spans in per_dev.values():
@@ -83,7 +82,7 @@ def timed_share(block: dict[str, Any]) -> float:
     held = sum(r["held_s"] for r in block["regions"]
                if not str(r.get("job") or "").startswith("ref-")
                and str(r.get("label") or "").startswith("eval ")
-               and t0 <= r["granted_mono_ns"] / 1e9 <= t1)
+               and t0 <= r["granted_mono_s"] <= t1)
     return held / block["wall_s"] if block["wall_s"] else 0.0
 
 
@@ -125,9 +124,8 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     unclean = [k for k in kernels if not (k.get("region") or {}).get("clean")]
     reasons: dict[str, int] = {}
     for k in unclean:
-        for ne in (k.get("region") or {}).get("not_enforced") or []:
-            what = ne.get("what", str(ne)) if isinstance(ne, dict) else str(ne)
-            reasons[what] = reasons.get(what, 0) + 1
+        for code in (k.get("region") or {}).get("reasons") or []:
+            reasons[code] = reasons.get(code, 0) + 1
     return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
             "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
             "command_wall_p50_s": percentile([c["wall_s"] for c in cmds], 50),
@@ -142,7 +140,7 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "timed_share": sum(timed_share(b) * b["wall_s"] for b in blocks) / wall if wall else 0,
             "device_utilisation": _utilisation(blocks),
             "loadavg_1min": _mean([x for b in blocks for x in b.get("loadavg_1min") or []]),
-            "not_enforced": reasons}
+            "not_clean_reasons": reasons}
 
 
 def _mean(xs: list[float]) -> float | None:

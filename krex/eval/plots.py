@@ -81,8 +81,8 @@ def _timeline(doc: dict[str, Any], out_dir: str) -> str:
     fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(firsts)))
     for row, blk in enumerate(firsts.values()):
         t0 = blk["start_mono_s"]
-        spans = [(r["granted_mono_ns"] / 1e9 - t0, r["held_s"]) for r in blk["regions"]
-                 if not r.get("nested") and r["granted_mono_ns"] / 1e9 >= t0]
+        spans = [(r["granted_mono_s"] - t0, r["held_s"]) for r in blk["regions"]
+                 if not r.get("nested") and r["granted_mono_s"] >= t0]
         ax.broken_barh(spans, (row - 0.4, 0.8))
     ax.set_yticks(range(len(firsts)), list(firsts))
     ax.set_xlabel("s since block start")

@@ -65,14 +65,14 @@ def _time(kernels: list[tuple[Any, Any]], timer: Any, spec: dict[str, Any]) -> l
         rep_ms = max(prof["rep_ms"], MIN_SAMPLES * k.bucket_ms)
         m = measure(fn, device=device, warmup_ms=prof["warmup_ms"], rep_ms=rep_ms,
                     cache=cache, retries=0, timer=timer, label=f"eval {k.name}")
-        region = m.region or {}
+        r = m.region
         out.append({"kernel": k.name, "bucket_ms": k.bucket_ms, "median_ms": m.median_ms,
                     "mean_ms": m.mean_ms, "min_ms": m.min_ms, "p95_ms": m.p95_ms,
                     "samples": len(m.samples_ms), "offcpu_fraction": m.offcpu_fraction,
                     "warnings": [w.name for w in m.warnings],
-                    "region": {key: region.get(key) for key in
-                               ("region", "mode", "waited_s", "held_s", "clean",
-                                "not_enforced")}})
+                    "region": {"region": r.region, "mode": r.mode, "waited_s": r.waited_s,
+                               "held_s": r.held_s, "clean": r.clean,
+                               "reasons": [x.code.value for x in r.reasons]}})
     return out
 
 

@@ -175,7 +175,7 @@ def run_block(cfg: EvalConfig, mode: Mode, rnd: int, n: int, workdir: str,
 def _regions(d: EvalDaemon) -> list[dict[str, Any]]:
     la = Launcher(d.socket, d.device, d.env, os.devnull)
     try:
-        keep = ("region", "job", "device", "label", "exclusive", "nested", "granted_mono_ns",
+        keep = ("region", "job", "device", "label", "exclusive", "nested", "granted_mono_s",
                 "waited_s", "held_s", "outcome")
         return [{k: r.get(k) for k in keep} for r in la.client.regions(limit=100000)]
     finally:

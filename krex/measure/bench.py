@@ -131,7 +131,7 @@ def _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
 def _findings(run, result, summary, timer, target) -> list[checks.Finding]:
     return [
         *checks.region(run.report),
-        *checks.plausibility(result.samples_ms, run.report.get("held_s")),
+        *checks.plausibility(result.samples_ms, run.report.held_s),
         *checks.timer_resolution(summary["median_ms"], timer.resolution_ms),
         *checks.noise(result.stop_reason, summary["noise_rel"], target),
         *checks.throttle(run.clocks_start, run.clocks_end, run.report),

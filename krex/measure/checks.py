@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from krex.measure import clocks, stopping
+from krex.protocol.report import ReasonCode, RegionReport
 
 Finding = tuple["MeasureWarning", str]
 
@@ -37,7 +38,7 @@ class MeasureWarning(Enum):
     )
     REGION_NOT_CLEAN = (
         "the region report is not clean (interference or enforcement gaps)",
-        "read report['not_enforced'] and the steps; rerun with more retries",
+        "read the report's reasons and steps; rerun with more retries",
     )
     REGION_REVOKED = (
         "the region exceeded its maximum hold and was revoked",
@@ -87,51 +88,50 @@ def noise(stop_reason: str, noise_rel: float, target_rel: float | None) -> list[
     return []
 
 
-def throttle(start: dict[str, Any], end: dict[str, Any], report: dict[str, Any]) -> list[Finding]:
+def throttle(start: dict[str, Any], end: dict[str, Any], report: RegionReport) -> list[Finding]:
+    """Throttling seen by our own clock samples, else by the region's device audit."""
     reason = clocks.throttle_reason(start, end)
-    if reason is None and report.get("throttled"):
-        reason = f"region report: {report.get('throttled')}"
+    audit = report.device_audit
+    if reason is None and audit is not None:
+        seen = clocks.throttle_reason(audit.start, audit.end)
+        reason = f"region report: {seen}" if seen else None
     return [(MeasureWarning.THROTTLED, reason)] if reason else []
 
 
-def region(report: dict[str, Any]) -> list[Finding]:
+def region(report: RegionReport) -> list[Finding]:
     """Warnings from the region report (none for a nested region: the outer one judges)."""
-    if report.get("nested"):
+    if report.nested:
         return []
     out: list[Finding] = []
-    gaps = report.get("not_enforced") or []
-    if not enforced(report) or gaps:
-        whats = "; ".join(f"{g.get('what')}: {g.get('why')}" for g in gaps)
-        out.append((MeasureWarning.ENFORCEMENT_IMPOSSIBLE, whats or f"mode {report.get('mode')}"))
-    if report.get("revoked"):
-        why = report.get("revoke_reason") or f"held {report.get('held_s')} s"
-        out.append((MeasureWarning.REGION_REVOKED, str(why)))
-    if not report.get("clean", False) and enforced(report):
-        out.append((MeasureWarning.REGION_NOT_CLEAN, _why_not_clean(report, gaps)))
+    gaps = report.gaps()
+    if not report.enforced or gaps:
+        whats = "; ".join(g.message for g in gaps)
+        out.append((MeasureWarning.ENFORCEMENT_IMPOSSIBLE, whats or f"mode {report.mode}"))
+    if report.revoked:
+        revoked = report.reason(ReasonCode.REVOKED)
+        why = revoked.message if revoked else f"held {report.held_s} s"
+        out.append((MeasureWarning.REGION_REVOKED, why))
+    if not report.clean and report.enforced:
+        out.append((MeasureWarning.REGION_NOT_CLEAN, _why_not_clean(report)))
     return out
 
 
-def _why_not_clean(report: dict[str, Any], gaps: list[dict[str, Any]]) -> str:
-    if report.get("why_not_clean"):
-        return str(report["why_not_clean"])
+def _why_not_clean(report: RegionReport) -> str:
+    gaps = report.gaps()
     if gaps:
-        return "enforcement gaps: " + ", ".join(str(g.get("what")) for g in gaps)
-    return "the daemon saw interference (read the report's evidence)"
+        return "enforcement gaps: " + ", ".join(
+            str(g.evidence.get("mechanism", g.code.value)) for g in gaps)
+    return report.why_not_clean() or "the daemon saw interference (read the report's evidence)"
 
 
-def enforced(report: dict[str, Any]) -> bool:
-    """The daemon granted exclusivity (region- or command-granular)."""
-    return report.get("mode") in ("region", "command")
-
-
-def should_retry(report: dict[str, Any]) -> bool:
+def should_retry(report: RegionReport) -> bool:
     """Retry a revoked or not-clean region, unless its gaps are structural.
 
     A region that is not clean only because a mechanism is missing on this
-    machine (``not_enforced``) would be just as unclean the next time.
+    machine (a *gap* reason) would be just as unclean the next time.
     """
-    if report.get("nested") or not enforced(report):
+    if report.nested or not report.enforced:
         return False
-    if report.get("revoked"):
+    if report.revoked:
         return True
-    return not report.get("clean", False) and not report.get("not_enforced")
+    return not report.clean and not report.gaps()

@@ -87,7 +87,7 @@ def _summary(argv, device, warmup_runs, run: loop.RegionRun) -> dict[str, Any]:
     times = [r[0] for r in run.value]
     findings = [
         *checks.region(run.report),
-        *checks.plausibility([t * 1e3 for t in times], run.report.get("held_s")),
+        *checks.plausibility([t * 1e3 for t in times], run.report.held_s),
     ]
     warnings, details = split_findings(findings)
     return {
@@ -105,7 +105,7 @@ def _summary(argv, device, warmup_runs, run: loop.RegionRun) -> dict[str, Any]:
         "system_s": stats.mean([r[2] for r in run.value]),
         "times_s": times,
         "exit_codes": [r[3] for r in run.value],
-        "region": run.report,
+        "region": run.report.to_dict(),
         "attempts": run.attempts,
         "warnings": warnings_dicts(warnings, details),
     }

@@ -181,7 +181,7 @@ def _findings(run, pairs: _PairLoop, timer: Timer, decided: str, ci) -> list[che
     shortest = min(stats.median(pairs.a_ms), stats.median(pairs.b_ms))
     out = [
         *checks.region(run.report),
-        *checks.plausibility(pairs.a_ms + pairs.b_ms, run.report.get("held_s")),
+        *checks.plausibility(pairs.a_ms + pairs.b_ms, run.report.held_s),
         *checks.timer_resolution(shortest, timer.resolution_ms),
         *checks.throttle(run.clocks_start, run.clocks_end, run.report),
     ]

@@ -18,6 +18,7 @@ from krex.errors import RegionRevoked
 from krex.measure import checks, clocks
 from krex.measure.regions import RegionFactory
 from krex.measure.timers import Timer
+from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport
 
 CHECK_INTERVAL_MS = 10.0  # how much measured time between two stopping decisions
 MAX_BATCH = 1000
@@ -118,9 +119,9 @@ class RegionRun:
     """The outcome of the body run in the last region, with the rejected reports."""
 
     value: Any
-    report: dict[str, Any]
+    report: RegionReport
     attempts: int
-    rejected: list[dict[str, Any]]
+    rejected: list[RegionReport]
     clocks_start: dict[str, Any]
     clocks_end: dict[str, Any]
 
@@ -171,7 +172,7 @@ def in_region(
     when the timer has one (the FakeTimer: none), else the device's.
     """
     read_clocks = getattr(timer, "clocks", None) or (lambda: clocks.sample(device))
-    rejected: list[dict[str, Any]] = []
+    rejected: list[RegionReport] = []
     for attempt in range(retries + 1):
         value, report, before, after = _one_region(
             body, factory, device, label, max_hold_s, read_clocks
@@ -191,8 +192,15 @@ def _one_region(body, factory, device, label, max_hold_s, read_clocks):
             value = body()
             after = read_clocks()
     except RegionRevoked as exc:
-        report = dict(getattr(r, "report", None) or {"mode": "region", "device": device})
-        report.update({"revoked": True, "clean": False, "why_not_clean": str(exc)})
-        return value, report, before, after
-    report = dict(getattr(r, "report", None) or {})
-    return value, report, before, after
+        report = getattr(r, "report", None) or RegionReport(device=device, mode="region")
+        revoked = Reason(ReasonCode.REVOKED, str(exc), {"region": exc.region})
+        return value, report.with_reason(revoked, Outcome.REVOKED), before, after
+    return value, getattr(r, "report", None) or _no_report(device), before, after
+
+
+def _no_report(device: str) -> RegionReport:
+    """A region factory whose regions report nothing: nothing can be said to be enforced."""
+    from krex.measure.regions import no_daemon
+
+    return RegionReport(device=device, mode=None, exclusive=False,
+                        reasons=[no_daemon("the region factory gave no report")])

@@ -4,20 +4,24 @@ The default factory is ``krex.client.region.region`` (the daemon-backed
 region).  Tests and embedders replace it with ``region=`` on each call or
 :func:`set_region_factory` for the process.  A factory is called as
 ``factory(device, max_hold_s=..., label=...)`` and returns a context manager
-whose value has a ``report`` dict after exit.
+whose value has a ``report`` (a :class:`~krex.protocol.report.RegionReport`)
+after exit.
 
 When the client cannot be imported, measurements fall back to
 :class:`LocalRegion`: no exclusivity, ``mode: "none"``, not clean, with the
-reason in ``not_enforced`` — so every result still carries a report and says
-that enforcement was impossible.
+reason ``no_daemon`` — so every result still carries a report and says that
+enforcement was impossible.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
+
+from krex.protocol.report import Reason, ReasonCode, RegionReport
 
 RegionFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -60,7 +64,7 @@ class LocalRegion:
         self._clock = clock
         self._why = why
         self._start = 0.0
-        self.report: dict[str, Any] = {}
+        self.report: RegionReport | None = None
 
     def __enter__(self) -> LocalRegion:
         self._start = self._clock()
@@ -69,27 +73,23 @@ class LocalRegion:
     def __exit__(self, *exc: object) -> None:
         self.report = self._base_report(self._clock() - self._start)
 
-    def _base_report(self, held_s: float) -> dict[str, Any]:
-        return {
-            "region": None,
-            "device": self.device,
-            "label": self.label,
-            "mode": "none",
-            "waited_s": 0.0,
-            "held_s": held_s,
-            "clean": False,
-            "not_enforced": [{"what": "exclusivity", "why": self._why}],
-            "steps": [],
-            "revoked": False,
-        }
+    def _base_report(self, held_s: float) -> RegionReport:
+        return RegionReport(device=self.device, label=self.label, mode="none", exclusive=False,
+                            held_s=held_s, reasons=[no_daemon(self._why)])
+
+
+def no_daemon(why: str) -> Reason:
+    return Reason(ReasonCode.NO_DAEMON, f"exclusivity: {why}",
+                  {"mechanism": "exclusivity", "why": why})
 
 
 class ScriptedRegions:
     """A factory of local regions whose reports are scripted (for tests and demos).
 
     Each region taken gets the next dict of ``overrides`` (the last one
-    repeats), merged over a clean ``mode: "region"`` report timed by ``clock``.
-    ``taken`` counts regions, ``reports`` keeps them.
+    repeats): :class:`~krex.protocol.report.RegionReport` fields set over a
+    clean ``mode: "region"`` report timed by ``clock``.  ``taken`` counts
+    regions, ``reports`` keeps them.
     """
 
     def __init__(
@@ -100,7 +100,7 @@ class ScriptedRegions:
         self._overrides = list(overrides or [{}])
         self._clock = clock
         self.taken = 0
-        self.reports: list[dict[str, Any]] = []
+        self.reports: list[RegionReport] = []
 
     def __call__(self, device: str | None = None, **kwargs: Any) -> _ScriptedRegion:
         index = min(self.taken, len(self._overrides) - 1)
@@ -117,10 +117,8 @@ class _ScriptedRegion(LocalRegion):
         self._overrides = overrides
 
     def __exit__(self, *exc: object) -> None:
-        report = self._base_report(self._clock() - self._start)
-        report.update(
-            {"region": self._owner.taken, "mode": "region", "clean": True, "not_enforced": []}
-        )
-        report.update(self._overrides)
-        self.report = report
-        self._owner.reports.append(report)
+        clean = dataclasses.replace(self._base_report(self._clock() - self._start),
+                                    region=self._owner.taken, mode="region", exclusive=True,
+                                    reasons=[])
+        self.report = dataclasses.replace(clean, **self._overrides)
+        self._owner.reports.append(self.report)

@@ -1,7 +1,8 @@
 """What measurements return: :class:`Measurement` and :class:`Comparison`.
 
 Plain dataclasses: picklable, with ``to_dict()`` giving JSON-ready dicts
-(warnings as their names, each with its next action).
+(warnings as their names, each with its next action; region reports in their
+serialised form).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex.measure.checks import Finding, MeasureWarning
+from krex.protocol.report import RegionReport
 
 RESULT_FORMAT = 1
 
@@ -20,6 +22,17 @@ def warnings_dicts(warnings: list[MeasureWarning], details: dict[str, str]) -> l
         {"warning": w.name, "detail": details.get(w.name, ""), "next_action": w.next_action}
         for w in warnings
     ]
+
+
+def _plain(result: Any) -> dict[str, Any]:
+    """A result's fields as JSON-ready values: reports serialised, warnings with actions."""
+    out = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    out["region"] = result.region.to_dict()
+    out["rejected_regions"] = [r.to_dict() for r in result.rejected_regions]
+    out["warnings"] = warnings_dicts(result.warnings, result.warning_details)
+    del out["warning_details"]
+    out["format"] = RESULT_FORMAT
+    return out
 
 
 def split_findings(findings: list[Finding]) -> tuple[list[MeasureWarning], dict[str, str]]:
@@ -57,9 +70,9 @@ class Measurement:
     warmup_iterations: int
     estimate_ms: float
     elapsed_s: float  # wall time of the timed loop, flushes included
-    region: dict[str, Any]
+    region: RegionReport
     attempts: int = 1
-    rejected_regions: list[dict[str, Any]] = field(default_factory=list)
+    rejected_regions: list[RegionReport] = field(default_factory=list)
     clocks_start: dict[str, Any] = field(default_factory=dict)
     clocks_end: dict[str, Any] = field(default_factory=dict)
     offcpu_fraction: float | None = None  # cpu timer: share of wall time off the CPU
@@ -78,12 +91,9 @@ class Measurement:
         return not self.warnings
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["format"] = RESULT_FORMAT
+        out = _plain(self)
         out["iterations"] = self.iterations
         out["trusted"] = self.trusted
-        out["warnings"] = warnings_dicts(self.warnings, self.warning_details)
-        del out["warning_details"]
         return out
 
 
@@ -104,18 +114,14 @@ class Comparison:
     candidate: dict[str, float]
     baseline_samples_ms: list[float]
     candidate_samples_ms: list[float]
-    region: dict[str, Any]
+    region: RegionReport
     device: str
     timer: str
     elapsed_s: float
     attempts: int = 1
-    rejected_regions: list[dict[str, Any]] = field(default_factory=list)
+    rejected_regions: list[RegionReport] = field(default_factory=list)
     warnings: list[MeasureWarning] = field(default_factory=list)
     warning_details: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["format"] = RESULT_FORMAT
-        out["warnings"] = warnings_dicts(self.warnings, self.warning_details)
-        del out["warning_details"]
-        return out
+        return _plain(self)

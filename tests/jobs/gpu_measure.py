@@ -25,7 +25,7 @@ def kernel():
 try:
     m = krex.measure(kernel, timer=timer, device="fakegpu:0", warmup_ms=5, min_time_s=0.15,
                      max_time_s=0.3, timeout_s=10, retries=0)
-    print(json.dumps({"median_ms": m.median_ms, "clean": m.region.get("clean"),
-                      "report": m.region}))
+    print(json.dumps({"median_ms": m.median_ms, "clean": m.region.clean,
+                      "report": m.region.to_dict()}))
 except KrexError as exc:
     print(json.dumps({"error": exc.code, "message": exc.message}))

@@ -48,5 +48,5 @@ stop.set()
 for w in workers:
     w.join()
 with open(out, "w") as f:
-    json.dump({"t_in": t_in, "t_out": t_out, "report": r.report, "before": before,
+    json.dump({"t_in": t_in, "t_out": t_out, "report": r.report.to_dict(), "before": before,
                "inside": inside, "inside_sibling": inside_sibling, "after": after}, f)

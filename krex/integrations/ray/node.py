@@ -179,9 +179,9 @@ class KrexNode:
                 records = client.regions(job_ids=[job_id], limit=1000)
         except KrexError:
             return []
-        lo = int(result.started_mono * 1e9)
-        hi = int((result.ended_mono if result.ended_mono is not None else time.monotonic()) * 1e9)
-        return [r for r in records if lo <= r.get("requested_mono_ns", -1) <= hi]
+        lo = result.started_mono
+        hi = result.ended_mono if result.ended_mono is not None else time.monotonic()
+        return [r for r in records if lo <= (r.get("requested_mono_s") or -1.0) <= hi]
 
     def _worker_job(self, worker_pid: int) -> int | None:
         if worker_pid not in self.worker_jobs:
