@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
+from krex.measure import stats
 
 SIBLINGS = (1, 4, 16)
 BUSY = "while True: pass"
@@ -40,13 +40,9 @@ def _target(job_id: int, proc: subprocess.Popen, cgroups: JobCgroups | None) -> 
     return JobTarget(job_id, root=ProcessRef.of(proc.pid), pgid=proc.pid, cgroups=cgroups)
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def _summary(xs: list[float]) -> dict:
-    return {"p50_ms": round(statistics.median(xs), 3), "p95_ms": round(_quantile(xs, 0.95), 3)}
+    q = stats.quantiles(xs, (0.5, 0.95))
+    return {"p50_ms": round(q["p50"], 3), "p95_ms": round(q["p95"], 3)}
 
 
 def run_case(layout: CgroupLayout, backend: str, n: int, regions: int) -> dict:

@@ -3,7 +3,8 @@
 One job times kernels of ~0.1, 1 and 10 ms (benchmarks/programs/fidelity_probe.py)
 while 4 sibling jobs run heavy work.  Each round times the kernels alone (the
 reference), alone again, then loaded under each mode, so machine drift cancels.
-Three readings per bucket, all in % against the reference of the same round:
+Three readings per bucket, all in % against the reference of the same round
+(krex.measure.stats defines them and the quantiles):
 
 - per sample: each loaded sample ÷ the reference median (a sample's own jitter
   counts: on a 250 Hz VM a 1 ms sample catches a scheduler tick 1 time in 4);
@@ -29,14 +30,15 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import md_table, percentiles, private_daemon, write_results  # noqa: E402
+from common import md_table, private_daemon, write_results  # noqa: E402
+
+from krex.measure import stats  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, "programs")
@@ -91,9 +93,6 @@ def probe(sock: str, device: str, mode: str) -> dict:
     return data
 
 
-QS = (50, 95, 99)
-
-
 class Pooled:
     """One mode's samples of every round, normalised by the round's reference medians.
 
@@ -103,18 +102,19 @@ class Pooled:
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {}  # group -> sample / ref median
         self.ref: dict[str, list[float]] = {}  # group -> reference sample / ref median
-        self.medians: dict[str, list[float]] = {}  # group -> measurement median / ref median
+        self.reported: dict[str, list[float]] = {}  # group -> reported inflation %
 
     def add(self, alone: dict, loaded: dict) -> None:
         for name, run in loaded.items():
-            ref = statistics.median(alone[name]["samples_ms"])
             for b in (f"{run['bucket_ms']:g}ms", f"{name.split('-')[0]} {run['bucket_ms']:g}ms"):
-                self._add(b, ref, run, alone[name])
+                self._add(b, run["samples_ms"], alone[name]["samples_ms"])
 
-    def _add(self, group: str, ref: float, run: dict, alone: dict) -> None:
-        self.samples.setdefault(group, []).extend(s / ref for s in run["samples_ms"])
-        self.ref.setdefault(group, []).extend(s / ref for s in alone["samples_ms"])
-        self.medians.setdefault(group, []).append(statistics.median(run["samples_ms"]) / ref)
+    def _add(self, group: str, samples: list[float], alone: list[float]) -> None:
+        # Normalised by this kernel's own reference median, so kernels of one bucket pool.
+        ref = stats.median(alone)
+        self.samples.setdefault(group, []).extend(s / ref for s in samples)
+        self.ref.setdefault(group, []).extend(s / ref for s in alone)
+        self.reported.setdefault(group, []).append(stats.reported_inflation_pct(samples, alone))
 
     def readings(self) -> dict[str, dict[str, dict[str, float]]]:
         out: dict[str, dict[str, dict[str, float]]] = {"per_sample": {}, "quantile": {},
@@ -123,11 +123,11 @@ class Pooled:
         for g in sorted(self.samples, key=_group_order):
             if " " in g and len(kinds) < 2:
                 continue  # one kind of kernel: its groups repeat the buckets
-            out["per_sample"][g] = percentiles([(x - 1) * 100 for x in self.samples[g]], QS)
-            loaded, ref = percentiles(self.samples[g], QS), percentiles(self.ref[g], QS)
-            out["quantile"][g] = {q: (loaded[q] / ref[q] - 1) * 100 for q in loaded}
-            meds = [(m - 1) * 100 for m in self.medians[g]]
-            out["reported"][g] = {"median": statistics.median(meds),
+            out["per_sample"][g] = stats.quantiles(
+                stats.per_sample_inflation_pct(self.samples[g], 1.0))
+            out["quantile"][g] = stats.quantile_inflation_pct(self.samples[g], self.ref[g])
+            meds = self.reported[g]
+            out["reported"][g] = {"median": stats.median(meds),
                                   "worst": max(meds, key=abs), "n": len(meds)}
         return out
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -29,7 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "programs"))
 from ckernels import cpu_kernels  # noqa: E402
-from common import md_table, percentiles, write_results  # noqa: E402
+from common import md_table, write_results  # noqa: E402
+
+from krex.measure import stats  # noqa: E402
 
 BUCKETS_MS = (0.1, 1.0, 10.0)
 WINDOW_S = 0.1
@@ -49,12 +50,13 @@ def floor(fn, seconds: float) -> dict[str, float]:
         t1 = time.perf_counter()
         current.append((t1 - t0) * 1e3)
         if t1 - t_window >= WINDOW_S and len(current) >= 3:
-            windows.append(statistics.median(current))
+            windows.append(stats.median(current))
             samples += current
             current, t_window = [], t1
-    med = statistics.median(samples)
-    per = percentiles([(s / med - 1) * 100 for s in samples], (95, 99))
-    drift = percentiles([abs(w / med - 1) * 100 for w in windows], (50, 95))
+    med = stats.median(samples)
+    per = stats.quantiles(stats.per_sample_inflation_pct(samples, med), (0.95, 0.99))
+    drift = stats.quantiles([abs(x) for x in stats.per_sample_inflation_pct(windows, med)],
+                            (0.5, 0.95))
     return {"median_ms": med, "samples": len(samples), "windows": len(windows),
             "sample_p95_pct": per["p95"], "sample_p99_pct": per["p99"],
             "window_drift_p50_pct": drift["p50"], "window_drift_p95_pct": drift["p95"]}

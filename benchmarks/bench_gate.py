@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from krex.devices import native  # noqa: E402
 from krex.devices.fakegpu import FakeGpu  # noqa: E402
 from krex.enforce.gate import GateFile  # noqa: E402
+from krex.measure import stats  # noqa: E402
 
 NULL_DRIVER = r"""
 int cuLaunchKernel(void *f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e,
@@ -51,11 +51,6 @@ int main(void) {
     printf("%f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
 }
 """
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def build(tmp: Path) -> tuple[Path, Path]:
@@ -78,7 +73,7 @@ def gate_ns(caller: Path, gate: GateFile, runs: int = 5) -> dict[str, float]:
     for _ in range(runs):
         plain.append(float(subprocess.check_output([str(caller)], text=True)))
         gated.append(float(subprocess.check_output([str(caller)], env=env_gated, text=True)))
-    p, g = statistics.median(plain), statistics.median(gated)
+    p, g = stats.median(plain), stats.median(gated)
     return {"no_interposer": p, "open_gate": g, "gate_cost": g - p}
 
 
@@ -92,7 +87,7 @@ def launch_ns(launcher: Path, gpu: FakeGpu, gate: GateFile, runs: int = 5) -> di
             line = subprocess.check_output(args, env=env, text=True).splitlines()[-1]
             n = int(re.search(r"launches=(\d+)", line).group(1))
             out[key].append(0.3e9 / n)
-    return {k: statistics.median(v) for k, v in out.items()}
+    return {k: stats.median(v) for k, v in out.items()}
 
 
 def cycles(launcher: Path, gpu: FakeGpu, gate: GateFile, n: int) -> dict[str, dict[str, float]]:
@@ -114,8 +109,11 @@ def cycles(launcher: Path, gpu: FakeGpu, gate: GateFile, n: int) -> dict[str, di
         gate.open(0)
         proc.send_signal(signal.SIGUSR1)
         proc.communicate(timeout=30)
-    summary = lambda v: {"p50": pct(v, 0.5), "p95": pct(v, 0.95), "max": max(v)}  # noqa: E731
-    return {"quiesce_us": summary(quiesce), "drain_ack_us": summary(ack)}
+    return {"quiesce_us": _summary(quiesce), "drain_ack_us": _summary(ack)}
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {**stats.quantiles(values, (0.5, 0.95)), "max": max(values)}
 
 
 def main() -> None:

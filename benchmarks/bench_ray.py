@@ -16,7 +16,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import md_table, percentiles, write_results  # noqa: E402
+from common import md_table, write_results  # noqa: E402
+
+from krex.measure.stats import quantiles  # noqa: E402
 
 WORK = """import sys, time, krex
 def spin(ms):  # CPU time, not wall time: a fixed amount of work per program
@@ -75,7 +77,7 @@ def overhead(reps: int, noop: str) -> dict:
             with Client(sock, autostart=False) as c:
                 c.exec(noop, [], on_output=quiet)
             direct.append(time.perf_counter() - t0)
-    return {"krex_ray_submit_s": percentiles(via_ray), "client_exec_s": percentiles(direct)}
+    return {"krex_ray_submit_s": quantiles(via_ray), "client_exec_s": quantiles(direct)}
 
 
 def main() -> int:

@@ -19,7 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import md_table, percentiles, private_daemon, write_results  # noqa: E402
+from common import md_table, private_daemon, write_results  # noqa: E402
+
+from krex.measure.stats import quantiles  # noqa: E402
 
 
 def round_trip(n: int) -> list[float]:
@@ -87,9 +89,9 @@ def main() -> None:
     with private_daemon():
         rt_enf = round_trip(args.n // 4)
         ho_enf = handoff(args.n // 4)
-    rows = {"round_trip_us": percentiles(rt), "handoff_us": percentiles(ho),
-            "round_trip_enforced_us": percentiles(rt_enf),
-            "handoff_enforced_us": percentiles(ho_enf)}
+    rows = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
+            "round_trip_enforced_us": quantiles(rt_enf),
+            "handoff_enforced_us": quantiles(ho_enf)}
     path = write_results("regions", {"n": args.n, "results": rows,
                                      "handoffs_measured": len(ho)})
     print(md_table(["metric (µs)", "p50", "p95", "p99"],

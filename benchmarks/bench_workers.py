@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from krex.measure import stats
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
 
 FORMAT_VERSION = 1
@@ -56,10 +56,8 @@ print(T0, T1)
 
 
 def quantiles(xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    return {"p50_ms": 1e3 * statistics.median(xs),
-            "p95_ms": 1e3 * xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))],
-            "n": len(xs)}
+    q = stats.quantiles(xs, (0.5, 0.95))
+    return {"p50_ms": 1e3 * q["p50"], "p95_ms": 1e3 * q["p95"], "n": len(xs)}
 
 
 def cold(path: str, env: dict[str, str] | None = None) -> tuple[float, float, float]:

@@ -1,4 +1,7 @@
-"""Shared by the benchmark scripts: a private daemon, percentiles, atomic results."""
+"""Shared by the benchmark scripts: a private daemon, atomic results, markdown tables.
+
+Quantiles and inflation readings come from :mod:`krex.measure.stats` (one definition).
+"""
 
 from __future__ import annotations
 
@@ -17,18 +20,6 @@ from krex.client.autostart import daemon_reachable
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 FORMAT_VERSION = 1
-
-
-def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
-    xs = sorted(values)
-    if not xs:
-        return {f"p{q:g}": float("nan") for q in qs}
-    out = {}
-    for q in qs:
-        k = (len(xs) - 1) * q / 100
-        lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-        out[f"p{q:g}"] = xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-    return out
 
 
 def machine() -> dict[str, Any]:

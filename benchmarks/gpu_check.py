@@ -40,7 +40,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,9 @@ ROOT = os.path.dirname(HERE)
 PROGRAMS = os.path.join(HERE, "programs")
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
-from common import md_table, percentiles, private_daemon  # noqa: E402
+from common import md_table, private_daemon  # noqa: E402
+
+from krex.measure import stats as kstats  # noqa: E402  (one quantile/inflation definition)
 
 FORMAT = 1
 PY = sys.executable
@@ -185,7 +186,7 @@ def pyenv(env: dict[str, str]) -> dict[str, str]:
 def stats(xs: list[float]) -> dict[str, Any]:
     if not xs:
         return {"n": 0}
-    p = percentiles(xs, (50, 95))
+    p = kstats.quantiles(xs, (0.5, 0.95))
     return {"n": len(xs), "p50": round(p["p50"], 3), "p95": round(p["p95"], 3),
             "max": round(max(xs), 3)}
 
@@ -460,16 +461,16 @@ def check_inflation(args: argparse.Namespace) -> dict[str, Any]:
                 for name, run_ in loaded["kernels"].items():
                     if name not in alone["kernels"]:
                         continue
-                    ref = statistics.median(alone["kernels"][name]["samples_ms"])
+                    ref = kstats.median(alone["kernels"][name]["samples_ms"])
                     key = (name.split("-")[0], run_["bucket_ms"])
                     pooled[mode].setdefault(key, []).extend(
-                        (s / ref - 1) * 100 for s in run_["samples_ms"])
+                        kstats.per_sample_inflation_pct(run_["samples_ms"], ref))
                     clean[mode].append(bool(run_["clean"]))
                 print(f"  inflation: round {r + 1}/{rounds} mode {mode} done", file=sys.stderr)
             rounds_done += 1
         with open(sizes) as f:
             calibration = json.load(f)
-    table = {m: {f"{fam}-{b:g}ms": {k: round(v, 3) for k, v in percentiles(xs).items()}
+    table = {m: {f"{fam}-{b:g}ms": {k: round(v, 3) for k, v in kstats.quantiles(xs).items()}
                  | {"n": len(xs)} for (fam, b), xs in sorted(buckets.items())}
              for m, buckets in pooled.items()}
     return {"ok": rounds_done > 0 and all(table.values()), "rounds": rounds_done,

@@ -27,6 +27,34 @@ def test_quantile_matches_numpy_linear():
         assert stats.quantile(values, q) == pytest.approx(float(np.quantile(values, q)))
 
 
+def test_named_quantiles_share_the_one_definition():
+    values = [float(v) for v in range(1, 21)]
+    named = stats.quantiles(values)
+    assert list(named) == ["p50", "p95", "p99"]
+    assert named["p95"] == stats.quantile(values, 0.95) == pytest.approx(np.quantile(values, 0.95))
+    assert stats.quantile_name(0.999) == "p99.9"
+    # Non-finite values are left out; none at all reads NaN (not an exception).
+    assert stats.quantiles([1.0, math.nan, 3.0], (0.5,)) == {"p50": 2.0}
+    assert math.isnan(stats.quantiles([], (0.5,))["p50"])
+
+
+def test_three_inflation_readings():
+    alone = [1.0, 1.0, 1.0, 1.0, 2.0]  # a tick hit the reference once
+    loaded = [1.0, 1.0, 1.0, 1.0, 2.0]  # the same distribution under load
+    # Same distribution: every quantile reads 0, the reported median 0 ...
+    assert stats.quantile_inflation_pct(loaded, alone) == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    assert stats.reported_inflation_pct(loaded, alone) == 0.0
+    # ... but per sample the tick counts against the reference median.
+    per = stats.per_sample_inflation_pct(loaded, stats.median(alone))
+    assert per == [0.0, 0.0, 0.0, 0.0, 100.0]
+    # Negative control: a slower loaded run reads positive in every reading.
+    slower = [v * 1.1 for v in loaded]
+    assert stats.reported_inflation_pct(slower, alone) == pytest.approx(10.0)
+    assert all(v == pytest.approx(10.0)
+               for v in stats.quantile_inflation_pct(slower, alone).values())
+    assert stats.inflation_pct(0.9, 1.0) == pytest.approx(-10.0)
+
+
 def test_lower_median_is_torch_median():
     assert stats.lower_median([4, 1, 3, 2]) == 2  # torch.median picks the lower middle
     assert stats.lower_median([3, 1, 2]) == 2

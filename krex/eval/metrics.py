@@ -6,23 +6,15 @@ right after its block (drift between minutes cancels; interference from
 outside krex — other users of the machine — only ever slows a reference
 down, so the faster one is the better estimate of "alone", and it makes
 inflation err on the high side).  Reported
-in percent, as p50 / p95 / p99 per kernel-duration bucket.
+in percent, as p50 / p95 / p99 per kernel-duration bucket (the *reported*
+reading of :mod:`krex.measure.stats`; quantiles as defined there).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
-
-def percentile(values: Sequence[float], q: float) -> float:
-    xs = sorted(v for v in values if math.isfinite(v))
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+from krex.measure.stats import inflation_pct, quantiles
 
 
 def references(block: dict[str, Any]) -> dict[str, float]:
@@ -45,7 +37,7 @@ def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
             if ref and k.get("median_ms"):
                 rows.append({"bucket_ms": k["bucket_ms"], "kernel": k["kernel"],
                              "median_ms": k["median_ms"], "ref_ms": ref,
-                             "inflation_pct": (k["median_ms"] / ref - 1) * 100})
+                             "inflation_pct": inflation_pct(k["median_ms"], ref)})
     return rows
 
 
@@ -99,7 +91,7 @@ def reference_drift(block: dict[str, Any]) -> list[dict[str, Any]]:
         bucket = k.get("bucket_ms", (b or {}).get("bucket_ms"))
         if b and k.get("median_ms") and bucket is not None:
             rows.append({"bucket_ms": bucket, "kernel": k["kernel"],
-                         "inflation_pct": abs(k["median_ms"] / b["median_ms"] - 1) * 100})
+                         "inflation_pct": abs(inflation_pct(k["median_ms"], b["median_ms"]))})
     return rows
 
 
@@ -111,7 +103,7 @@ def _bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out = {}
     for b in sorted({r["bucket_ms"] for r in rows}):
         vals = [r["inflation_pct"] for r in rows if r["bucket_ms"] == b]
-        out[f"{b:g}"] = {"n": len(vals), **{f"p{q}": percentile(vals, q) for q in (50, 95, 99)}}
+        out[f"{b:g}"] = {"n": len(vals), **quantiles(vals)}
     return out
 
 
@@ -128,13 +120,13 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             reasons[code] = reasons.get(code, 0) + 1
     return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
             "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
-            "command_wall_p50_s": percentile([c["wall_s"] for c in cmds], 50),
+            "command_wall_p50_s": quantiles([c["wall_s"] for c in cmds], (0.5,))["p50"],
             "inflation_pct": _bucket_stats(rows),
             "inflation_by_kind_pct": {kind: _bucket_stats([r for r in rows if _kind(r) == kind])
                                       for kind in sorted({_kind(r) for r in rows})},
             "reference_drift_pct": _bucket_stats([r for b in blocks for r in reference_drift(b)]),
             "handoff_us": {
-                "n": len(hand), "p50": percentile(hand, 50), "p95": percentile(hand, 95)},
+                "n": len(hand), **quantiles(hand, (0.5, 0.95))},
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),
             "regions_not_clean": len(unclean), "timed_kernels": len(kernels),
             "timed_share": sum(timed_share(b) * b["wall_s"] for b in blocks) / wall if wall else 0,

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2  # 2: region records with *_mono_s timestamps, reasons instead of not_enforced
 
 
 def machine() -> dict[str, Any]:

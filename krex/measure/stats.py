@@ -1,9 +1,25 @@
-"""Statistics of timing samples: pure functions on lists of floats.
+"""Statistics of timing samples: pure functions on lists of floats — krex's one vocabulary.
 
-No numpy: the core of krex stays light.  Quantiles use linear interpolation
-(numpy's and torch's default); ``lower_median`` follows ``torch.median``
-(the lower of the two middle values), which ``bench`` needs to keep the
-exact contract of ``triton.testing.do_bench``.
+Every quantile krex reports (measurements, the eval, the benchmarks, the GPU
+check) comes from :func:`quantile`: ``q`` in [0, 1], linear interpolation
+between order statistics (numpy's and torch's default, "type 7"), so "p95"
+means the same in every results file; :func:`quantiles` names them
+``p50``/``p95``/``p99``.  ``lower_median`` follows ``torch.median`` (the
+lower of the two middle values), which ``bench`` needs to keep the exact
+contract of ``triton.testing.do_bench``.
+
+Inflation (how much slower a kernel ran under load than alone) is read three
+ways, all in percent against a *reference* measured alone
+(docs/benchmarks.md):
+
+- per sample (:func:`per_sample_inflation_pct`): each sample ÷ the
+  reference median — a sample's own jitter counts;
+- quantile (:func:`quantile_inflation_pct`): the loaded run's quantile ÷ the
+  reference run's same quantile — equal distributions read 0 everywhere;
+- reported (:func:`inflation_pct` of two medians): a measurement's median ÷
+  the reference median — what a user of ``krex.measure`` sees.
+
+No numpy: the core of krex stays light.
 """
 
 from __future__ import annotations
@@ -26,6 +42,20 @@ def quantile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+DEFAULT_QS = (0.5, 0.95, 0.99)
+
+
+def quantile_name(q: float) -> str:
+    """``0.95`` -> ``"p95"``, ``0.999`` -> ``"p99.9"``."""
+    return f"p{q * 100:g}"
+
+
+def quantiles(values: Sequence[float], qs: Sequence[float] = DEFAULT_QS) -> dict[str, float]:
+    """Named quantiles (``p50``, ``p95``, ...) of the finite values; NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return {quantile_name(q): quantile(finite, q) if finite else math.nan for q in qs}
 
 
 def median(values: Sequence[float]) -> float:
@@ -127,3 +157,28 @@ def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
         "noise_rel": relative_noise(samples_ms),
         "stdev_rel": relative_stdev(samples_ms),
     }
+
+
+# -- inflation: loaded vs alone ----------------------------------------------------------
+
+
+def inflation_pct(value: float, reference: float) -> float:
+    """How much larger ``value`` is than ``reference``, in percent (0: the same)."""
+    return (value / reference - 1.0) * 100.0
+
+
+def per_sample_inflation_pct(samples: Sequence[float], reference: float) -> list[float]:
+    """Each sample's inflation over ``reference`` (the median of the alone run), in %."""
+    return [inflation_pct(s, reference) for s in samples]
+
+
+def quantile_inflation_pct(samples: Sequence[float], reference_samples: Sequence[float],
+                           qs: Sequence[float] = DEFAULT_QS) -> dict[str, float]:
+    """Each quantile of ``samples`` over the same quantile of ``reference_samples``, in %."""
+    loaded, alone = quantiles(samples, qs), quantiles(reference_samples, qs)
+    return {name: inflation_pct(loaded[name], alone[name]) for name in loaded}
+
+
+def reported_inflation_pct(samples: Sequence[float], reference_samples: Sequence[float]) -> float:
+    """A measurement's median over the alone run's median, in % (what a user reads)."""
+    return inflation_pct(median(samples), median(reference_samples))
