@@ -13,13 +13,13 @@ atomically) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
 import sys
 import time
 
+from krex import resultfile
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
@@ -113,14 +113,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regions", type=int, default=50)
@@ -135,7 +127,7 @@ def main() -> int:
         "root": os.geteuid() == 0,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    write_atomic(args.out, {"format": 1, "benchmark": "enforce", "meta": meta, "results": rows})
+    resultfile.write(args.out, {"benchmark": "enforce", "meta": meta, "results": rows}, format=1)
     print(table(rows))
     return 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from krex import resultfile  # noqa: E402
 from krex.devices import native  # noqa: E402
 from krex.devices.fakegpu import FakeGpu  # noqa: E402
 from krex.enforce.gate import GateFile  # noqa: E402
@@ -125,15 +125,11 @@ def main() -> None:
             GateFile.create(Path(tmpdir) / "gate") as gate:
         launcher, caller = build(Path(tmpdir))
         result = {
-            "format_version": 1, "benchmark": "gate", "cycles": args.cycles,
+            "benchmark": "gate", "cycles": args.cycles,
             "gate_ns": gate_ns(caller, gate), "launch_ns": launch_ns(launcher, gpu, gate),
             **cycles(launcher, gpu, gate, args.cycles),
         }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
+    resultfile.write(args.out, result, format=1, indent=2)
     print(json.dumps(result, indent=2))
 
 

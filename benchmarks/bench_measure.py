@@ -21,12 +21,12 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from krex import resultfile  # noqa: E402
 from krex.measure import ScriptedRegions, compare, measure  # noqa: E402
 
 FORMAT = 1
@@ -119,14 +119,6 @@ def cost() -> dict:
     return rows
 
 
-def write_atomically(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -134,14 +126,13 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 3 if args.quick else 10
     data = {
-        "format": FORMAT,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fakegpu_accuracy": fakegpu_accuracy(repeats),
         "ab_power_cpu": ab_power(repeats),
         "cost_cpu": cost(),
     }
-    write_atomically(args.out, data)
+    resultfile.write(args.out, data, format=FORMAT)
     print(json.dumps(data, indent=1)[:4000])
     print(f"wrote {args.out}")
 

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from krex import resultfile
 from krex.measure import stats
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
 
@@ -154,24 +155,17 @@ def _concurrent(fn, n: int) -> dict:
             "per_program": quantiles([r[2] for r in results])}
 
 
-def write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--out", default=str(ROOT / "results" / "bench_workers.json"))
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        data = {"format_version": FORMAT_VERSION, "benchmark": "workers",
+        data = {"benchmark": "workers",
                 "python": sys.version.split()[0], "cpus": os.cpu_count(),
                 "cpu": bench_cpu(opts.runs, tmp)}
         data["fakegpu"] = bench_fakegpu(tmp) if fakegpu_available() else None
-    write_atomic(Path(opts.out), data)
+    resultfile.write(opts.out, data, format=FORMAT_VERSION, indent=2)
     print(json.dumps(data, indent=2))
     return 0
 

@@ -6,7 +6,6 @@ Quantiles and inflation readings come from :mod:`krex.measure.stats` (one defini
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import subprocess
@@ -16,7 +15,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from krex.client.autostart import daemon_reachable
+from krex import resultfile
+from krex.client.autostart import spawn_daemon
+from krex.protocol.address import SOCKET_NAME
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 FORMAT_VERSION = 1
@@ -27,32 +28,22 @@ def machine() -> dict[str, Any]:
             "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
-def write_results(name: str, data: dict[str, Any]) -> str:
-    """Write results/<name>.json atomically with a format version and machine description."""
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"{name}.json")
-    doc = {"format": FORMAT_VERSION, "benchmark": name, "machine": machine(),
+def write_results(name: str, data: dict[str, Any], path: str | None = None) -> str:
+    """Write results/<name>.json (or ``path``) atomically with a format version and the
+    machine description (:mod:`krex.resultfile`)."""
+    path = path or os.path.join(RESULTS, f"{name}.json")
+    doc = {"benchmark": name, "machine": machine(),
            "command": " ".join([os.path.basename(sys.executable), *sys.argv]), **data}
-    fd, tmp = tempfile.mkstemp(dir=RESULTS, prefix=f".{name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return resultfile.write(path, doc, format=FORMAT_VERSION, indent=2)
 
 
 @contextlib.contextmanager
 def private_daemon(*args: str) -> Iterator[str]:
     """Start ``krex serve`` on a fresh runtime dir; yield its socket path; stop it."""
     rt = tempfile.mkdtemp(prefix="krex-bench-")
-    sock = os.path.join(rt, "krexd.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "krex", "serve", "--runtime-dir", rt, *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn_daemon(rt, args, new_session=False)
+    sock = os.path.join(rt, SOCKET_NAME)
     try:
-        deadline = time.monotonic() + 20
-        while not daemon_reachable(sock):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("benchmark daemon did not start")
-            time.sleep(0.01)
         old = os.environ.get("KREX_SOCKET")
         os.environ["KREX_SOCKET"] = sock
         try:

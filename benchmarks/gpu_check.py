@@ -55,6 +55,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from common import md_table, private_daemon  # noqa: E402
 
+from krex import resultfile  # noqa: E402
 from krex.measure import stats as kstats  # noqa: E402  (one quantile/inflation definition)
 
 FORMAT = 1
@@ -641,11 +642,7 @@ def default_out() -> str:
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".gpu_check.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2, default=str)
-    os.replace(tmp, path)
+    resultfile.write(path, doc, indent=2, default=str)
 
 
 def _on_alarm(signum: int, frame: Any) -> None:

@@ -16,6 +16,7 @@ from krex.measure import (
     compare,
     measure,
 )
+from krex.protocol.report import RegionReport
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "MeasureWarning",
     "Measurement",
     "Region",
+    "RegionReport",
     "__version__",
     "bench",
     "compare",

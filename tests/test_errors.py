@@ -94,6 +94,7 @@ def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives(
     from krex.client.connection import Connection
     from krex.daemon.config import DaemonConfig
     from krex.daemon.server import Server, Session
+    from krex.enforce.process import ProcessRef
     from krex.protocol.framing import FrameReader
     from krex.protocol.peer import peer_of
 
@@ -105,7 +106,7 @@ def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives(
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = Server(DaemonConfig(runtime_dir="/nonexistent"), daemon=Buggy())
-    session = Session(theirs, peer_of(theirs))
+    session = Session(theirs, peer_of(theirs), ProcessRef.of(os.getpid()))
     loop = threading.Thread(target=server._session_loop, args=(session, FrameReader(theirs)))
     loop.start()
     conn = Connection.__new__(Connection)

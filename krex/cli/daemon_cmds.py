@@ -162,7 +162,7 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from krex.cli.doctor import diagnose
+    from krex.enforce.doctor import diagnose
 
     report = diagnose()
     if args.json:

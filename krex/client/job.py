@@ -1,11 +1,14 @@
-"""``krex run``: start a command as a managed job and stream its output.
+"""A managed job's life cycle, and ``krex run``: a command as a managed job.
 
-The command runs in its own process group and, where the machine allows,
-its own cgroup (joined before ``exec``, so every descendant is born inside).
-It gets ``KREX_SOCKET``, ``KREX_JOB_ID`` and ``KREX_DEVICE`` in its
-environment, inherits our stdout/stderr (output streams live), and its exit
-code becomes ours.  In ``command`` mode the job holds its device from start
-to exit.
+:class:`ManagedJob` is the one life cycle every fresh command goes through
+(``krex run`` here, the eval's fresh commands): the daemon creates the job;
+in ``command`` mode the job holds its device from start to exit; the command
+runs in its own process group and, where the machine allows, its own cgroup
+(joined before ``exec``, so every descendant is born inside), with
+``KREX_SOCKET``, ``KREX_JOB_ID`` and ``KREX_DEVICE`` in its environment; and
+whatever happens, what it left in its group is signalled, the hold released
+and the job ended.  :func:`run_job` inherits our stdout/stderr (output
+streams live), forwards our signals, and the command's exit code becomes ours.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from typing import Any
 
 from krex.client.connection import Client
 from krex.errors import KrexError
+from krex.workers.launcher import join_cgroups, merge_env
+
+TIMEOUT_EXIT = 124  # a command killed for running past its timeout exits like timeout(1)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -25,72 +31,78 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-PATH_LISTS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+class ManagedJob:
+    """``with ManagedJob(client, ...) as job: job.spawn(argv); code = job.wait()``."""
 
+    def __init__(self, client: Client, *, device: str | None, name: str, mode: str = "region",
+                 hold_label: str = "whole job", stop_signal: int = signal.SIGTERM) -> None:
+        self.client = client
+        self.device, self.name, self.mode = device, name, mode
+        self.hold_label = hold_label
+        self.stop_signal = stop_signal  # for what the command leaves in its group
+        self.info: dict[str, Any] = {}
+        self.job_id = 0
+        self.hold: dict[str, Any] | None = None
+        self.proc: subprocess.Popen | None = None
+        self.exit_code = 1
 
-def merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    """``base`` updated with ``extra``; path lists (LD_PRELOAD, ...) are prepended, not lost."""
-    env = {**base, **extra}
-    for key in PATH_LISTS:
-        if key in extra and base.get(key):
-            parts = [p for p in extra[key].split(":") if p]
-            parts += [p for p in base[key].split(":") if p and p not in parts]
-            env[key] = ":".join(parts)
-    return env
-
-
-def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
-                 ) -> Callable[[], None]:
-    """A ``preexec_fn``: the child enters its own process group and the job's cgroups
-    before ``exec``, so everything it starts is born inside them."""
-    paths = [p for p in cgroups.values() if p]
-
-    def setup() -> None:
-        if new_group:
-            # A session of its own: the job's group is orphaned from the start, so the
-            # kernel never sends SIGHUP to it when a stopped (frozen) member is orphaned.
-            os.setsid()
-        pid = str(os.getpid()).encode()
-        for path in paths:
+    def __enter__(self) -> ManagedJob:
+        self.info = self.client.create_job(device=self.device, name=self.name, mode=self.mode)
+        self.job_id = int(self.info["job_id"])
+        if self.mode == "command":
             try:
-                fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
-                try:
-                    os.write(fd, pid)
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass  # the report of every region says what could not be enforced
+                self.hold = self.client.acquire(self.job_id, self.info["device"], whole_job=True,
+                                                label=self.hold_label)
+            except BaseException:
+                self._end()
+                raise
+        return self
 
-    return setup
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None,
+              **popen: Any) -> subprocess.Popen:
+        """Start ``argv`` as the job's root process (``env``: ours unless given)."""
+        child_env = merge_env(dict(os.environ) if env is None else env, self.info["env"])
+        try:
+            self.proc = subprocess.Popen(argv, env=child_env,
+                                         preexec_fn=join_cgroups(self.info["cgroups"]), **popen)
+        except FileNotFoundError as exc:
+            raise KrexError(f"cannot run {argv[0]!r}: {exc.strerror}",
+                            hint="check the command name and PATH") from None
+        self.client.attach_job(self.job_id, self.proc.pid)
+        return self.proc
+
+    def wait(self, timeout_s: float | None = None, *, forward_signals: bool = False) -> int:
+        """The command's exit code (124 when it outlives ``timeout_s``: it is killed on exit)."""
+        assert self.proc is not None
+        try:
+            if forward_signals:
+                self.exit_code = _wait_forwarding_signals(self.proc)
+            else:
+                self.exit_code = exit_code_of(self.proc.wait(timeout_s))
+        except subprocess.TimeoutExpired:
+            self.exit_code = TIMEOUT_EXIT
+        return self.exit_code
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            end_group(self.proc, self.stop_signal)
+        self._end()
+
+    def _end(self) -> None:
+        if self.hold is not None:
+            _quiet(self.client.release, int(self.hold["region"]))
+            self.hold = None
+        _quiet(self.client.end_job, self.job_id, self.exit_code)
 
 
 def run_job(argv: list[str], *, device: str | None = None, name: str | None = None,
             mode: str = "region", client: Client | None = None,
             env: dict[str, str] | None = None) -> int:
     """Run ``argv`` as a managed job; return its exit code."""
-    client = client or Client()
-    job = client.create_job(device=device, name=name or os.path.basename(argv[0]), mode=mode)
-    job_id = int(job["job_id"])
-    hold: dict[str, Any] | None = None
-    proc: subprocess.Popen | None = None
-    code = 1
-    try:
-        if mode == "command":
-            hold = client.acquire(job_id, job["device"], whole_job=True, label="whole job")
-        child_env = merge_env({**os.environ, **(env or {})}, job["env"])
-        proc = subprocess.Popen(argv, env=child_env, preexec_fn=join_cgroups(job["cgroups"]))
-        client.attach_job(job_id, proc.pid)
-        code = _wait_forwarding_signals(proc)
-        return code
-    except FileNotFoundError as exc:
-        raise KrexError(f"cannot run {argv[0]!r}: {exc.strerror}",
-                        hint="check the command name and PATH") from None
-    finally:
-        if proc is not None:
-            end_group(proc)
-        if hold is not None:
-            _quiet(client.release, int(hold["region"]))
-        _quiet(client.end_job, job_id, code)
+    with ManagedJob(client or Client(), device=device, name=name or os.path.basename(argv[0]),
+                    mode=mode) as job:
+        job.spawn(argv, {**os.environ, **(env or {})})
+        return job.wait(forward_signals=True)
 
 
 def _wait_forwarding_signals(proc: subprocess.Popen) -> int:

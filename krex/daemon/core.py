@@ -19,29 +19,32 @@ from typing import Any, Protocol
 from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
 from krex.daemon.exclusivity import Evidence, Exclusivity, Held
-from krex.daemon.jobs import MODES, Job, JobRegistry, Pid
+from krex.daemon.jobs import MODES, Job, JobRegistry
 from krex.daemon.pools import Pools
 from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke, Scheduler
 from krex.devices import discover, parse_device
+from krex.enforce.process import ProcessRef, is_descendant, process_group
 from krex.errors import (
     AccessDenied,
     BadRequest,
     EnforcementFailed,
     KrexError,
+    ProcessGone,
     RegionTimeout,
     ShuttingDown,
     UnknownJob,
     UnknownRegion,
 )
 from krex.protocol import messages as m
-from krex.protocol.peer import Peer, is_descendant, process_group, start_time
+from krex.protocol.peer import Peer
 from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport, finite_or_none
 
 
 class Session(Protocol):
     """What the core needs from a connection."""
 
-    peer: Peer
+    peer: Peer  # the kernel's credentials
+    process: ProcessRef  # the peer's process, with its start time
     verified: set[tuple[int, int]]
 
     def push(self, message: m.Message) -> None: ...
@@ -110,7 +113,7 @@ class Daemon:
             device = self._device(msg.device)
             job = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
             job.cgroups = self.exclusivity.create_cgroups(job.job_id)
-            self.exclusivity.adopt(job.cgroups, me.pid, me.start)
+            self.exclusivity.adopt(job.cgroups, me)
         return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
 
     def _on_create_job(self, session: Session, msg: m.CreateJob) -> dict[str, Any]:
@@ -130,10 +133,10 @@ class Daemon:
                 f"process {msg.pid} is not process {session.peer.pid} or its descendant",
                 pid=msg.pid,
             )
-        root = Pid.of(msg.pid)
-        if root is None:
+        try:
+            job.root = ProcessRef.of(msg.pid)
+        except ProcessGone:
             return {"attached": False}
-        job.root = root
         job.pgid = process_group(msg.pid)
         self.events.emit("job_attached", job_id=job.job_id, pid=msg.pid, pgid=job.pgid)
         return {"attached": True}
@@ -189,15 +192,18 @@ class Daemon:
         """A job for a pool worker about to be spawned (its pid comes in worker_started)."""
         with self.lock:
             job = self._new_job(f"worker-{device}-{index}", device, "region", "worker",
-                                Pid(os.getpid(), _own_start()))
+                                ProcessRef.of(os.getpid()))
             job.cgroups = self.exclusivity.create_cgroups(job.job_id)
             return job
 
     def worker_started(self, job_id: int, pid: int) -> None:
         with self.lock:
             job = self.jobs.get(job_id)
-            root = Pid.of(pid)
-            if job is not None and root is not None:
+            try:
+                root = ProcessRef.of(pid)
+            except ProcessGone:
+                return
+            if job is not None:
                 job.root, job.pgid = root, process_group(pid)
 
     def worker_exited(self, pid: int) -> None:
@@ -367,10 +373,10 @@ class Daemon:
     def _device(self, text: str | None) -> str:
         return parse_device(text, self.devices)
 
-    def _pid_of(self, session: Session) -> Pid:
-        return Pid(session.peer.pid, session.peer.start_time)
+    def _pid_of(self, session: Session) -> ProcessRef:
+        return session.process
 
-    def _new_job(self, name: str, device: str, mode: str, kind: str, owner: Pid) -> Job:
+    def _new_job(self, name: str, device: str, mode: str, kind: str, owner: ProcessRef) -> Job:
         job = self.jobs.add(Job(self.jobs.new_id(), name, device, mode, kind, owner))
         self.events.emit("job_created", job_id=job.job_id, name=name, device=device,
                          mode=mode, kind=kind, owner_pid=owner.pid)
@@ -486,6 +492,3 @@ def _req_summary(r: Request) -> dict[str, Any]:
 def _getpid() -> int:
     return os.getpid()
 
-
-def _own_start() -> int:
-    return start_time(os.getpid()) or 0

@@ -128,10 +128,10 @@ class Exclusivity:
             return None
         return cg if cg.dirs() else None
 
-    def adopt(self, cgroups: JobCgroups | None, pid: int, start: int) -> None:
+    def adopt(self, cgroups: JobCgroups | None, process: ProcessRef) -> None:
         """Move a registered (ad-hoc) process into its job's cgroups."""
         if cgroups is not None:
-            cgroups.adopt(ProcessRef(pid, start))
+            cgroups.adopt(process)
 
     def remove_cgroups(self, cgroups: JobCgroups | None) -> None:
         if cgroups is not None:
@@ -246,11 +246,10 @@ class Exclusivity:
                          max_wait_s=min(request.max_hold_s, 3600.0))
 
     def target(self, job: Any) -> JobTarget:
-        tracked = [ProcessRef(p.pid, p.start) for p in job.members]
+        tracked = list(job.members)
         if job.kind == "adhoc":
-            tracked.append(ProcessRef(job.owner.pid, job.owner.start))
-        root = ProcessRef(job.root.pid, job.root.start) if job.root else None
-        return JobTarget(job.job_id, root=root, pgid=job.pgid, cgroups=job.cgroups,
+            tracked.append(job.owner)
+        return JobTarget(job.job_id, root=job.root, pgid=job.pgid, cgroups=job.cgroups,
                          tracked=tracked)
 
     # -- the node --------------------------------------------------------------------

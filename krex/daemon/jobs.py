@@ -5,8 +5,9 @@ owner process starts it, in its own process group and cgroup) or *ad hoc* (a
 process that registered itself to use regions).  Membership is what every
 access check rests on: a process belongs to a job when it is the job's root
 or owner, in its process group or cgroup, a descendant of its root or owner,
-or a process that registered itself into it.  PIDs are always paired with
-their start time so a recycled PID belongs to nothing.
+or a process that registered itself into it.  Processes are always
+:class:`~krex.enforce.process.ProcessRef` (PID and start time), so a recycled
+PID belongs to nothing.
 """
 
 from __future__ import annotations
@@ -16,23 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.protocol.peer import is_descendant, process_group, start_time
+from krex.enforce.process import ProcessRef, is_descendant, process_group, start_time
 
 MODES = ("region", "command", "none")
-
-
-@dataclass(frozen=True)
-class Pid:
-    pid: int
-    start: int
-
-    def alive(self) -> bool:
-        return start_time(self.pid) == self.start
-
-    @classmethod
-    def of(cls, pid: int) -> Pid | None:
-        st = start_time(pid)
-        return None if st is None else cls(pid, st)
 
 
 @dataclass
@@ -42,15 +29,15 @@ class Job:
     device: str
     mode: str
     kind: str  # "managed" | "adhoc" | "worker"
-    owner: Pid
-    root: Pid | None = None
+    owner: ProcessRef
+    root: ProcessRef | None = None
     pgid: int | None = None
     cgroups: Any = None
-    members: set[Pid] = field(default_factory=set)
+    members: set[ProcessRef] = field(default_factory=set)
     created_wall: float = field(default_factory=time.time)
     exit_code: int | None = None
 
-    def anchors(self) -> list[Pid]:
+    def anchors(self) -> list[ProcessRef]:
         # A worker job's owner is the daemon itself: only the worker's own tree counts.
         owner = None if self.kind == "worker" else self.owner
         return [p for p in (owner, self.root, *self.members) if p is not None]
@@ -59,7 +46,7 @@ class Job:
         st = start_time(pid)
         if st is None:
             return False
-        if any(a.pid == pid and a.start == st for a in self.anchors()):
+        if any(a.pid == pid and a.start_time == st for a in self.anchors()):
             return True
         if self.pgid is not None and process_group(pid) == self.pgid:
             return True
@@ -109,7 +96,7 @@ class JobRegistry:
     def remove(self, job_id: int) -> Job | None:
         return self.jobs.pop(job_id, None)
 
-    def adhoc_for(self, pid: Pid) -> Job | None:
+    def adhoc_for(self, pid: ProcessRef) -> Job | None:
         for job in self.jobs.values():
             if job.kind == "adhoc" and job.owner == pid:
                 return job

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from krex.client.job import join_cgroups, merge_env
 from krex.errors import KrexError, WorkerFailed
 from krex.protocol import messages as m
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
+from krex.workers.launcher import join_cgroups, merge_env
 
 if TYPE_CHECKING:
     from krex.daemon.core import Daemon, Session

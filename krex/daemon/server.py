@@ -22,11 +22,13 @@ from typing import Any
 
 from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
+from krex.enforce.process import ProcessRef
 from krex.errors import (
     AccessDenied,
     AlreadyRunning,
     InternalError,
     KrexError,
+    ProcessGone,
     ProtocolError,
     VersionMismatch,
 )
@@ -42,9 +44,10 @@ SEND_TIMEOUT_S = 5.0
 class Session:
     """One client connection."""
 
-    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+    def __init__(self, sock: socket.socket, peer: Peer, process: ProcessRef) -> None:
         self.sock = sock
         self.peer = peer
+        self.process = process
         self._send_lock = threading.Lock()
         self.closed = False
         self.verified: set[tuple[int, int]] = set()
@@ -192,10 +195,10 @@ class Server:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
         try:
             peer = peer_of(conn)
-        except OSError:
+            session = Session(conn, peer, ProcessRef.of(peer.pid))
+        except (OSError, ProcessGone):  # the peer is gone already
             conn.close()
             return
-        session = Session(conn, peer)
         if peer.uid != os.getuid() and peer.uid != 0:
             denied = AccessDenied(f"wrong user: uid {peer.uid} is not the daemon's user",
                                   hint="connect as the user who started the daemon")

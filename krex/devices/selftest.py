@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 PROGRAM = r"""
@@ -43,11 +42,14 @@ print(json.dumps({"active": me.krex_interposer_active(), "dlsym": counts[1],
 """
 
 
-def interposer_selftest(timeout_s: float = 30.0) -> dict[str, Any]:
-    """Run the self-test on fakegpu; ``{"ok": bool, "detail": str, ...counts}``."""
+def interposer_selftest(gate_path: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Run the self-test on fakegpu; ``{"ok": bool, "detail": str, ...counts}``.
+
+    ``gate_path`` is an open gate file the caller made (gate files are
+    :mod:`krex.enforce`'s: ``krex.enforce.doctor`` makes one).
+    """
     from krex.devices import fakegpu
     from krex.devices.native import check_interposer, preload_env
-    from krex.enforce.gate import GateFile
     from krex.errors import KrexError
 
     try:
@@ -56,15 +58,11 @@ def interposer_selftest(timeout_s: float = 30.0) -> dict[str, Any]:
         return {"ok": False, "detail": exc.message}
     if not fakegpu.available():
         return {"ok": False, "detail": "fakegpu was not built: nothing to test against"}
-    with tempfile.TemporaryDirectory() as tmp, fakegpu.FakeGpu() as gpu:
-        gate = GateFile.create(f"{tmp}/gate")
-        env = preload_env(f"{tmp}/gate", 0, base=gpu.env())
+    with fakegpu.FakeGpu() as gpu:
+        env = preload_env(gate_path, 0, base=gpu.env())
         env["KREX_SELFTEST_INTERPOSER"] = str(lib)
-        try:
-            done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True,
-                                  text=True, timeout=timeout_s)
-        finally:
-            gate.unlink()
+        done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
     if done.returncode != 0:
         return {"ok": False, "detail": f"self-test program failed: {done.stderr.strip()[-300:]}"}
     counts = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,12 +1,16 @@
-"""What this machine supports for host enforcement, and how to get the best.
+"""What this machine supports for krex, and how to get the best: ``krex doctor``.
 
-:func:`capabilities` probes the cgroup layout and the enforcer's backends and
-adds advice (the next action) for every missing piece; ``krex doctor`` prints it.
+:func:`capabilities` probes the cgroup layout and the enforcer's backends
+once and adds advice (the next action) for every missing piece;
+:func:`diagnose` turns that, the devices and the interposer self-test into
+the checks ``krex doctor`` renders (the CLI probes nothing itself).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from typing import Any
 
 from krex.enforce.cgroups import CgroupLayout
 from krex.enforce.enforcer import EnforceConfig, Enforcer
@@ -57,3 +61,61 @@ def advice(info: dict, layout: CgroupLayout) -> list[str]:
             "check, with a tiny PID-reuse window"
         )
     return out
+
+
+# -- krex doctor -----------------------------------------------------------------------------
+
+
+def diagnose(layout: CgroupLayout | None = None) -> dict[str, Any]:
+    """Every check ``krex doctor`` shows: ``{"checks": [...], "devices": [...],
+    "capabilities": capabilities()}``; each check has ``check``, ``ok``, ``detail``,
+    ``advice`` (empty when ok)."""
+    from krex.devices import discover
+
+    caps = capabilities(layout)
+    devices = discover()
+    checks = [_check("root", caps["root"], f"euid {os.geteuid()}",
+                     "cgroup freezing and cpusets need root or a delegated cgroup subtree")]
+    checks += _cgroup_checks(caps["cgroup_layout"])
+    checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
+    checks += _enforce_checks(caps)
+    checks.append(_selftest_check())
+    return {"checks": checks, "devices": [d.to_dict() for d in devices], "capabilities": caps}
+
+
+def _check(name: str, ok: bool, detail: str, advice: str = "") -> dict[str, Any]:
+    return {"check": name, "ok": ok, "detail": detail, "advice": "" if ok else advice}
+
+
+def _cgroup_checks(layout: dict[str, Any]) -> list[dict[str, Any]]:
+    v1 = [f"{name} ({layout[name]})" for name in ("freezer", "cpuset") if layout.get(name)]
+    return [
+        _check("cgroup v2", bool(layout["v2_root"]), layout["v2_root"] or "not mounted",
+               "mount cgroup2 (systemd.unified_cgroup_hierarchy=1) for the fastest freeze"),
+        _check("cgroup v1 controllers", bool(v1), ", ".join(v1) or "none",
+               "the freezer/cpuset v1 controllers are a fallback when v2 is missing"),
+    ]
+
+
+def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
+    advice = "; ".join(caps["advice"])
+    checks = [_check(f"freeze: {name}", info["ok"], info["why"] or "available", advice)
+              for name, info in caps["freeze"].items()]
+    checks.append(_check("freeze backend chosen", caps["freeze_chosen"] == "cgroup2",
+                         caps["freeze_chosen"] or "none", advice))
+    checks += [_check(f"isolate: {name}", info["ok"], info["why"] or "available", advice)
+               for name, info in caps["isolate"].items()]
+    checks.append(_check("measure cores", bool(caps["measure_cores"]),
+                         f"{caps['measure_cores']} of {caps['all_cores']}",
+                         "CPU isolation needs at least 2 cores"))
+    return checks
+
+
+def _selftest_check() -> dict[str, Any]:
+    from krex.devices.selftest import interposer_selftest
+    from krex.enforce.gate import GateFile
+
+    with tempfile.TemporaryDirectory() as tmp, GateFile.create(os.path.join(tmp, "gate")) as gate:
+        test = interposer_selftest(str(gate.path))
+    return _check("GPU interposer self-test", test["ok"], test["detail"],
+                  "reinstall krex (pip install -e .) so the native parts are built")

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from krex import resultfile
 from krex.enforce import process as _process
 from krex.enforce.undo import replay
 
@@ -177,11 +178,8 @@ class Guardian:
                 os.unlink(self.journal_path)
             return
         data = {"guardian_pid": os.getpid(), "leases": {str(k): v for k, v in self.leases.items()}}
-        tmp = f"{self.journal_path}.{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.journal_path)
+            resultfile.write(self.journal_path, data, indent=None)
 
 
 def _pidfd(pid: int) -> int | None:

@@ -1,7 +1,9 @@
-"""PID-reuse-safe process handles and the few /proc readers enforcement needs.
+"""PID-reuse-safe process handles and the /proc readers (krex's one stat parser).
 
 A :class:`ProcessRef` is a PID plus the process start time (field 22 of
-``/proc/PID/stat``, in clock ticks).  Every signal krex sends goes through
+``/proc/PID/stat``, in clock ticks) — krex's one type for "a process": the
+daemon's jobs and peers, enforcement targets and undo records all use it.
+Every signal krex sends goes through
 :meth:`ProcessRef.send_signal`, which re-checks the start time (through a
 pidfd where the kernel has one, so the check and the signal address the same
 process) and refuses PID <= 1, this process and every PID in ``PROTECTED``.
@@ -42,6 +44,30 @@ def stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
 def start_time(pid: int, tid: int | None = None) -> int | None:
     fields = stat_fields(pid, tid)
     return int(fields[19]) if fields else None
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def process_group(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[2]) if fields else None
+
+
+def is_descendant(pid: int, ancestor: int) -> bool:
+    """True when ``pid`` is ``ancestor`` or below it in the process tree."""
+    seen = 0
+    while pid and pid > 1 and seen < 4096:
+        if pid == ancestor:
+            return True
+        nxt = parent_pid(pid)
+        if nxt is None:
+            return False
+        pid = nxt
+        seen += 1
+    return pid == ancestor
 
 
 def state(pid: int, tid: int | None = None) -> str | None:

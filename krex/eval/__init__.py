@@ -9,8 +9,8 @@ its speedup against ``command`` beside the ideal bound, and timing inflation
 (measured ÷ the same kernel alone) as p50/p95/p99 per kernel-duration bucket.
 
 Modules: ``profile`` (phase sizes), ``compile`` / ``kernels`` / ``heavy`` /
-``program`` (one benchmarking command), ``modes``, ``daemon`` / ``serve``
-(a private daemon per block), ``launch`` (a command in a mode), ``runner``
+``program`` (one benchmarking command), ``modes``, ``daemon`` (a private
+daemon per block), ``launch`` (a command in a mode), ``runner``
 (interleaved blocks and references), ``metrics``, ``bound``, ``results``,
 ``plots``, ``experiment`` (end to end).  Method: docs/eval.md.
 

@@ -2,22 +2,21 @@
 
 ``EvalDaemon(workdir, serve_args, device, agents, profile)`` starts
 ``krex serve`` on a fresh runtime directory with one warm worker per agent,
-waits until its socket answers, and stops and reaps it (and its fakegpu
-server) on exit.  ``env`` is the environment commands of the block get.
+the framework stand-in preloaded (``krex.eval.heavy``) and fakegpu's
+context-creation delay — all as ``krex serve`` flags — waits until its socket
+answers, and stops and reaps it (and its fakegpu server) on exit.  ``env`` is
+the environment commands of the block get.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
-import sys
 import tempfile
-import time
 from typing import Any
 
-from krex.client.autostart import daemon_reachable
+from krex.client.autostart import spawn_daemon
 from krex.eval.profile import Profile
 
 # fakegpu's device is a spinning host thread: keep it off the measurement core (the
@@ -48,35 +47,21 @@ class EvalDaemon:
             env = self.gpu.env(env)
         return env
 
-    def _overrides(self) -> dict[str, Any]:
-        return {"workers_min": self.agents, "workers_max": self.agents,
-                "preload": ["numpy", "krex.eval.heavy"], "idle_exit_s": None,
-                "fakegpu_ctx_delay_ms": int(self.profile.ctx_delay_ms),
-                "fakegpu_core": FAKEGPU_CORE}
+    def _pool_flags(self) -> list[str]:
+        """The eval's pool: one warm worker per agent, the framework stand-in preloaded.
+        After the mode's flags, so these win."""
+        return ["--workers-min", str(self.agents), "--workers-max", str(self.agents),
+                "--preload", "numpy,krex.eval.heavy",
+                "--fakegpu-ctx-delay-ms", str(int(self.profile.ctx_delay_ms)),
+                "--fakegpu-core", str(FAKEGPU_CORE)]
 
     def start(self, timeout_s: float = 30.0) -> EvalDaemon:
         env = self._base_env()
-        pool = os.path.join(self.runtime_dir, "eval-pool.json")
-        with open(pool, "w") as f:
-            json.dump(self._overrides(), f)
-        log = open(os.path.join(self.runtime_dir, "log"), "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "krex.eval.serve", pool, "--", "--runtime-dir",
-             self.runtime_dir, *self.serve_args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        log.close()
-        self._wait_up(timeout_s)
+        self.proc = spawn_daemon(self.runtime_dir, [*self.serve_args, *self._pool_flags()],
+                                 env=env, log_path=os.path.join(self.runtime_dir, "log"),
+                                 timeout_s=timeout_s, new_session=False)
         self.env = {**env, "KREX_SOCKET": self.socket}
         return self
-
-    def _wait_up(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not daemon_reachable(self.socket):
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"eval daemon exited: {self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"eval daemon did not start: {self.log_tail()}")
-            time.sleep(0.02)
 
     def device_busy_ns(self) -> int | None:
         """fakegpu: busy device nanoseconds so far (the daemon's server, else ours)."""

@@ -16,17 +16,11 @@ import sys
 import time
 from typing import Any
 
-from krex.client import job as jobs
 from krex.client.connection import Client
-from krex.client.job import end_group
+from krex.client.job import ManagedJob
 from krex.eval.modes import Mode
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
-
-
-def _merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    merge = getattr(jobs, "merge_env", None)
-    return merge(base, extra) if merge else {**base, **extra}
 
 
 class Launcher:
@@ -41,28 +35,11 @@ class Launcher:
 
     def fresh(self, argv: list[str], job_mode: str, name: str) -> int:
         """A fresh process as a managed job (``command``: holding the device throughout)."""
-        job = self.client.create_job(device=self.device, name=name, mode=job_mode)
-        job_id, hold, proc, code = int(job["job_id"]), None, None, 1
-        try:
-            if job_mode == "command":
-                hold = self.client.acquire(job_id, job["device"], whole_job=True,
-                                           label=f"whole {name}")
+        with ManagedJob(self.client, device=self.device, name=name, mode=job_mode,
+                        hold_label=f"whole {name}", stop_signal=signal.SIGKILL) as job:
             with open(self.log_path, "ab") as log:
-                proc = subprocess.Popen(argv, env=_merge_env(self.env, job["env"]),
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        preexec_fn=jobs.join_cgroups(job["cgroups"]))
-            self.client.attach_job(job_id, proc.pid)
-            try:
-                code = jobs.exit_code_of(proc.wait(self.timeout_s))
-            except subprocess.TimeoutExpired:
-                code = 124
-            return code
-        finally:
-            if proc is not None:
-                end_group(proc, signal.SIGKILL)
-            if hold is not None:
-                self.client.release(int(hold["region"]))
-            self.client.end_job(job_id, code)
+                job.spawn(argv, self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            return job.wait(self.timeout_s)
 
     def exec(self, args: list[str]) -> int:
         with open(self.log_path, "a") as log:

@@ -108,11 +108,9 @@ def main(argv: list[str]) -> int:
     seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
     with open(spec_path) as f:
         spec = json.load(f)
-    res = run(spec, phase, seed)
-    tmp = f"{result_path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f)
-    os.replace(tmp, result_path)
+    from krex import resultfile
+
+    resultfile.write(result_path, run(spec, phase, seed), indent=None)
     return 0
 
 

@@ -10,15 +10,16 @@ line), ``date``, ``spec`` (calibrated kernels and compile size), ``alone``,
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import sys
-import tempfile
 import time
 from typing import Any
 
+from krex import resultfile
+
+KIND = "krex-eval"
 FORMAT = 2  # 2: region records with *_mono_s timestamps, reasons instead of not_enforced
 
 
@@ -31,29 +32,19 @@ def machine() -> dict[str, Any]:
 
 def document(raw: dict[str, Any], summary: dict[str, Any], bound: dict[str, Any],
              meta: dict[str, Any]) -> dict[str, Any]:
-    return {"format": FORMAT, "kind": "krex-eval", **meta, "machine": machine(),
+    return {"format": FORMAT, "kind": KIND, **meta, "machine": machine(),
             "command": " ".join(["krex", *sys.argv[1:]]) if meta.get("command") is None
             else meta["command"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             **raw, "summary": summary, "bound": bound}
 
 
 def write(doc: dict[str, Any], path: str) -> str:
-    """Write ``doc`` to ``path`` atomically (temporary file + rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".eval-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)
-    return path
+    """Write ``doc`` to ``path`` atomically (:mod:`krex.resultfile`)."""
+    return resultfile.write(path, doc)
 
 
 def load(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        doc = json.load(f)
-    if doc.get("kind") != "krex-eval" or doc.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a krex eval results file of format {FORMAT}")
-    return doc
+    return resultfile.read(path, kind=KIND, format=FORMAT)
 
 
 def _f(x: float | None, nd: int = 1) -> str:

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from krex.enforce.process import stat_fields
+
 _SYSTEM_PREFIXES = tuple(
     {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr/", "/lib/", "/lib64/", "/opt/"}
 )
@@ -108,13 +110,10 @@ def descendants(root: int) -> list[int]:
 
 
 def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None or fields[0] == "Z":  # a zombie is not a leak
         return None
-    fields = data[data.rfind(")") + 2 :].split()
-    return None if fields[0] == "Z" else int(fields[1])  # a zombie is not a leak
+    return int(fields[1])
 
 
 def _device_error(context: Any) -> str | None:

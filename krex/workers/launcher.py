@@ -1,8 +1,10 @@
-"""How a worker process is started: the hook that makes it a managed job.
+"""How a process is started as a member of a job: its environment and its cgroups.
 
 The daemon passes its own ``WorkerLauncher`` so every worker gets the
 interposer, its cgroup and a job record; the default just inherits the
-environment.
+environment.  :func:`merge_env` and :func:`join_cgroups` are the two pieces
+every launch of a job's process uses (workers here, ``krex run`` and the eval's
+fresh commands in :mod:`krex.client.job`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,45 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Protocol
+
+PATH_LISTS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """``base`` updated with ``extra``; path lists (LD_PRELOAD, ...) are prepended, not lost."""
+    env = {**base, **extra}
+    for key in PATH_LISTS:
+        if key in extra and base.get(key):
+            parts = [p for p in extra[key].split(":") if p]
+            parts += [p for p in base[key].split(":") if p and p not in parts]
+            env[key] = ":".join(parts)
+    return env
+
+
+def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
+                 ) -> Callable[[], None]:
+    """A ``preexec_fn``: the child enters its own process group and the job's cgroups
+    before ``exec``, so everything it starts is born inside them."""
+    paths = [p for p in cgroups.values() if p]
+
+    def setup() -> None:
+        if new_group:
+            # A session of its own: the job's group is orphaned from the start, so the
+            # kernel never sends SIGHUP to it when a stopped (frozen) member is orphaned.
+            os.setsid()
+        pid = str(os.getpid()).encode()
+        for path in paths:
+            try:
+                fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+                try:
+                    os.write(fd, pid)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # the report of every region says what could not be enforced
+
+    return setup
+
 
 
 class WorkerLauncher(Protocol):

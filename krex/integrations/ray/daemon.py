@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 
-from krex.client.autostart import daemon_reachable
+from krex.client.autostart import daemon_env, daemon_reachable, spawn_daemon
 from krex.client.connection import Client
 from krex.errors import DaemonNotRunning
 from krex.protocol.address import SOCKET_NAME, ensure_private_dir
@@ -56,20 +54,12 @@ class NodeDaemon:
         return Client(self.socket, autostart=False)
 
     def _start(self) -> None:
-        cmd = [sys.executable, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir,
-               *self.serve_args]
+        args = list(self.serve_args)
         if self.idle_exit_s:
-            cmd += ["--embedded", "--idle-exit-s", str(self.idle_exit_s)]
-        with open(os.path.join(self.runtime_dir, "daemon.log"), "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, env=_daemon_env(self.runtime_dir))
+            args += ["--embedded", "--idle-exit-s", str(self.idle_exit_s)]
         self.starts += 1
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not daemon_reachable(self.socket):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise DaemonNotRunning(f"could not start a krex daemon on {self.runtime_dir}",
-                                       hint=f"see {self.runtime_dir}/daemon.log")
-            time.sleep(0.01)
+        self.proc = spawn_daemon(self.runtime_dir, args, env=daemon_env(self.runtime_dir),
+                                 timeout_s=START_TIMEOUT_S)
 
     def _reap(self) -> None:
         """Forget a daemon of ours that has exited (killed, crashed, idle exit)."""
@@ -94,9 +84,3 @@ class NodeDaemon:
         code, self.proc = self.proc.returncode, None
         return {"stopped": True, "owned": True, "pid": self.pid, "exit_code": code}
 
-
-def _daemon_env(runtime_dir: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KREX_SOCKET", "KREX_JOB_ID", "KREX_DEVICE", "LD_PRELOAD")}
-    env["KREX_RUNTIME_DIR"] = runtime_dir
-    return env

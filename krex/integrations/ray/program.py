@@ -17,6 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from krex import resultfile
 from krex.errors import BadRequest
 
 RESULT_ENV = "KREX_RAY_RESULT"  # where emit() writes, set by the node actor per program
@@ -86,10 +87,7 @@ def emit(data: Any) -> bool:
         return False
     if hasattr(data, "to_dict"):
         data = data.to_dict()
-    tmp = f"{target}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, default=str)
-    os.replace(tmp, target)
+    resultfile.write(target, data, indent=None, default=str)
     return True
 
 
