@@ -2,8 +2,10 @@
 
 import json
 import os
+import subprocess
 
 import psutil
+import pytest
 from helpers import PY, run_krex, wait_for
 
 
@@ -111,3 +113,75 @@ def test_autostart_then_stop(tmp_path, monkeypatch):
              psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
     assert not os.path.exists(rt / "krexd.sock")
     assert "no daemon running" in run_krex("stop").stdout
+
+
+def test_serve_flags_come_from_the_daemon_configuration():
+    import dataclasses
+
+    from krex.cli.daemon_cmds import config_from_args
+    from krex.cli.main import build_parser
+    from krex.daemon.config import DaemonConfig
+
+    parser = build_parser()
+    plain = config_from_args(parser.parse_args(["serve"]), DaemonConfig)
+    assert dataclasses.replace(plain, runtime_dir="x", socket_path="") == \
+        DaemonConfig(runtime_dir="x")  # every default is the configuration's own
+    args = parser.parse_args(["serve", "--no-isolate", "--measure-cores", "0,2-3", "--preload",
+                              "numpy,torch", "--freeze", "signal", "--idle-exit-s", "5"])
+    cfg = config_from_args(args, DaemonConfig)
+    assert (cfg.isolate, cfg.measure_cores, cfg.preload) == (False, [0, 2, 3], ["numpy", "torch"])
+    assert (cfg.freeze, cfg.idle_exit_s, cfg.gate) == ("signal", 5.0, True)
+    helptext = parser._subparsers._group_actions[0].choices["serve"].format_help()
+    for f in dataclasses.fields(DaemonConfig):
+        if f.metadata["cli"] and not f.metadata["hidden"]:
+            flag = f.name.replace("_", "-")
+            assert f"--{flag}" in helptext or f"--no-{flag}" in helptext, f.name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--freeze", "sometimes"])  # choices from the config
+
+
+def test_flags_follow_a_changed_default():
+    """Negative control: the flags restate nothing, so another default shows at once."""
+    import argparse
+    import dataclasses
+
+    from krex.cli.daemon_cmds import add_config_flags, config_from_args
+    from krex.daemon.config import flag
+
+    @dataclasses.dataclass
+    class Other:
+        max_hold_s: float = dataclasses.field(default=7.5, metadata=flag("hold"))
+        isolate: bool = dataclasses.field(default=False, metadata=flag("isolate"))
+
+    p = argparse.ArgumentParser()
+    add_config_flags(p, Other)
+    assert "(default: 7.5)" in p.format_help() and "--isolate" in p.format_help()
+    assert config_from_args(p.parse_args([]), Other) == Other()
+    assert config_from_args(p.parse_args(["--isolate"]), Other).isolate is True
+
+
+def test_client_commands_do_not_import_the_daemon(tmp_path):
+    code = ("import sys\nfrom krex.cli.main import main\nrc = main(['stop'])\n"
+            "print(rc, sorted(m for m in sys.modules if m.startswith('krex.daemon')))")
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp_path)}
+    env.pop("KREX_SOCKET", None)
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0 []"
+    serve = subprocess.run([PY, "-c", "import sys\nfrom krex.cli.main import build_parser\n"
+                            "build_parser()\nprint('krex.daemon.config' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert serve.stdout.strip() == "True"  # negative control: serve's flags do import it
+
+
+def test_one_json_flag_for_every_command_with_a_table():
+    from krex.cli.main import build_parser
+    from krex.cli.output import JSON_OUTPUT
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    shared = JSON_OUTPUT._actions[0].help
+    parsers = [sub[n] for n in ("status", "doctor", "exec", "bench", "demo", "eval")]
+    parsers.append(sub["cluster"]._subparsers._group_actions[0].choices["status"])
+    for p in parsers:
+        action = next(a for a in p._actions if "--json" in a.option_strings)
+        assert action.help == shared, p.prog

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from krex.cli.output import console, print_json, table
+from krex.cli.output import JSON_OUTPUT, console, print_json, table
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time a whole command inside a region (hyperfine-style)")
+    p = sub.add_parser("bench", help="time a whole command inside a region (hyperfine-style)",
+                       parents=[JSON_OUTPUT])
     p.add_argument("--device", help="device the region is taken on (default cpu)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before the region")
     p.add_argument("--runs", type=int, default=10, help="timed runs inside the region")
     p.add_argument("--timeout-s", type=float, help="kill a run that takes longer")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
     p.set_defaults(func=cmd_bench)
 

@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any
 
-from krex.cli.output import console, error, print_json, table
+from krex.cli.output import JSON_OUTPUT, console, error, print_json, table
 from krex.errors import BadRequest
 
 
@@ -25,9 +25,9 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--serve-arg", action="append", default=[],
                     help="extra `krex serve` flag for each node's daemon (repeatable)")
     up.set_defaults(func=cmd_up)
-    st = csub.add_parser("status", help="per node: devices, holders, queues, warm workers")
+    st = csub.add_parser("status", help="per node: devices, holders, queues, warm workers",
+                         parents=[JSON_OUTPUT])
     _address(st)
-    st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_status)
     down = csub.add_parser("down", help="stop every krex node actor and the daemons they started")
     _address(down)

@@ -3,87 +3,83 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+import typing
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
-from krex.cli.output import console, ms, print_json, table
+from krex.cli.output import JSON_OUTPUT, console, ms, print_json, table
 from krex.client.connection import Client
 from krex.errors import DaemonNotRunning
 
 
-def add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the node daemon in the foreground")
-    p.add_argument("--runtime-dir", help="directory for the socket and logs")
-    p.add_argument("--max-hold-s", type=float, default=60.0,
-                   help="default maximum hold of a region before it is revoked (default 60)")
-    p.add_argument("--freeze", choices=["auto", "cgroup2", "cgroup1", "signal", "off"],
-                   default="auto", help="freeze backend for siblings (default: best available)")
-    p.add_argument("--freeze-scope", choices=["device", "node"], default="device",
-                   help="freeze siblings on the same device (default) or the whole node")
-    p.add_argument("--no-isolate", action="store_true", help="do not reserve CPU cores")
-    p.add_argument("--measure-cores", help="cores reserved for region holders, e.g. 1 or 2-3")
-    p.add_argument("--no-gate", action="store_true", help="do not gate/drain GPU work")
-    p.add_argument("--drain-timeout-s", type=float, default=5.0)
-    p.add_argument("--drain-policy", choices=["abort", "wait", "kill"], default="abort")
-    p.add_argument("--gpu-lock", choices=["interposer", "checkpoint"], default="interposer",
-                   help="how siblings' GPU work is stopped: the LD_PRELOAD gate and drain "
-                        "(default) or the driver's cuCheckpointProcessLock (R570+; not yet "
-                        "measured on a GPU)")
-    p.add_argument("--group-access", action="store_true",
-                   help="let the socket's group connect (owner-only by default)")
-    p.add_argument("--no-cgroups", action="store_true",
-                   help="give jobs no cgroups (freeze falls back to SIGSTOP, isolation to "
-                        "affinity)")
-    p.add_argument("--workers-min", type=int, default=1, help="warm workers kept per device")
-    p.add_argument("--workers-max", type=int, default=2, help="warm workers at most per device")
-    p.add_argument("--max-programs", type=int, default=100,
-                   help="programs a worker serves before it is recycled")
-    p.add_argument("--preload", default="numpy",
-                   help="comma-separated modules each worker imports at start (default numpy)")
-    p.add_argument("--worker-memory-cap-mb", type=float,
-                   help="device memory cap per warm worker (fakegpu: its driver; cuda: torch's "
-                        "allocator when torch is preloaded)")
-    p.add_argument("--fakegpu-core", type=int,
-                   help="core the fakegpu server runs kernels on (default: the first core not "
-                        "reserved for region holders)")
-    p.add_argument("--fakegpu-ctx-delay-ms", type=int, default=0,
-                   help="fakegpu context-creation delay (serialised node-wide)")
-    p.add_argument("--idle-exit-s", type=float, help="exit after this long with nothing to do")
-    p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
+def add_serve(sub: argparse._SubParsersAction, with_flags: bool = True) -> None:
+    """``krex serve``; its flags come from ``DaemonConfig`` (only when serve runs: client
+    commands never import the daemon)."""
+    p = sub.add_parser("serve", help="run the node daemon in the foreground",
+                       description="Run the node daemon in the foreground.")
+    if with_flags:
+        from krex.daemon.config import DaemonConfig
+
+        add_config_flags(p, DaemonConfig)
     p.set_defaults(func=cmd_serve)
 
 
-def parse_cores(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    cores: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cores.extend(range(int(lo), int(hi or lo) + 1))
-    return cores
+def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
+    """One flag per field of the dataclass ``config`` from its metadata
+    (:func:`krex.daemon.config.flag`): ``--name-with-dashes``; a boolean that defaults
+    to true becomes ``--no-name``.  Unset flags leave the field's own default."""
+    hints = typing.get_type_hints(config)
+    for f in dataclasses.fields(config):
+        meta = f.metadata
+        if not meta.get("cli", False):
+            continue
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                              "help": _help(f, meta)}
+        name = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if kind is bool:
+            on = f.default is True
+            name = "--no-" + f.name.replace("_", "-") if on else name
+            kw["action"] = "store_false" if on else "store_true"
+        else:
+            kw["type"] = meta["parse"] or _scalar(kind)
+            kw["choices"] = meta["choices"]
+            kw["metavar"] = meta["metavar"]
+        parser.add_argument(name, **kw)
+
+
+def _scalar(kind: Any) -> Callable[[str], Any]:
+    """``float``, ``int | None``, ``str`` -> the converter of the flag's text."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+    return args[0]
+
+
+def _help(f: dataclasses.Field, meta: Any) -> str:
+    if meta["hidden"]:
+        return argparse.SUPPRESS
+    default = meta["shown_default"]
+    value = f.default
+    if default is None and value is not dataclasses.MISSING and value is not None \
+            and not isinstance(value, bool):
+        default = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{meta['help']} (default: {default})" if default else meta["help"]
+
+
+def config_from_args(args: argparse.Namespace, config: type) -> Any:
+    """The dataclass ``config`` with the flags that were given; the rest its defaults."""
+    return config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config)
+                     if hasattr(args, f.name)})
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from krex.daemon.config import DaemonConfig
     from krex.daemon.server import serve
-    from krex.protocol.address import runtime_dir
 
-    config = DaemonConfig(
-        runtime_dir=args.runtime_dir or runtime_dir(), max_hold_s=args.max_hold_s,
-        idle_exit_s=args.idle_exit_s, group_access=args.group_access, freeze=args.freeze,
-        freeze_scope=args.freeze_scope, isolate=not args.no_isolate,
-        measure_cores=parse_cores(args.measure_cores), gate=not args.no_gate,
-        drain_timeout_s=args.drain_timeout_s, drain_policy=args.drain_policy,
-        gpu_lock=args.gpu_lock,
-        embedded=args.embedded, cgroups=not args.no_cgroups, workers_min=args.workers_min,
-        workers_max=args.workers_max, max_programs=args.max_programs,
-        preload=[m for m in args.preload.split(",") if m], fakegpu_core=args.fakegpu_core,
-        fakegpu_ctx_delay_ms=args.fakegpu_ctx_delay_ms,
-        worker_memory_cap_mb=args.worker_memory_cap_mb,
-    )
-    return serve(config)
+    return serve(config_from_args(args, DaemonConfig))
 
 
 def add_stop(sub: argparse._SubParsersAction) -> None:
@@ -115,8 +111,8 @@ def _alive(pid: int) -> bool:
 
 
 def add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="daemon, devices, holders, queues and jobs")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("status", help="daemon, devices, holders, queues and jobs",
+                       parents=[JSON_OUTPUT])
     p.set_defaults(func=cmd_status)
 
 
@@ -156,8 +152,8 @@ def _print_extra(st: dict[str, Any]) -> None:
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="what this machine supports, and how to get the best")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("doctor", help="what this machine supports, and how to get the best",
+                       parents=[JSON_OUTPUT])
     p.set_defaults(func=cmd_doctor)
 
 

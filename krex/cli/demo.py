@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from krex.cli.output import console, ms, print_json, table
+from krex.cli.output import JSON_OUTPUT, console, ms, print_json, table
 from krex.client.connection import Client
 from krex.errors import BadRequest
 from krex.eval.metrics import overlaps
@@ -25,12 +25,12 @@ EXAMPLES = ["compute_kernel.py", "memory_kernel.py", "compare_kernels.py", "shel
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the examples concurrently and summarise their regions")
+    p = sub.add_parser("demo", help="run the examples concurrently and summarise their regions",
+                       parents=[JSON_OUTPUT])
     p.add_argument("--device", default="cpu")
     p.add_argument("--copies", type=int, default=2, help="concurrent copies of each example")
     p.add_argument("--reps", type=int, default=6, help="regions per example")
     p.add_argument("--examples", help="directory holding the examples (default: the repo's)")
-    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
 

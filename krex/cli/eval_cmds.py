@@ -6,12 +6,13 @@ import argparse
 import os
 import sys
 
-from krex.cli.output import console, print_json, table
+from krex.cli.output import JSON_OUTPUT, console, print_json, table
 from krex.errors import BadRequest
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="throughput and timing fidelity of every mode, side by side",
+                       parents=[JSON_OUTPUT],
                        description="Run the eval workload under several modes in one run, or "
                                    "`krex eval report RESULTS.json` to redo table and plots.")
     p.add_argument("--device", default="cpu", help="cpu or fakegpu:0 (default cpu)")
@@ -30,7 +31,6 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="kill a command after this long and count it failed (default 120)")
     p.add_argument("--out", default="results", help="directory for results (default results/)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("report", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_eval)
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from krex.cli.output import JSON_OUTPUT
 from krex.client.job import exit_code_of, run_job
 from krex.client.region import Region
 from krex.errors import BadRequest
@@ -62,10 +63,10 @@ def cmd_region(args: argparse.Namespace) -> int:
 
 
 def add_exec(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("exec", help="run a Python program in a warm worker")
+    p = sub.add_parser("exec", help="run a Python program in a warm worker",
+                       parents=[JSON_OUTPUT])
     p.add_argument("--device", help="device whose warm workers run it (default cpu)")
     p.add_argument("--timeout-s", type=float, help="kill the program (and its worker) after this")
-    p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
     p.add_argument("--cluster", metavar="ADDRESS", help="run on a Ray cluster (docs/cluster.md)")
     p.add_argument("program", help="PROG.py")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")

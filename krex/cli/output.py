@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -13,6 +14,11 @@ from rich.table import Table
 from krex.errors import KrexError
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+
+# The one --json flag: every command that has a table offers it through this parent parser.
+JSON_OUTPUT = argparse.ArgumentParser(add_help=False)
+JSON_OUTPUT.add_argument("--json", action="store_true",
+                         help="machine-readable output: JSON on stdout instead of tables")
 
 
 def print_json(data: Any) -> None:

@@ -1,45 +1,115 @@
-"""Daemon settings, filled from ``krex serve`` flags or the embedded defaults."""
+"""Daemon settings: :class:`DaemonConfig`, the one place each setting, its default and its
+choices are written.
+
+Every field's metadata says how ``krex serve`` offers it (help, choices, how a
+flag's text becomes the value); the CLI generates the flags from it
+(:func:`krex.cli.daemon_cmds.add_config_flags`), so a default or a choice is
+never restated.  The embedded daemon and harnesses build a ``DaemonConfig``
+(or pass the same flags).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from krex.enforce.enforcer import FREEZE_CHOICES
+from krex.enforce.gatedrain import POLICIES as DRAIN_POLICIES
 from krex.protocol.address import SOCKET_NAME, runtime_dir
-from krex.workers import PoolSpec
+
+if TYPE_CHECKING:
+    from krex.workers import PoolSpec
+
+FREEZE_SCOPES = ("device", "node")
+GPU_LOCKS = ("interposer", "checkpoint")
+
+
+def parse_cores(text: str) -> list[int]:
+    """``"1"``, ``"2-3"``, ``"0,2-3"`` -> core numbers."""
+    cores: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cores.extend(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def parse_list(text: str) -> list[str]:
+    """``"numpy,torch"`` -> ``["numpy", "torch"]``."""
+    return [item for item in text.split(",") if item]
+
+
+def flag(help: str, *, choices: tuple[str, ...] | None = None,
+         parse: Callable[[str], Any] | None = None, metavar: str | None = None,
+         shown_default: str | None = None, cli: bool = True,
+         hidden: bool = False) -> dict[str, Any]:
+    """Field metadata: how ``krex serve`` offers the setting (``cli=False``: not a flag).
+
+    ``help`` is the flag's own text: for a boolean that defaults to true the flag is
+    ``--no-NAME``, so its help says what turning it off does."""
+    return {"help": help, "choices": choices, "parse": parse, "metavar": metavar,
+            "shown_default": shown_default, "cli": cli, "hidden": hidden}
 
 
 @dataclass
 class DaemonConfig:
-    runtime_dir: str = field(default_factory=runtime_dir)
-    socket_path: str = ""
-    max_hold_s: float = 60.0
-    idle_exit_s: float | None = None
-    group_access: bool = False
-    freeze: str = "auto"  # auto | cgroup2 | cgroup1 | signal | off
-    freeze_scope: str = "device"  # device | node
-    isolate: bool = True
-    measure_cores: list[int] | None = None
-    gate: bool = True
-    drain_timeout_s: float = 5.0
-    drain_policy: str = "abort"  # abort | wait | kill
-    gpu_lock: str = "interposer"  # interposer (gate + drain) | checkpoint (cuCheckpointProcessLock)
-    cgroups: bool = True
-    embedded: bool = False
-    shutdown_grace_s: float = 10.0  # first SIGTERM/stop: how long held regions may finish
-    fakegpu_core: int | None = None
-    fakegpu_ctx_delay_ms: int = 0
-    workers_min: int = 1
-    workers_max: int = 2
-    max_programs: int = 100
-    preload: list[str] = field(default_factory=lambda: ["numpy"])
-    worker_memory_cap_mb: float | None = None
+    runtime_dir: str = field(default_factory=runtime_dir, metadata=flag(
+        "directory for the socket and logs", shown_default="$KREX_RUNTIME_DIR, "
+        "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID"))
+    socket_path: str = field(default="", metadata=flag("", cli=False))  # runtime_dir's socket
+    max_hold_s: float = field(default=60.0, metadata=flag(
+        "default maximum hold of a region before it is revoked"))
+    idle_exit_s: float | None = field(default=None, metadata=flag(
+        "exit after this long with nothing to do"))
+    group_access: bool = field(default=False, metadata=flag(
+        "let the socket's group connect (owner-only by default)"))
+    freeze: str = field(default="auto", metadata=flag(
+        "freeze backend for siblings (auto: the best available)", choices=FREEZE_CHOICES))
+    freeze_scope: str = field(default="device", metadata=flag(
+        "freeze siblings on the same device or the whole node", choices=FREEZE_SCOPES))
+    isolate: bool = field(default=True, metadata=flag("do not reserve CPU cores"))
+    measure_cores: list[int] | None = field(default=None, metadata=flag(
+        "cores reserved for region holders, e.g. 1 or 2-3", parse=parse_cores, metavar="CORES",
+        shown_default="the last core, or the last quarter"))
+    gate: bool = field(default=True, metadata=flag("do not gate/drain GPU work"))
+    drain_timeout_s: float = field(default=5.0, metadata=flag(
+        "how long siblings' queued GPU work may take to drain"))
+    drain_policy: str = field(default="abort", metadata=flag(
+        "when a drain times out: abort the grant, wait on, or kill the sibling",
+        choices=DRAIN_POLICIES))
+    gpu_lock: str = field(default="interposer", metadata=flag(
+        "how siblings' GPU work is stopped: the LD_PRELOAD gate and drain, or the driver's "
+        "cuCheckpointProcessLock (R570+; not yet measured on a GPU)", choices=GPU_LOCKS))
+    cgroups: bool = field(default=True, metadata=flag(
+        "give jobs no cgroups (freeze falls back to SIGSTOP, isolation to affinity)"))
+    embedded: bool = field(default=False, metadata=flag(
+        "started by a client: exit 0 when another daemon already serves", hidden=True))
+    shutdown_grace_s: float = field(default=10.0, metadata=flag(
+        "on the first SIGTERM or `krex stop`: how long held regions may still finish"))
+    fakegpu_core: int | None = field(default=None, metadata=flag(
+        "core the fakegpu server runs kernels on",
+        shown_default="the first core not reserved for region holders"))
+    fakegpu_ctx_delay_ms: int = field(default=0, metadata=flag(
+        "fakegpu context-creation delay (serialised node-wide)"))
+    workers_min: int = field(default=1, metadata=flag("warm workers kept per device"))
+    workers_max: int = field(default=2, metadata=flag("warm workers at most per device"))
+    max_programs: int = field(default=100, metadata=flag(
+        "programs a worker serves before it is recycled"))
+    preload: list[str] = field(default_factory=lambda: ["numpy"], metadata=flag(
+        "comma-separated modules each worker imports at start", parse=parse_list,
+        metavar="MODULES", shown_default="numpy"))
+    worker_memory_cap_mb: float | None = field(default=None, metadata=flag(
+        "device memory cap per warm worker (fakegpu: its driver; cuda: torch's allocator "
+        "when torch is preloaded)"))
 
     def __post_init__(self) -> None:
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 
     def pool_spec(self) -> PoolSpec:
+        from krex.workers import PoolSpec
+
         return PoolSpec(device="cpu", min_workers=self.workers_min, max_workers=self.workers_max,
                         max_programs=self.max_programs, preload=list(self.preload),
                         device_memory_cap_mb=self.worker_memory_cap_mb)
