@@ -136,3 +136,17 @@ def test_cpu_ten_percent_slower_copy_is_slower_in_repeated_runs():
             assert 0.8 < c.speedup < 0.97
     assert verdicts.count("slower") >= 2, verdicts
     assert "faster" not in verdicts, verdicts
+
+
+def test_bench_measure_and_compare_refuse_the_same_bad_options():
+    """One options object: compare used to run hot, silently, with cache="warm"."""
+    from krex.measure import bench, measure
+
+    timer, a, b, regions = _pair(1.0)
+    for call in (lambda **kw: compare(a, b, timer=timer, region=regions, **kw),
+                 lambda **kw: measure(a, timer=timer, region=regions, **kw),
+                 lambda **kw: bench(a, timer=timer, region=regions, **kw)):
+        for bad in ({"cache": "warm"}, {"retries": -1}, {"timeout_s": 0}):
+            with pytest.raises(ValueError):
+                call(**bad)
+    assert compare(a, b, timer=timer, region=regions, cache="hot").pairs > 0  # a good one runs

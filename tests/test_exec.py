@@ -33,7 +33,7 @@ def test_exec_runs_in_the_same_warm_worker_with_regions(daemon, tmp_path):
 
 
 def test_each_result_brackets_exactly_its_own_regions(daemon, tmp_path):
-    """``started_mono``..``ended_mono`` is on the daemon's clock: back-to-back programs
+    """``started_mono_s``..``ended_mono_s`` is on the daemon's clock: back-to-back programs
     in one worker each own exactly the regions they asked for (a region taken as
     the first statement included)."""
     prog = tmp_path / "first.py"
@@ -46,8 +46,8 @@ def test_each_result_brackets_exactly_its_own_regions(daemon, tmp_path):
     stamps = [rec["requested_mono_s"] for rec in records if rec["label"] == "x"]
     assert len(stamps) == 5
     for r in results:
-        inside = [t for t in stamps if r.started_mono <= t <= r.ended_mono]
-        assert len(inside) == 1, (r.started_mono, r.ended_mono, stamps)
+        inside = [t for t in stamps if r.started_mono_s <= t <= r.ended_mono_s]
+        assert len(inside) == 1, (r.started_mono_s, r.ended_mono_s, stamps)
 
 
 def test_submit_a_callable_and_see_errors(daemon):

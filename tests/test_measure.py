@@ -15,8 +15,8 @@ import pytest
 
 from krex.errors import RegionRevoked
 from krex.measure import (
+    BenchWarning,
     FakeTimer,
-    KrexMeasurementWarning,
     LocalRegion,
     Measurement,
     MeasureWarning,
@@ -323,7 +323,7 @@ def test_bench_clears_grads():
 
 def test_bench_issues_python_warnings_for_measurement_warnings():
     timer, kernel, _ = _fake()
-    with pytest.warns(KrexMeasurementWarning, match="enforced"):
+    with pytest.warns(BenchWarning, match="enforced"):
         bench(kernel, rep=10, timer=timer, region=LocalRegion)
 
 
@@ -333,3 +333,17 @@ def test_clock_drop_across_the_loop_is_throttling():
     m = measure(kernel, timer=timer, region=regions)
     assert W.THROTTLED in m.warnings and "sm_mhz fell" in m.warning_details["THROTTLED"]
     assert m.clocks_start == {"sm_mhz": 1980.0} and m.clocks_end == {"sm_mhz": 1400.0}
+
+
+def test_krex_measure_is_the_function_and_the_package():
+    import krex
+
+    assert krex.measure.stats.quantile([1.0, 2.0, 3.0], 0.5) == 2.0  # the package ...
+    timer, kernel, regions = _fake()
+    m = krex.measure(kernel, timer=timer, region=regions)  # ... called, the function
+    assert isinstance(m, Measurement) and m.region.clean is True
+    from krex import measure as via_from
+
+    assert via_from is krex.measure and callable(via_from)
+    with pytest.raises(TypeError):
+        krex.measure(kernel, 5)  # keyword-only after fn, as the function itself

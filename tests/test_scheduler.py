@@ -11,7 +11,7 @@ _ids = itertools.count(1)
 
 def req(job, device="cpu", owner=None, **kw):
     return Request(region=next(_ids), job_id=job, device=device, owner=owner or f"conn{job}",
-                   requested_at=kw.pop("now", 0.0), **kw)
+                   requested_mono_s=kw.pop("now", 0.0), **kw)
 
 
 def granted(decisions):

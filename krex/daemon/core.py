@@ -55,10 +55,10 @@ class RegionState:
     request: Request
     session: Session
     acquire_id: int | None
-    requested_wall: float
+    requested_wall_s: float
     held: Held | None = None
     report: RegionReport | None = None
-    granted_mono: float | None = None
+    granted_mono_s: float | None = None
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Daemon:
         self.events = EventLog(config.event_log)
         self.exclusivity = exclusivity or Exclusivity(config)
         self.counters = Counters()
-        self.started_mono = time.monotonic()
+        self.started_mono_s = time.monotonic()
         self.accepting = True
         self.wakeup = threading.Condition(self.lock)
         self._region_ids = iter(range(1, 1 << 62))
@@ -166,7 +166,7 @@ class Daemon:
         if st is None or st.session is not session:
             raise UnknownRegion(f"region {msg.region} is not held by this connection",
                                 region=msg.region)
-        if st.granted_mono is None:
+        if st.granted_mono_s is None:
             raise UnknownRegion(f"region {msg.region} has not been granted yet", region=msg.region)
         if st.report is None:
             self._close(st, Outcome.RELEASED)
@@ -246,7 +246,7 @@ class Daemon:
             except EnforcementFailed as exc:
                 self._abort(st, exc)
                 return
-        st.granted_mono = time.monotonic()
+        st.granted_mono_s = time.monotonic()
         self.counters.granted += 1
         self.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
                          waited_s=_waited_s(req), nested=req.nested)
@@ -257,7 +257,7 @@ class Daemon:
         return {"region": req.region, "device": req.device, "waited_s": _waited_s(req),
                 "nested": req.nested, "exclusive": req.exclusive,
                 "max_hold_s": finite_or_none(req.max_hold_s),
-                "granted_mono_s": st.granted_mono}
+                "granted_mono_s": st.granted_mono_s}
 
     def _abort(self, st: RegionState, exc: KrexError) -> None:
         """Enforcement could not be set up: the request fails with that error."""
@@ -297,14 +297,14 @@ class Daemon:
                 why: str | None) -> RegionReport:
         req = st.request
         job = self.jobs.get(req.job_id)
-        granted = st.granted_mono or now
+        granted = st.granted_mono_s or now
         return RegionReport(
             region=req.region, device=req.device, label=req.label, job_id=req.job_id,
             job=job.name if job else None, mode=job.mode if job else None, outcome=outcome,
             nested=req.nested, exclusive=req.exclusive, waited_s=_waited_s(req),
             held_s=now - granted, max_hold_s=finite_or_none(req.max_hold_s),
-            requested_mono_s=req.requested_at, granted_mono_s=st.granted_mono,
-            released_mono_s=now, requested_wall_s=st.requested_wall,
+            requested_mono_s=req.requested_mono_s, granted_mono_s=st.granted_mono_s,
+            released_mono_s=now, requested_wall_s=st.requested_wall_s,
             jobs_served_while_waiting=req.jobs_served_while_waiting,
             host=evidence.host if evidence else None,
             device_audit=evidence.device_audit if evidence else None,
@@ -317,7 +317,7 @@ class Daemon:
         with self.lock:
             mine = [st for st in self.regions.values() if st.session is session]
             for st in mine:
-                if st.granted_mono is not None and st.report is None:
+                if st.granted_mono_s is not None and st.report is None:
                     self._close(st, Outcome.OWNER_GONE)
                 del self.regions[st.request.region]
             self._apply(self.scheduler.drop_owner(session, time.monotonic()))
@@ -342,9 +342,9 @@ class Daemon:
         with self.lock:
             self.accepting = False
             for st in list(self.regions.values()):
-                if st.granted_mono is not None and st.report is None:
+                if st.granted_mono_s is not None and st.report is None:
                     self._close(st, Outcome.DAEMON_STOPPED)
-                elif st.granted_mono is None:
+                elif st.granted_mono_s is None:
                     stopping = ShuttingDown("the daemon is stopping")
                     st.session.push(m.ErrorReply.of(stopping, st.acquire_id))
             self.regions.clear()
@@ -357,7 +357,7 @@ class Daemon:
 
     def held_regions(self) -> int:
         with self.lock:
-            return sum(st.granted_mono is not None and st.report is None
+            return sum(st.granted_mono_s is not None and st.report is None
                        for st in self.regions.values())
 
     def idle(self) -> bool:
@@ -424,7 +424,7 @@ class Daemon:
         default_hold = math.inf if msg.whole_job else self.config.max_hold_s
         return Request(
             region=next(self._region_ids), job_id=job.job_id, device=device, owner=session,
-            requested_at=time.monotonic(), max_hold_s=msg.max_hold_s or default_hold,
+            requested_mono_s=time.monotonic(), max_hold_s=msg.max_hold_s or default_hold,
             timeout_s=msg.timeout_s if msg.timeout_s is not None else math.inf,
             exclusive=job.mode != "none", whole_job=msg.whole_job, label=msg.label,
         )
@@ -447,7 +447,7 @@ class Daemon:
             }
         return {
             "daemon": {"pid": _getpid(), "socket": self.config.socket_path,
-                       "uptime_s": time.monotonic() - self.started_mono,
+                       "uptime_s": time.monotonic() - self.started_mono_s,
                        "event_log": self.config.event_log, "accepting": self.accepting},
             "devices": [d.to_dict() for d in self.devices],
             "scheduler": holders,
@@ -460,7 +460,7 @@ class Daemon:
 
 
 def _waited_s(req: Request) -> float:
-    return (req.granted_at or req.requested_at) - req.requested_at
+    return (req.granted_mono_s or req.requested_mono_s) - req.requested_mono_s
 
 
 _ENDED = {Outcome.REVOKED: ReasonCode.REVOKED, Outcome.OWNER_GONE: ReasonCode.OWNER_GONE,
@@ -485,8 +485,8 @@ def _reasons(req: Request, evidence: Evidence | None, outcome: Outcome,
 
 def _req_summary(r: Request) -> dict[str, Any]:
     return {"region": r.region, "job_id": r.job_id, "label": r.label, "whole_job": r.whole_job,
-            "waiting_s": None if r.granted_at else time.monotonic() - r.requested_at,
-            "held_s": time.monotonic() - r.granted_at if r.granted_at else None}
+            "waiting_s": None if r.granted_mono_s else time.monotonic() - r.requested_mono_s,
+            "held_s": time.monotonic() - r.granted_mono_s if r.granted_mono_s else None}
 
 
 def _getpid() -> int:

@@ -1,7 +1,7 @@
 """The JSONL event log: one line per region or job event.
 
-Each line carries ``mono_ns`` (CLOCK_MONOTONIC, comparable with the jobs'
-own ``time.monotonic_ns()``) and ``wall`` (Unix time) so the log can be
+Each line carries ``mono_s`` (CLOCK_MONOTONIC seconds, comparable with the jobs'
+own ``time.monotonic()``) and ``wall_s`` (Unix time) so the log can be
 checked against timestamps the jobs record themselves.
 """
 
@@ -34,7 +34,7 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> None:
         if self._writer is not None:
-            self._queue.put({"event": event, "mono_ns": time.monotonic_ns(), "wall": time.time(),
+            self._queue.put({"event": event, "mono_s": time.monotonic(), "wall_s": time.time(),
                              **fields})
 
     def _write_loop(self) -> None:

@@ -34,7 +34,7 @@ class Job:
     pgid: int | None = None
     cgroups: Any = None
     members: set[ProcessRef] = field(default_factory=set)
-    created_wall: float = field(default_factory=time.time)
+    created_wall_s: float = field(default_factory=time.time)
     exit_code: int | None = None
 
     def anchors(self) -> list[ProcessRef]:

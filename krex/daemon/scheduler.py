@@ -23,22 +23,22 @@ class Request:
     job_id: int
     device: str
     owner: Hashable
-    requested_at: float
+    requested_mono_s: float
     max_hold_s: float = math.inf
     timeout_s: float = math.inf
     exclusive: bool = True
     whole_job: bool = False
     label: str | None = None
-    granted_at: float | None = None
+    granted_mono_s: float | None = None
     nested: bool = False
     revoked: bool = False
     jobs_served_while_waiting: int = field(default=0)
 
     @property
     def deadline(self) -> float:
-        if self.granted_at is None:
-            return self.requested_at + self.timeout_s
-        return self.granted_at + self.max_hold_s
+        if self.granted_mono_s is None:
+            return self.requested_mono_s + self.timeout_s
+        return self.granted_mono_s + self.max_hold_s
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Scheduler:
         dq = self.queue(req.device)
         if not req.exclusive or self._inside_whole_job_hold(dq, req):
             req.nested = req.exclusive
-            req.granted_at = now
+            req.granted_mono_s = now
             return [Grant(req)]
         dq.ring.setdefault(req.job_id, deque()).append(req)
         return self._dispatch(dq, now)
@@ -100,7 +100,7 @@ class Scheduler:
     def drop_owner(self, owner: Hashable, now: float) -> list[Decision]:
         """The owner's connection is gone: its held and queued regions end now."""
         gone = [r for r in self.live.values() if r.owner == owner]
-        gone.sort(key=lambda r: r.granted_at is not None)  # waiters first: none gets granted
+        gone.sort(key=lambda r: r.granted_mono_s is not None)  # waiters first: none gets granted
         out: list[Decision] = []
         for req in gone:
             out.extend(self.release(req.region, now))
@@ -112,7 +112,7 @@ class Scheduler:
         for req in list(self.live.values()):
             if req.deadline > now or req.revoked:
                 continue
-            if req.granted_at is None:
+            if req.granted_mono_s is None:
                 self.live.pop(req.region)
                 out.append(Cancel(req, f"not granted within {req.timeout_s:g} s"))
                 out.extend(self._remove(req, now))
@@ -154,7 +154,7 @@ class Scheduler:
         for other in dq.waiting():
             if other.job_id != job_id:
                 other.jobs_served_while_waiting += 1
-        req.granted_at = now
+        req.granted_mono_s = now
         dq.holder = req
         out: list[Decision] = [Grant(req)]
         # Regions of this job that wait behind a whole-job hold are nested in it.
@@ -168,5 +168,5 @@ class Scheduler:
         if not dq.ring[req.job_id]:
             del dq.ring[req.job_id]
         req.nested = True
-        req.granted_at = now
+        req.granted_mono_s = now
         return [Grant(req)]

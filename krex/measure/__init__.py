@@ -19,20 +19,25 @@ factory), ``checks`` (warnings), ``loop`` (sampling), ``bench``,
 ``compare``, ``command``, ``graphs`` (CUDA graphs), ``result``.
 """
 
-from krex.measure.bench import KrexMeasurementWarning, bench, measure
+import sys
+import types
+from typing import Any
+
+from krex.errors import CommandFailed
+from krex.measure.bench import BenchWarning, bench, measure
 from krex.measure.checks import MeasureWarning
-from krex.measure.command import CommandFailed, bench_command
+from krex.measure.command import bench_command
 from krex.measure.compare import compare
 from krex.measure.regions import LocalRegion, ScriptedRegions, set_region_factory
 from krex.measure.result import Comparison, Measurement
 from krex.measure.timers import CpuTimer, FakeTimer, Timer, make_timer
 
 __all__ = [
+    "BenchWarning",
     "CommandFailed",
     "Comparison",
     "CpuTimer",
     "FakeTimer",
-    "KrexMeasurementWarning",
     "LocalRegion",
     "MeasureWarning",
     "Measurement",
@@ -45,3 +50,21 @@ __all__ = [
     "measure",
     "set_region_factory",
 ]
+
+
+class _MeasurePackage(types.ModuleType):
+    """``krex.measure`` is this package *and*, called, the function :func:`measure`.
+
+    ``krex.measure(fn, device="cuda:0")`` is public API; so are the package's
+    modules (``krex.measure.stats``).  A function bound to the name in
+    ``krex/__init__.py`` used to hide the package (``krex.measure.stats`` raised
+    ``AttributeError``); making the package callable keeps both, and renames
+    nothing other code imports.
+    """
+
+    def __call__(self, fn: Any, **kwargs: Any) -> Measurement:
+        return measure(fn, **kwargs)
+
+
+sys.modules[__name__].__class__ = _MeasurePackage
+_MeasurePackage.__call__.__doc__ = measure.__doc__

@@ -3,39 +3,23 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 import warnings as _warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from krex.measure import checks, graphs, loop, stats
+from krex.measure.options import TimingOptions
 from krex.measure.regions import RegionFactory
 from krex.measure.result import Measurement, split_findings
 from krex.measure.stopping import CountRule, NoiseRule
-from krex.measure.timers import Timer, make_timer
+from krex.measure.timers import Timer
 
 RETURN_MODES = ("min", "max", "mean", "median", "all")
 
 
-class KrexMeasurementWarning(UserWarning):
-    """Issued by ``bench`` (which returns bare floats) for each measurement warning."""
-
-
-def default_device() -> str:
-    """$KREX_DEVICE; else cuda:0 when torch is imported and sees a GPU; else cpu.
-
-    Never imports torch: if ``fn`` uses torch, torch is already imported.
-    """
-    if os.environ.get("KREX_DEVICE"):
-        return os.environ["KREX_DEVICE"]
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_available():
-            return "cuda:0"
-    except Exception:  # a broken CUDA install must not break CPU timing
-        pass
-    return "cpu"
+class BenchWarning(UserWarning):
+    """The Python warning ``bench`` issues (it returns bare floats) for each
+    :class:`~krex.measure.checks.MeasureWarning` of its measurement."""
 
 
 def measure(
@@ -64,11 +48,11 @@ def measure(
     ``inregion_warmup_ms`` of warm-up, then samples until the noise rule stops
     (or, with ``rep_ms``, a fixed count from that budget, as do_bench does).
     """
-    if cache not in ("cold", "hot"):
-        raise ValueError(f"cache must be 'cold' or 'hot', not {cache!r}")
-    timer = timer or make_timer(device or default_device())
-    device = device or timer.device
-    plan = loop.Plan(fn, timer, cold=cache == "cold", grad_to_none=grad_to_none)
+    opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
+                         label=label, max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer,
+                         region=region)
+    timer, device = opts.resolve()
+    plan = loop.Plan(fn, timer, cold=opts.cold, grad_to_none=grad_to_none)
     estimate = loop.first_call_and_estimate(plan)
     plan, estimate, graphed = _maybe_graph(plan, estimate, cuda_graph, device)
     warmups = loop.warm_up(plan, warmup_ms, estimate.call_ms)
@@ -82,8 +66,7 @@ def measure(
             return CountRule(max(1, int(rep_ms / estimate.call_ms)), timeout_s=timeout_s)
         return NoiseRule(noise_target, min_time_s, max_time_s, timeout_s)
 
-    run = loop.timed_region(body, region, device, retries=retries, label=label,
-                            max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer)
+    run = loop.timed_region(body, opts, device, timer)
     target = None if rep_ms is not None else noise_target
     return _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
 
@@ -164,7 +147,7 @@ def bench(
 
     ``warmup`` and ``rep`` are budgets in ms; returns ms as a float, a list for
     ``quantiles`` (a float when one quantile is asked) or ``return_mode="all"``.
-    Warnings of the measurement are issued as :class:`KrexMeasurementWarning`.
+    Warnings of the measurement are issued as :class:`BenchWarning`.
     """
     if return_mode not in RETURN_MODES:
         raise ValueError(f"return_mode must be one of {RETURN_MODES}, not {return_mode!r}")
@@ -193,4 +176,4 @@ def _issue_warnings(m: Measurement) -> None:
     for w in m.warnings:
         detail = m.warning_details.get(w.name, "")
         text = f"krex.bench: {w.summary} ({detail}) (hint: {w.next_action})"
-        _warnings.warn(text, KrexMeasurementWarning, stacklevel=3)
+        _warnings.warn(text, BenchWarning, stacklevel=3)

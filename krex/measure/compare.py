@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex.measure import checks, loop, stats
-from krex.measure.bench import default_device
+from krex.measure.options import TimingOptions
 from krex.measure.regions import RegionFactory
 from krex.measure.result import Comparison, split_findings
-from krex.measure.timers import Timer, make_timer
+from krex.measure.timers import Timer
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 EARLY_STOP_ALPHA_DIVISOR = 5.0
@@ -139,10 +139,11 @@ def compare(
     """Is ``candidate`` faster than ``baseline``?  Both are timed in one region."""
     if order not in ("abba", "random"):
         raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
-    timer = timer or make_timer(device or default_device())
-    device = device or timer.device
-    cold = cache == "cold"
-    a, b = loop.Plan(baseline, timer, cold), loop.Plan(candidate, timer, cold)
+    opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
+                         label=label, max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer,
+                         region=region)
+    timer, device = opts.resolve()
+    a, b = loop.Plan(baseline, timer, opts.cold), loop.Plan(candidate, timer, opts.cold)
     est_a, est_b = loop.first_call_and_estimate(a), loop.first_call_and_estimate(b)
     for plan, est in ((a, est_a), (b, est_b)):
         loop.warm_up(plan, warmup_ms, est.call_ms)
@@ -154,8 +155,7 @@ def compare(
         pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks)
         return pairs
 
-    run = loop.timed_region(body, region, device, retries=retries, label=label,
-                            max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer)
+    run = loop.timed_region(body, opts, device, timer)
     return _build(run, timer, device, order, limits)
 
 

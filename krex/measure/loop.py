@@ -16,7 +16,8 @@ from typing import Any
 
 from krex.errors import RegionRevoked
 from krex.measure import checks, clocks
-from krex.measure.regions import RegionFactory
+from krex.measure.options import TimingOptions
+from krex.measure.regions import RegionFactory, get_region_factory, no_daemon
 from krex.measure.timers import Timer
 from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport
 
@@ -126,28 +127,16 @@ class RegionRun:
     clocks_end: dict[str, Any]
 
 
-def timed_region(
-    body: Callable[[], Any],
-    region: Any,
-    device: str,
-    *,
-    retries: int,
-    label: str | None,
-    max_hold_s: float | None,
-    timeout_s: float,
-    timer: Timer | None,
-) -> RegionRun:
+def timed_region(body: Callable[[], Any], opts: TimingOptions, device: str,
+                 timer: Timer) -> RegionRun:
     """:func:`in_region` for a timed loop that must yield samples.
 
     The maximum hold defaults to the loop's timeout plus a margin; a region
     revoked before any sample raises :class:`~krex.errors.RegionRevoked`.
     """
-    from krex.errors import RegionRevoked
-    from krex.measure.regions import get_region_factory
-
-    hold_s = max_hold_s or timeout_s + HOLD_MARGIN_S
-    run = in_region(body, get_region_factory(region), device, retries=retries, label=label,
-                    max_hold_s=hold_s, timer=timer)
+    hold_s = opts.max_hold_s or opts.timeout_s + HOLD_MARGIN_S
+    run = in_region(body, get_region_factory(opts.region), device, retries=opts.retries,
+                    label=opts.label, max_hold_s=hold_s, timer=timer)
     if run.value is None:
         raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
     return run
@@ -200,7 +189,5 @@ def _one_region(body, factory, device, label, max_hold_s, read_clocks):
 
 def _no_report(device: str) -> RegionReport:
     """A region factory whose regions report nothing: nothing can be said to be enforced."""
-    from krex.measure.regions import no_daemon
-
     return RegionReport(device=device, mode=None, exclusive=False,
                         reasons=[no_daemon("the region factory gave no report")])

@@ -115,13 +115,13 @@ def _drop_stale(worker: WorkerProcess) -> None:
 
 def _from_done(run: _Run, submitted: float) -> ExecResult:
     r, reason = run.done["result"], run.done.get("recycle")
-    started = r.get("started_at")
+    started = r.get("started_mono_s")
     return ExecResult(
         status=r["status"], exit_code=r["exit_code"], exception=r.get("exception"),
         traceback=r.get("traceback"), value=r.get("value"), worker_pid=run.worker.pid,
         recycled=reason is not None, recycle_reason=reason,
         dispatch_s=None if started is None else max(0.0, started - submitted),
-        started_mono=started, ended_mono=r.get("ended_at"),
+        started_mono_s=started, ended_mono_s=r.get("ended_mono_s"),
         restored=list(run.done.get("restored", [])))
 
 

@@ -221,7 +221,8 @@ class WorkerPool:
 
 
 def _describe(w: WorkerProcess, now: float) -> dict[str, Any]:
-    return {"pid": w.pid, "programs": w.programs, "busy": w.busy, "started_at": w.started_at,
+    return {"pid": w.pid, "programs": w.programs, "busy": w.busy,
+            "started_wall_s": w.started_wall_s,
             "idle_s": None if w.busy else round(now - w.idle_since, 3),
             "context_s": w.ready.get("context_s"), "preload_s": w.ready.get("preload_s")}
 

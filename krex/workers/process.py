@@ -47,7 +47,7 @@ class WorkerProcess:
         self.launcher = launcher
         self.events: queue.Queue[tuple] = queue.Queue()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=64)
-        self.started_at = time.time()
+        self.started_wall_s = time.time()
         self.ready: dict[str, Any] = {}
         self.programs = 0
         self.busy = False

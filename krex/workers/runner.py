@@ -2,7 +2,7 @@
 
 In: a request dict (``ExecRequest.to_dict()`` before base64).  Out: a dict
 with ``status``, ``exit_code``, ``exception``, ``traceback``, ``value`` and
-``started_at`` / ``ended_at`` (``time.monotonic()`` just before the
+``started_mono_s`` / ``ended_mono_s`` (``time.monotonic()`` just before the
 program's first instruction and after its threads and exit functions
 finished).  The job's argv, cwd and environment are applied here; putting the
 worker back afterwards is ``snapshot.restore``'s job.
@@ -33,7 +33,7 @@ def run(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) ->
     saved_main = sys.modules.get("__main__")
     threads_before = set(threading.enumerate())
     exit_funcs: list[tuple[Callable[..., Any], tuple, dict]] = []
-    result: dict[str, Any] = {"status": "ok", "exit_code": 0, "started_at": None}
+    result: dict[str, Any] = {"status": "ok", "exit_code": 0, "started_mono_s": None}
     try:
         sys.modules["__main__"] = main
         with _captured_atexit(exit_funcs):
@@ -41,7 +41,7 @@ def run(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) ->
             _join_foreground_threads(threads_before)
             _run_exit_funcs(exit_funcs)
     finally:
-        result["ended_at"] = time.monotonic()
+        result["ended_mono_s"] = time.monotonic()
         sys.modules["__main__"] = saved_main  # type: ignore[assignment]
         _flush()
     return result
@@ -71,11 +71,11 @@ def _execute(req: dict[str, Any], main: types.ModuleType, result: dict[str, Any]
     try:
         if req["kind"] == "path":
             code = _compile(req["path"], main)
-            result["started_at"] = time.monotonic()
+            result["started_mono_s"] = time.monotonic()
             exec(code, vars(main))
             return {}
         fn, args, kwargs = pickle.loads(req["payload"])
-        result["started_at"] = time.monotonic()
+        result["started_mono_s"] = time.monotonic()
         value = fn(*args, **kwargs)
         return {"value": pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)}
     except SystemExit as e:

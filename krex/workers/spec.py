@@ -111,8 +111,8 @@ class ExecResult:
     # The program's run in the worker, on the node's CLOCK_MONOTONIC (time.monotonic()),
     # the clock the daemon stamps regions with: what the worker asked for in between is
     # this program's.
-    started_mono: float | None = None
-    ended_mono: float | None = None
+    started_mono_s: float | None = None
+    ended_mono_s: float | None = None
     restored: list[str] = field(default_factory=list)  # state the program changed, put back
 
     @property

@@ -92,7 +92,7 @@ class KrexNode:
             out = self._run(program)
         finally:
             self._count(inflight=-1)
-        out["timings"]["node_received_wall"] = received
+        out["timings"]["node_received_wall_s"] = received
         self._count("lost" if out["status"] == outcome.LOST else "finished")
         return out
 
@@ -119,8 +119,8 @@ class KrexNode:
         mono1 = time.monotonic()
         extra = {"returned": collect(target),
                  "regions": self._regions_of(result),
-                 "timings": {"submitted_wall": program.submitted_wall, "started_wall": wall0,
-                             "finished_wall": time.time(), "exec_s": mono1 - mono0}}
+                 "timings": {"submitted_wall_s": program.submitted_wall_s, "started_wall_s": wall0,
+                             "finished_wall_s": time.time(), "exec_s": mono1 - mono0}}
         node = {"node_id": self.node_id, "node_ip": self.node_ip, "daemon_pid": pid}
         return outcome.finished(program, node, result, output.texts(), extra)
 
@@ -165,11 +165,11 @@ class KrexNode:
         """The daemon's records of the regions the program's worker asked for while it ran.
 
         A worker runs one program at a time and stamps the program's run
-        (``started_mono`` .. ``ended_mono``) on the node's monotonic clock, the
+        (``started_mono_s`` .. ``ended_mono_s``) on the node's monotonic clock, the
         clock the daemon stamps each request with on arrival: a region whose
         request arrived in that window is this program's, exactly.
         """
-        if result.started_mono is None:
+        if result.started_mono_s is None:
             return []  # the program never ran (e.g. it did not compile)
         try:
             with self.daemon.client() as client:
@@ -179,8 +179,8 @@ class KrexNode:
                 records = client.regions(job_ids=[job_id], limit=1000)
         except KrexError:
             return []
-        lo = result.started_mono
-        hi = result.ended_mono if result.ended_mono is not None else time.monotonic()
+        lo = result.started_mono_s
+        hi = result.ended_mono_s if result.ended_mono_s is not None else time.monotonic()
         return [r for r in records if lo <= (r.get("requested_mono_s") or -1.0) <= hi]
 
     def _worker_job(self, worker_pid: int) -> int | None:

@@ -22,7 +22,7 @@ def base(program: Program, node_id: str | None) -> dict[str, Any]:
     return {"program": program.name, "program_id": program.program_id, "args": program.args,
             "device": program.device, "node_id": node_id, "daemon_pid": None,
             "stdout": "", "stderr": "", "returned": None, "regions": [], "lost": None,
-            "attempts": [], "timings": {"submitted_wall": program.submitted_wall}}
+            "attempts": [], "timings": {"submitted_wall_s": program.submitted_wall_s}}
 
 
 def finished(program: Program, node: dict[str, Any], result: ExecResult,
@@ -45,7 +45,7 @@ def lost(program: Program, node_id: str | None, what: str, reason: str,
                 "exception": f"{what} lost: {reason}",
                 "lost": {"what": what, "node_id": node_id, "reason": reason}})
     out.update(fields)
-    out["timings"]["lost_wall"] = time.time()
+    out["timings"]["lost_wall_s"] = time.time()
     return out
 
 

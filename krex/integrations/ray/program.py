@@ -33,7 +33,7 @@ class Program:
     env: dict[str, str] = field(default_factory=dict)  # added to the node's environment
     cwd: str | None = None  # on the node; default: the shipped program's directory
     program_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    submitted_wall: float = field(default_factory=time.time)
+    submitted_wall_s: float = field(default_factory=time.time)
 
     @classmethod
     def load(cls, path: str, args: list[str] | None = None, *, ship: bool = True,
