@@ -33,8 +33,9 @@ test-fast: $(STAMP)  ## the tests not marked slow
 bench: $(STAMP)  ## all benchmarks; results in results/, tables for docs/benchmarks.md
 	$(VPY) benchmarks/run_all.py
 
-lint: $(STAMP)  ## ruff
-	$(VENV)/bin/ruff check krex tests benchmarks
+lint: $(STAMP)  ## ruff and the type checker (mypy; both configured in pyproject.toml)
+	$(VENV)/bin/ruff check krex tests benchmarks examples
+	$(VENV)/bin/mypy
 
 clean:  ## remove the venv and build outputs
 	rm -rf $(VENV) build *.egg-info krex/_native/*.so* krex/_native/bin krex/_native/fakegpu results

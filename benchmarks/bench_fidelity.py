@@ -36,9 +36,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import md_table, private_daemon, write_results  # noqa: E402
+from common import md_table, private_daemon, write_results
 
-from krex.measure import stats  # noqa: E402
+from krex.measure import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, "programs")

@@ -16,9 +16,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import md_table, write_results  # noqa: E402
+from common import md_table, write_results
 
-from krex.measure.stats import quantiles  # noqa: E402
+from krex.measure.stats import quantiles
 
 WORK = """import sys, time, krex
 def spin(ms):  # CPU time, not wall time: a fixed amount of work per program

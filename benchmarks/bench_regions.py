@@ -19,9 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import md_table, private_daemon, write_results  # noqa: E402
+from common import md_table, private_daemon, write_results
 
-from krex.measure.stats import quantiles  # noqa: E402
+from krex.measure.stats import quantiles
 
 
 def round_trip(n: int) -> list[float]:

@@ -11,11 +11,11 @@ import krex
 DATA = list(range(20_000))
 
 
-def baseline():
+def baseline() -> int:
     return sum(x * x for x in DATA)
 
 
-def candidate():
+def candidate() -> int:
     total = 0
     for x in DATA:
         total += x * x

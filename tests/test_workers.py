@@ -150,7 +150,7 @@ def test_callable_returns_its_value(pool, tmp_path, monkeypatch):
     assert result.ok and result.returned() == 42 and result.dispatch_s is not None
     write(tmp_path, "helper_mod.py", "import os\ndef where(x):\n    return os.getcwd(), x * 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import helper_mod  # noqa: E402  (pickled by reference, imported in the worker from cwd)
+    import helper_mod
 
     req = ExecRequest.for_callable(helper_mod.where, 21)
     req.cwd = str(tmp_path)

@@ -93,7 +93,7 @@ class Driver:
             name = ctypes.c_char_p()
             try:
                 self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - the name is a nicety; rc is reported
                 pass
             raise DriverError(f"{what} failed: {rc} {(name.value or b'').decode()}")
 

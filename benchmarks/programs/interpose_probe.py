@@ -97,7 +97,7 @@ if stack == "triton":  # @triton.jit needs a module-level function (it reads its
         import triton.language as tl
 
         @triton.jit
-        def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):  # noqa: N803 - triton's style
             pid = tl.program_id(axis=0)
             offs = pid * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -245,7 +245,7 @@ def main() -> dict:
     torch = None
     if not fake:
         try:
-            import torch  # noqa: F811
+            import torch
         except ImportError:
             torch = None
     sync = torch.cuda.synchronize if torch is not None else (lambda: None)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from krex.cli.output import JSON_OUTPUT, console, print_json, table
 from krex.errors import BadRequest
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +68,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _show_report(args.report[1], report(args.report[1], refresh=True), args.json)
     cfg = _config(args)
     command = "krex " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else None
-    with _progress() as progress:
+    with _Progress() as progress:
         path, doc = evaluate(cfg, args.out, command, progress)
     return _show_report(path, report(path), args.json)
 
@@ -86,7 +90,7 @@ def _show_report(path: str, made: dict, as_json: bool) -> int:
     return 0
 
 
-class _progress:
+class _Progress:
     """A rich progress bar on stderr: one task per block."""
 
     def __enter__(self):
@@ -97,7 +101,7 @@ class _progress:
                             MofNCompleteColumn(), TimeElapsedColumn(),
                             console=Console(stderr=True), transient=False)
         self.bar.start()
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
         return self.update
 
     def update(self, label: str, done: int, total: int) -> None:

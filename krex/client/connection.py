@@ -22,6 +22,8 @@ from krex.protocol.address import socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.workers.spec import ExecRequest, ExecResult
 
+OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
+
 
 class Connection:
     def __init__(self, path: str | None = None, *, autostart: bool = True,
@@ -36,7 +38,7 @@ class Connection:
         self.welcome = self.call(m.Hello(version=m.VERSION, client=client))
 
     def call(self, message: m.Message,
-             on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+             on_output: OutputSink | None = None) -> dict[str, Any]:
         """Send a request and block until its reply; raise the daemon's error if any.
 
         ``output`` frames for this request (a running ``exec``) go to ``on_output``.
@@ -51,7 +53,7 @@ class Connection:
         return self.wait_reply(rid, on_output)
 
     def wait_reply(self, rid: int,
-                   on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+                   on_output: OutputSink | None = None) -> dict[str, Any]:
         while True:
             try:
                 data = self.reader.read()
@@ -96,7 +98,7 @@ class Client:
         self._lock = threading.Lock()
 
     def _call(self, message: m.Message,
-              on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+              on_output: OutputSink | None = None) -> dict[str, Any]:
         with self._lock:
             return self.conn.call(message, on_output)
 
@@ -128,7 +130,7 @@ class Client:
     def exec(self, path: str, args: list[str] | None = None, *, device: str | None = None,
              timeout_s: float | None = None, cwd: str | None = None,
              env: dict[str, str] | None = None,
-             on_output: Callable[[str, str], None] | None = None) -> ExecResult:
+             on_output: OutputSink | None = None) -> ExecResult:
         """Run the Python program ``path`` in a warm worker of ``device``.
 
         The program sees ``args`` as ``sys.argv[1:]``, ``cwd`` and ``env`` (default:
@@ -150,7 +152,7 @@ class Client:
         return self._exec(req, device, None)
 
     def _exec(self, req: ExecRequest, device: str | None,
-              on_output: Callable[[str, str], None] | None) -> ExecResult:
+              on_output: OutputSink | None) -> ExecResult:
         sink = on_output or _echo
         reply = self._call(m.Exec(request=req.to_dict(), device=device), on_output=sink)
         return ExecResult.from_dict(reply["result"])

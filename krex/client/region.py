@@ -55,8 +55,8 @@ def _connection(fresh: bool = False) -> Connection:
         if _state.pid != os.getpid():
             _state.depth, _state.outer = {}, {}
         _state.pid = os.getpid()
-        _state.conn = Connection()
-    return _state.conn
+        _state.conn = conn = Connection()
+    return conn
 
 
 def _job_id(conn: Connection, device: str) -> int:
@@ -149,12 +149,12 @@ class Region:
                             released_mono_s=now)
 
     def __call__(self, fn: F) -> F:
-        params = dict(device=self.device, max_hold_s=self.max_hold_s, label=self.label,
-                      timeout_s=self.timeout_s)
+        device, max_hold_s, label, timeout_s = (self.device, self.max_hold_s, self.label,
+                                                 self.timeout_s)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with Region(**params):
+            with Region(device, max_hold_s=max_hold_s, label=label, timeout_s=timeout_s):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -49,6 +49,8 @@ class Session(Protocol):
 
     def push(self, message: m.Message) -> None: ...
 
+    def __hash__(self) -> int: ...
+
 
 @dataclass
 class RegionState:
@@ -108,13 +110,13 @@ class Daemon:
             job = self._member_job(session, msg.job_id)
             job.members.add(me)
             return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
-        job = self.jobs.adhoc_for(me)
-        if job is None:
+        adhoc = self.jobs.adhoc_for(me)
+        if adhoc is None:
             device = self._device(msg.device)
-            job = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
-            job.cgroups = self.exclusivity.create_cgroups(job.job_id)
-            self.exclusivity.adopt(job.cgroups, me)
-        return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
+            adhoc = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
+            adhoc.cgroups = self.exclusivity.create_cgroups(adhoc.job_id)
+            self.exclusivity.adopt(adhoc.cgroups, me)
+        return {"job_id": adhoc.job_id, "device": adhoc.device, "mode": adhoc.mode}
 
     def _on_create_job(self, session: Session, msg: m.CreateJob) -> dict[str, Any]:
         self._admitting()
@@ -432,7 +434,8 @@ class Daemon:
     def _siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
         """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
         node = self.config.freeze_scope == "node"
-        siblings, others = [], []
+        siblings: list[Job] = []
+        others: list[Job] = []
         for job in self.jobs.jobs.values():
             if job.job_id != req.job_id:
                 (siblings if node or job.device == req.device else others).append(job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
@@ -189,8 +190,8 @@ class Exclusivity:
 
     # -- per region ----------------------------------------------------------------
 
-    def enter(self, holder: Any, siblings: list[Any], request: Any, others: list[Any] = ()
-              ) -> Held:
+    def enter(self, holder: Any, siblings: list[Any], request: Any,
+              others: Sequence[Any] = ()) -> Held:
         if self._all_off(request.device):
             return _Unenforced(self._off_reasons(request.device))
         drain = self._gpu_stop(siblings, request) if is_gpu(request.device) else None

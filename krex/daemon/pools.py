@@ -70,6 +70,7 @@ class Pools:
         if pool is not None:
             return pool
         if not owner:
+            assert starting is not None
             starting.wait()
             return self.pool(device)
         try:

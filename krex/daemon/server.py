@@ -81,6 +81,12 @@ class Server:
         self._lockfile: int | None = None
         self._signals = 0
 
+    @property
+    def core(self) -> Daemon:
+        """The daemon this server serves (set before ``serve_forever``)."""
+        assert self.daemon is not None, "the server has no daemon yet"
+        return self.daemon
+
     # -- life cycle --------------------------------------------------------------
 
     def bind(self) -> None:
@@ -113,16 +119,16 @@ class Server:
         self._lockfile = fd
 
     def serve_forever(self) -> None:
-        assert self.sock is not None and self.daemon is not None
+        assert self.sock is not None
         threading.Thread(target=self._ticker, name="krex-tick", daemon=True).start()
-        while self.daemon.accepting:
+        while self.core.accepting:
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
                 self._maybe_idle_exit()
                 continue
             except OSError:
-                if not self.daemon.accepting:
+                if not self.core.accepting:
                     break
                 raise
             threading.Thread(target=self._serve_session, args=(conn,), daemon=True).start()
@@ -130,14 +136,14 @@ class Server:
 
     def _maybe_idle_exit(self) -> None:
         limit = self.config.idle_exit_s
-        d = self.daemon
+        d = self.core
         if limit and not self.sessions and d.idle() and time.monotonic() - d.last_activity > limit:
             log.info("idle for %.0f s: exiting", limit)
             d.accepting = False
 
     def _ticker(self) -> None:
         """Wake at the scheduler's next deadline (revocations, wait timeouts); reap jobs."""
-        d = self.daemon
+        d = self.core
         next_reap = 0.0
         while d.accepting:
             deadline = d.tick()
@@ -153,9 +159,8 @@ class Server:
                 d.planned_wake = 0.0
 
     def _finish(self) -> None:
-        assert self.daemon is not None
         self._let_holders_finish()
-        self.daemon.shutdown()
+        self.core.shutdown()
         for s in list(self.sessions):
             s.close()
         if self.sock:
@@ -170,7 +175,7 @@ class Server:
     def _let_holders_finish(self) -> None:
         """Admissions are closed; give regions already granted time to end by themselves."""
         deadline = time.monotonic() + self.config.shutdown_grace_s
-        while self.daemon.held_regions() and time.monotonic() < deadline and self._signals < 2:
+        while self.core.held_regions() and time.monotonic() < deadline and self._signals < 2:
             time.sleep(0.01)
 
     def install_signal_handlers(self) -> None:
@@ -178,10 +183,9 @@ class Server:
 
         def on_signal(signum: int, frame: Any) -> None:
             self._signals += 1
-            assert self.daemon is not None
-            self.daemon.accepting = False
+            self.core.accepting = False
             if self._signals >= 2:
-                self.daemon.shutdown()
+                self.core.shutdown()
                 os._exit(1)
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -210,8 +214,7 @@ class Server:
             self._session_loop(session, FrameReader(conn))
         finally:
             self.sessions.discard(session)
-            assert self.daemon is not None
-            self.daemon.session_closed(session)
+            self.core.session_closed(session)
             session.close()
 
     def _session_loop(self, session: Session, reader: FrameReader) -> None:
@@ -235,7 +238,7 @@ class Server:
                     self._greet(session, msg)
                     greeted = True
                     continue
-                reply = self.daemon.handle(session, msg)  # type: ignore[union-attr]
+                reply = self.core.handle(session, msg)
             except VersionMismatch as exc:
                 session.push(m.ErrorReply.of(exc, re))
                 return

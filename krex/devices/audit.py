@@ -24,7 +24,7 @@ def nvml_audit(device: str) -> NvmlAudit | None:
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(int(index or 0))
-    except Exception:  # ImportError, NVMLError_LibraryNotFound, ...: no audit here
+    except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, ...: no audit
         return None
     return NvmlAudit(pynvml, handle)
 
@@ -49,7 +49,7 @@ class NvmlAudit:
                               if p.pid not in holder_pids))):
             try:
                 out[key] = call()
-            except Exception as exc:  # one missing query must not hide the others
+            except Exception as exc:  # noqa: BLE001 - one missing query must not hide the others
                 out[key] = None
                 out.setdefault("errors", []).append(f"{key}: {exc}")
         return out

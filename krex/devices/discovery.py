@@ -36,7 +36,7 @@ def _cuda_devices() -> list[DeviceInfo]:
         return []
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound and friends: no driver here
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound and friends: no driver here
         return []
     try:
         out = []
@@ -56,7 +56,7 @@ def _rocm_devices() -> list[DeviceInfo]:
 
             amdsmi.amdsmi_init()
             handles = amdsmi.amdsmi_get_processor_handles()
-    except Exception:
+    except Exception:  # noqa: BLE001 - KeyError, AmdSmiLibraryException, ...: no ROCm here
         return []
     return [DeviceInfo(f"rocm:{i}", "rocm", i, "AMD GPU") for i in range(len(handles))]
 

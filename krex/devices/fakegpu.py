@@ -55,8 +55,10 @@ class FakeGpu:
             env["KREX_FAKEGPU_CORE"] = str(self.core)
         self.proc = subprocess.Popen([str(fakegpu_server_path()), self.socket_path], env=env,
                                      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready or self.proc.stdout.readline().strip() != b"ready":
+        out = self.proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout_s)
+        if not ready or out.readline().strip() != b"ready":
             self.stop()
             raise KrexError("the fakegpu server did not start", hint="see its stderr")
         return self

@@ -29,8 +29,8 @@ def _instance_alive(instance: str) -> bool:
     m = re.search(r"(\d+)-(\d+)$", instance)
     if m:
         return start_time(int(m.group(1))) == int(m.group(2))
-    m = re.search(r"(\d+)", instance)
-    return bool(m) and start_time(int(m.group(1))) is not None
+    first = re.search(r"(\d+)", instance)
+    return first is not None and start_time(int(first.group(1))) is not None
 
 
 def read(path: str) -> str:

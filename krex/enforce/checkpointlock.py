@@ -63,6 +63,7 @@ class CheckpointLock:
     def apply(self) -> None:
         import time
 
+        assert self.lib is not None  # available() said so
         args = _LockArgs(timeoutMs=max(1, int(self.timeout_s * 1000)))
         for pid in self.pids:
             t0 = time.perf_counter()
@@ -82,6 +83,7 @@ class CheckpointLock:
         errors = []
         while self.locked:
             pid = self.locked.pop()
+            assert self.lib is not None  # it locked pid
             rc = self.lib.cuCheckpointProcessUnlock(ctypes.c_int(pid), None)
             if rc != 0:
                 errors.append(f"{pid}: error {rc}")

@@ -144,6 +144,8 @@ class _CgroupFreeze:
     name = "freeze"
     backend = ""
     attr = ""  # JobCgroups attribute holding this hierarchy's directory
+    control = ""  # the file that freezes the cgroup
+    freeze_value, thaw_value, undo_kind = "", "", ""
 
     def __init__(
         self, targets: list[JobTarget], *, timeout_s: float = 2.0, exclude: set[int] | None = None
@@ -204,6 +206,9 @@ class _CgroupFreeze:
             except FileNotFoundError:
                 pass
         self.frozen = []
+
+    def _is_frozen(self, d: str) -> bool:
+        raise NotImplementedError
 
     def frozen_count(self) -> int:
         return len(self._covered()) + self.stragglers.frozen_count()

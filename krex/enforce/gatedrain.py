@@ -97,5 +97,5 @@ class GateDrain:
 def _kill(pid: int) -> None:
     try:
         ProcessRef.of(pid).send_signal(signal.SIGKILL)
-    except Exception:  # gone already: nothing left to drain
+    except Exception:  # noqa: BLE001, S110 - gone already: nothing left to drain
         pass

@@ -46,11 +46,13 @@ class GuardianClient:
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
         )
         _process.PROTECTED.add(self.proc.pid)
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready or self.proc.stdout.readline().strip() != b"ready":
+        out = self.proc.stdout
+        assert out is not None  # a pipe
+        ready, _, _ = select.select([out], [], [], timeout_s)
+        if not ready or out.readline().strip() != b"ready":
             self.stop()
             raise RuntimeError("the krex guardian did not start")
-        os.set_blocking(self.proc.stdout.fileno(), False)
+        os.set_blocking(out.fileno(), False)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -85,7 +87,8 @@ class GuardianClient:
             return
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
-                stream.close()
+                if stream is not None:
+                    stream.close()
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -199,7 +202,11 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_IGN)
     guardian = Guardian(argv[1], os.getppid())
-    signal.signal(signal.SIGTERM, lambda *_: (guardian.undo_all(), os._exit(0)))
+    def on_term(signum: int, frame: object) -> None:
+        guardian.undo_all()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)
     _say("ready")
     guardian.run()

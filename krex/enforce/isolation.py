@@ -11,6 +11,7 @@ mask; threads born during the region get their process's previous mask.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from krex.enforce.cgroups import read, write
 from krex.enforce.job import JobTarget, processes_of
@@ -101,10 +102,11 @@ class CpuIsolation:
 
     def undo_records(self) -> list[dict]:
         self._plan()
-        records = [{"kind": "cpuset", "path": d, "cpus": v} for d, v in self.cpusets.items()]
+        records: list[dict[str, Any]] = [{"kind": "cpuset", "path": d, "cpus": v}
+                                         for d, v in self.cpusets.items()]
         for t, mask in self.masks.items():
-            rec = {"kind": "affinity", "pid": t.pid, "tid": t.tid, "start_time": t.start_time}
-            records.append({**rec, "cpus": mask})
+            records.append({"kind": "affinity", "pid": t.pid, "tid": t.tid,
+                            "start_time": t.start_time, "cpus": mask})
         return records
 
     def _wanted(self, is_holder: bool, previous: list[int] | None) -> list[int]:

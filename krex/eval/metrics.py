@@ -143,7 +143,7 @@ def _utilisation(blocks: list[dict[str, Any]]) -> float | None:
     busy = [b.get("device_busy_s") for b in blocks]
     if not busy or any(x is None for x in busy):
         return None
-    return sum(busy) / sum(b["wall_s"] for b in blocks)
+    return sum(x for x in busy if x is not None) / sum(b["wall_s"] for b in blocks)
 
 
 def summarise(raw: dict[str, Any], modes: list[str]) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def kind_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """p95 inflation per kernel kind and bucket, beside the references' own drift."""
     buckets = [f"{b:g}" for b in reversed(doc["profile"]["buckets_ms"])]
-    first = next(iter(doc["summary"].values()), {})
+    first: dict[str, Any] = next(iter(doc["summary"].values()), {})
     kinds = list(first.get("inflation_by_kind_pct") or {})
     cols = ["mode", *[f"{k} ≥{b} ms" for k in kinds for b in buckets],
             *[f"ref drift ≥{b} ms" for b in buckets]]

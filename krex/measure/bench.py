@@ -168,7 +168,8 @@ def summarize_like_do_bench(
         return values[0] if len(values) == 1 else values
     if return_mode == "all":
         return list(times_ms)
-    reducers = {"min": min, "max": max, "mean": stats.mean, "median": stats.lower_median}
+    reducers: dict[str, Callable[[Sequence[float]], float]] = {
+        "min": min, "max": max, "mean": stats.mean, "median": stats.lower_median}
     return float(reducers[return_mode](times_ms))
 
 

@@ -64,7 +64,7 @@ def _nvml_clocks(index: int) -> dict[str, Any]:
             "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
             "throttle_reasons": int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
         }
-    except Exception:  # no driver, no package, old NVML: the device reports nothing
+    except Exception:  # noqa: BLE001 - no driver, no package, old NVML: it reports nothing
         return {}
 
 

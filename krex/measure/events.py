@@ -17,6 +17,7 @@ flush writes a device buffer of ``2 x L2`` bytes (256 MiB when unknown).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import sys
 from typing import Any
@@ -56,7 +57,7 @@ def _first_symbol(lib: ctypes.CDLL, names: tuple[str, ...]) -> Any:
     return None
 
 
-CUDA_NAMES = {
+CUDA_NAMES: dict[str, tuple[str, ...]] = {
     "init": ("cuInit",),
     "device_get": ("cuDeviceGet",),
     "ctx_retain": ("cuDevicePrimaryCtxRetain",),
@@ -72,7 +73,7 @@ CUDA_NAMES = {
     "synchronize": ("cuCtxSynchronize",),
 }
 
-HIP_NAMES = {
+HIP_NAMES: dict[str, tuple[str, ...]] = {
     "init": ("hipInit",),
     "set_device": ("hipSetDevice",),
     "event_create": ("hipEventCreate",),
@@ -253,13 +254,12 @@ def _torch_sees_gpu() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         try:
-            import torch  # noqa: F401  (only when installed)
+            torch = importlib.import_module("torch")  # only when installed
         except ImportError:
             return False
-        torch = sys.modules["torch"]
     try:
         return bool(torch.cuda.is_available())
-    except Exception:  # a broken CUDA setup must not break the CPU path
+    except Exception:  # noqa: BLE001 - a broken CUDA setup must not break the CPU path
         return False
 
 

@@ -43,5 +43,5 @@ def capture(fn: Callable[[], Any], call_ms: float) -> tuple[Callable[[], Any], i
                     fn()
         torch.cuda.synchronize()
         return graph.replay, inner
-    except Exception:  # not capturable (host sync, allocations): time it plainly
+    except Exception:  # noqa: BLE001 - not capturable (host sync, allocations): time plainly
         return None

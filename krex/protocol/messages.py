@@ -10,7 +10,6 @@ daemon echoes as ``re`` in the reply.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -212,9 +211,14 @@ def parse_message(data: dict[str, Any]) -> Message:
     return cls(**values)
 
 
-@functools.cache
 def _schema(cls: type[Message]) -> tuple[dict[str, Any], frozenset[str]]:
-    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+    if cls not in _SCHEMAS:
+        _SCHEMAS[cls] = (typing.get_type_hints(cls),
+                         frozenset(f.name for f in dataclasses.fields(cls)))
+    return _SCHEMAS[cls]
+
+
+_SCHEMAS: dict[type[Message], tuple[dict[str, Any], frozenset[str]]] = {}
 
 
 def _check(kind: str, name: str, value: Any, hint: Any) -> Any:

@@ -225,7 +225,7 @@ class RegionReport:
     # -- serialised form ----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"format": REPORT_FORMAT}
+        out: dict[str, Any] = {"format": REPORT_FORMAT}
         for name in _REPORT_FIELDS:
             out[name] = getattr(self, name)
         out["outcome"] = self.outcome.value

@@ -130,14 +130,14 @@ def libcuda_candidates(device: str) -> list[str]:
 def _fakegpu_libraries() -> list[str]:
     out = []
     try:  # the fakegpu module knows best where it built its driver
-        from krex.devices import fakegpu  # type: ignore[attr-defined]
+        from krex.devices import fakegpu
 
         for name in ("library_path", "libcuda_path"):
             attr = getattr(fakegpu, name, None)
             value = attr() if callable(attr) else attr
             if value:
                 out.append(str(value))
-    except Exception:  # noqa: BLE001  (optional, concurrently developed module)
+    except Exception:  # noqa: BLE001, S110 - an optional module: its paths are extras
         pass
     native = Path(__file__).resolve().parent.parent / "_native" / "fakegpu"
     out.extend(str(p) for p in sorted(native.glob("**/libcuda.so.1")))

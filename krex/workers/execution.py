@@ -114,7 +114,9 @@ def _drop_stale(worker: WorkerProcess) -> None:
 
 
 def _from_done(run: _Run, submitted: float) -> ExecResult:
-    r, reason = run.done["result"], run.done.get("recycle")
+    done = run.done
+    assert done is not None  # called once the worker said so
+    r, reason = done["result"], done.get("recycle")
     started = r.get("started_mono_s")
     return ExecResult(
         status=r["status"], exit_code=r["exit_code"], exception=r.get("exception"),
@@ -122,7 +124,7 @@ def _from_done(run: _Run, submitted: float) -> ExecResult:
         recycled=reason is not None, recycle_reason=reason,
         dispatch_s=None if started is None else max(0.0, started - submitted),
         started_mono_s=started, ended_mono_s=r.get("ended_mono_s"),
-        restored=list(run.done.get("restored", [])))
+        restored=list(done.get("restored", [])))
 
 
 def _timed_out(run: _Run, timeout_s: float) -> ExecResult:

@@ -146,8 +146,10 @@ class WorkerProcess:
 
     def _pump(self) -> None:
         sel = selectors.DefaultSelector()
-        sources = {"control": self.channel.sock.fileno(), "stdout": self.proc.stdout.fileno(),
-                   "stderr": self.proc.stderr.fileno()}
+        out, err = self.proc.stdout, self.proc.stderr
+        assert out is not None and err is not None  # spawned with PIPE
+        sources = {"control": self.channel.sock.fileno(), "stdout": out.fileno(),
+                   "stderr": err.fileno()}
         readers = {name: _Reader(name, self.sentinel) for name in ("stdout", "stderr")}
         decoder = FrameDecoder()
         for name, fd in sources.items():
@@ -159,8 +161,8 @@ class WorkerProcess:
                     self._read(sel, key, readers, decoder)
         finally:
             sel.close()
-            for stream in (self.proc.stdout, self.proc.stderr):
-                stream.close()
+            out.close()
+            err.close()
 
     def _read(self, sel: selectors.BaseSelector, key: selectors.SelectorKey,
               readers: dict[str, _Reader], decoder: FrameDecoder) -> None:

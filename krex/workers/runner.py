@@ -36,7 +36,7 @@ def run(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) ->
     result: dict[str, Any] = {"status": "ok", "exit_code": 0, "started_mono_s": None}
     try:
         sys.modules["__main__"] = main
-        with _captured_atexit(exit_funcs):
+        with _CapturedAtexit(exit_funcs):
             result.update(_execute(req, main, result))
             _join_foreground_threads(threads_before)
             _run_exit_funcs(exit_funcs)
@@ -116,7 +116,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {message}" if message else type(e).__name__
 
 
-class _captured_atexit:
+class _CapturedAtexit:
     """Collect atexit registrations made by the program; run them when it ends."""
 
     def __init__(self, into: list) -> None:
@@ -125,10 +125,10 @@ class _captured_atexit:
     def __enter__(self) -> None:
         self.saved = (atexit.register, atexit.unregister)
         atexit.register = self._register  # type: ignore[assignment]
-        atexit.unregister = self._unregister  # type: ignore[assignment]
+        atexit.unregister = self._unregister
 
     def __exit__(self, *exc: object) -> None:
-        atexit.register, atexit.unregister = self.saved  # type: ignore[assignment]
+        atexit.register, atexit.unregister = self.saved
 
     def _register(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
         self.into.append((fn, args, kwargs))
@@ -156,7 +156,7 @@ def _join_foreground_threads(before: set[threading.Thread]) -> None:
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
-        except Exception:  # noqa: BLE001  (a program may have closed or replaced it)
+            stream.flush()  # type: ignore[union-attr]  # None (no stream) is caught too
+        except Exception:  # noqa: BLE001, S110 - a program may have closed or replaced it
             pass
     _LIBC.fflush(None)

@@ -116,7 +116,7 @@ def _torch_state() -> dict[str, Any]:
     for name, get in _TORCH_FLAGS.items():
         try:
             state[name] = get(torch)
-        except Exception:  # noqa: BLE001  (flag missing in this torch version)
+        except Exception:  # noqa: BLE001, S110 - flag missing in this torch version
             pass
     return state
 
@@ -233,7 +233,7 @@ def _restore_signals(snap: Snapshot) -> list[str]:
 def _restore_warnings(snap: Snapshot) -> list[str]:
     if warnings.filters == snap.warnings_filters:
         return []
-    warnings.filters[:] = snap.warnings_filters
+    warnings.filters[:] = snap.warnings_filters  # type: ignore[index]  # a list at run time
     warnings._filters_mutated()  # type: ignore[attr-defined]
     return [""]
 

@@ -64,7 +64,7 @@ class Worker:
         t0 = time.monotonic()
         try:
             self.context = open_context(init["device"])
-        except Exception as e:  # noqa: BLE001  (reported to the pool, which says why)
+        except Exception as e:
             channel.send({"t": "failed", "error": f"{type(e).__name__}: {e}"})
             raise SystemExit(3) from e
         t1 = time.monotonic()

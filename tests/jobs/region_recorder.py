@@ -42,7 +42,7 @@ failures = []
 def guarded(t):
     try:
         worker(t)
-    except BaseException as exc:  # a dead thread must fail the job, not vanish
+    except BaseException as exc:  # noqa: BLE001 - a dead thread must fail the job, not vanish
         failures.append(f"thread {t}: {exc!r}")
 
 

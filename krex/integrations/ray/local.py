@@ -35,7 +35,10 @@ def loopback_environment() -> dict[str, str]:
 def _refresh_ray_settings() -> None:
     """Ray reads these settings when it is imported: make an earlier import see ours."""
     from ray._private import ray_constants
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; not in its stub
+        AuthenticationTokenLoader,
+        Config,
+    )
 
     ray_constants.ENABLE_RAY_CLUSTER = False
     Config.initialize("")
