@@ -241,7 +241,7 @@ def test_measurement_pickles_and_serialises():
     d = json.loads(json.dumps(m.to_dict()))
     assert d["iterations"] == m.iterations and d["region"]["clean"] is True
     assert RegionReport.from_dict(d["region"]) == m.region
-    assert d["label"] == "k1" and d["format"] == 1
+    assert d["label"] == "k1" and d["format"] == 2
     for key in ("min_ms", "median_ms", "mean_ms", "p95_ms", "p99_ms", "noise_rel"):
         assert key in d
 

@@ -23,7 +23,7 @@ def test_times_a_command_inside_one_region():
     assert out["mean_s"] >= out["min_s"] and out["stddev_s"] >= 0
     assert out["exit_codes"] == [0, 0, 0] and out["warnings"] == []
     assert sum(out["times_s"]) <= out["region"]["held_s"]  # timed runs fit in the hold
-    assert out["user_s"] >= 0 and out["format"] == 1
+    assert out["user_s"] >= 0 and out["format"] == 2
 
 
 def test_warmup_runs_happen_outside_the_region(tmp_path):

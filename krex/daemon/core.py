@@ -89,8 +89,8 @@ class Daemon:
         self.accepting = True
         self.wakeup = threading.Condition(self.lock)
         self._region_ids = iter(range(1, 1 << 62))
-        self.last_activity = time.monotonic()
-        self.planned_wake = 0.0  # when the ticker will next look at deadlines
+        self.last_activity_mono_s = time.monotonic()
+        self.planned_wake_mono_s = 0.0  # when the ticker will next look at deadlines
         self.pools = Pools(self, config.pool_spec())
 
     # -- dispatch --------------------------------------------------------------
@@ -101,7 +101,7 @@ class Daemon:
         if handler is None:
             raise BadRequest(f"{msg.type} is not a request")
         with self.lock:
-            self.last_activity = time.monotonic()
+            self.last_activity_mono_s = time.monotonic()
             return handler(session, msg)
 
     def _on_register(self, session: Session, msg: m.Register) -> dict[str, Any]:
@@ -232,7 +232,7 @@ class Daemon:
                 self._revoke(st, d.reason)
             elif isinstance(d, Cancel):
                 self._cancel(st, d.reason)
-        if self.scheduler.next_deadline() < self.planned_wake:
+        if self.scheduler.next_deadline() < self.planned_wake_mono_s:
             self.wakeup.notify_all()  # the ticker must wake earlier than it planned
 
     def _grant(self, st: RegionState) -> None:
@@ -323,7 +323,7 @@ class Daemon:
                     self._close(st, Outcome.OWNER_GONE)
                 del self.regions[st.request.region]
             self._apply(self.scheduler.drop_owner(session, time.monotonic()))
-            self.last_activity = time.monotonic()
+            self.last_activity_mono_s = time.monotonic()
 
     def tick(self) -> float:
         """Revoke overdue holders and cancel overdue waiters; return the next deadline."""

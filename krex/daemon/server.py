@@ -137,7 +137,8 @@ class Server:
     def _maybe_idle_exit(self) -> None:
         limit = self.config.idle_exit_s
         d = self.core
-        if limit and not self.sessions and d.idle() and time.monotonic() - d.last_activity > limit:
+        quiet_s = time.monotonic() - d.last_activity_mono_s
+        if limit and not self.sessions and d.idle() and quiet_s > limit:
             log.info("idle for %.0f s: exiting", limit)
             d.accepting = False
 
@@ -153,10 +154,10 @@ class Server:
                 next_reap = now + 1.0
             with d.lock:
                 wait = min(max(deadline - time.monotonic(), 0.0), next_reap - now, 0.5)
-                d.planned_wake = time.monotonic() + wait
+                d.planned_wake_mono_s = time.monotonic() + wait
                 if d.accepting and wait > 0:
                     d.wakeup.wait(wait)
-                d.planned_wake = 0.0
+                d.planned_wake_mono_s = 0.0
 
     def _finish(self) -> None:
         self._let_holders_finish()

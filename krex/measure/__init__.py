@@ -15,8 +15,10 @@ against the region's hold time; a region that is not clean is retried.
 
 Modules: ``stats`` and ``stopping`` (pure logic), ``timers`` and ``events``
 (replaceable clocks), ``cache``, ``clocks``, ``regions`` (injectable region
-factory), ``checks`` (warnings), ``loop`` (sampling), ``bench``,
-``compare``, ``command``, ``graphs`` (CUDA graphs), ``result``.
+factory), ``checks`` (warnings), ``options`` (what the calls share), ``loop``
+(sampling), ``bench``, ``compare``, ``command``, ``graphs`` (CUDA graphs),
+``result``.  The package itself is callable: ``krex.measure(fn)`` is
+:func:`measure`.
 """
 
 import sys

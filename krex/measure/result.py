@@ -14,7 +14,7 @@ from typing import Any
 from krex.measure.checks import Finding, MeasureWarning
 from krex.protocol.report import RegionReport
 
-RESULT_FORMAT = 1
+RESULT_FORMAT = 2  # 2: region reports in RegionReport form (reasons, outcome)
 
 
 def warnings_dicts(warnings: list[MeasureWarning], details: dict[str, str]) -> list[dict]:

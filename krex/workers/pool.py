@@ -135,7 +135,7 @@ class WorkerPool:
             self._served += 1
             worker.busy = False
             if recycle_reason is None and not self._closed and worker.alive():
-                worker.idle_since = time.monotonic()
+                worker.idle_since_mono_s = time.monotonic()
                 self._idle.append(worker)
                 self._cond.notify_all()
                 return
@@ -178,7 +178,7 @@ class WorkerPool:
         with self._cond:
             self._starting -= 1
             if not self._closed:
-                worker.idle_since = time.monotonic()
+                worker.idle_since_mono_s = time.monotonic()
                 self._workers[worker.pid] = worker
                 self._idle.append(worker)
                 self._cond.notify_all()
@@ -212,7 +212,7 @@ class WorkerPool:
         for w in list(self._idle):
             dead = not w.alive()
             surplus = len(self._workers) > self.spec.min_workers
-            if dead or (surplus and now - w.idle_since > self.spec.idle_shutdown_s):
+            if dead or (surplus and now - w.idle_since_mono_s > self.spec.idle_shutdown_s):
                 self._idle.remove(w)
                 self._workers.pop(w.pid, None)
                 self._recycles["died_idle" if dead else "idle_scale_down"] += 1
@@ -223,7 +223,7 @@ class WorkerPool:
 def _describe(w: WorkerProcess, now: float) -> dict[str, Any]:
     return {"pid": w.pid, "programs": w.programs, "busy": w.busy,
             "started_wall_s": w.started_wall_s,
-            "idle_s": None if w.busy else round(now - w.idle_since, 3),
+            "idle_s": None if w.busy else round(now - w.idle_since_mono_s, 3),
             "context_s": w.ready.get("context_s"), "preload_s": w.ready.get("preload_s")}
 
 

@@ -51,7 +51,7 @@ class WorkerProcess:
         self.ready: dict[str, Any] = {}
         self.programs = 0
         self.busy = False
-        self.idle_since = time.monotonic()
+        self.idle_since_mono_s = time.monotonic()
         self._stopping = False
         self._reaped = False
         self._io = threading.Thread(target=self._pump, name=f"krex-worker-io-{self.pid}",

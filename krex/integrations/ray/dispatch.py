@@ -26,7 +26,7 @@ class Dispatcher:
         self.infos: dict[str, dict[str, Any]] = {}
         self.inflight: dict[str, int] = {}
         self.assigned: dict[str, int] = {}
-        self.refreshed = 0.0
+        self.refreshed_mono_s = 0.0
 
     async def run(self, data: dict[str, Any], retries: int = 0) -> dict[str, Any]:
         program = Program.from_dict(data)
@@ -59,7 +59,7 @@ class Dispatcher:
             self.inflight[node_id] = self.inflight.get(node_id, 1) - 1
 
     async def _pick(self, device: str, avoid: set[str]) -> str | None:
-        if time.monotonic() - self.refreshed > REFRESH_S or not self._fits(device, avoid):
+        if time.monotonic() - self.refreshed_mono_s > REFRESH_S or not self._fits(device, avoid):
             await self.refresh()
         fits = self._fits(device, avoid) or self._fits(device, set())
         if not fits:
@@ -75,7 +75,7 @@ class Dispatcher:
         """Find the live node actors (named ``krex-node-<node id>`` in namespace ``krex``)."""
         import ray
 
-        self.refreshed = time.monotonic()
+        self.refreshed_mono_s = time.monotonic()
         for entry in ray.util.list_named_actors(all_namespaces=True):
             name = entry["name"]
             if entry["namespace"] == NAMESPACE and name.startswith(NODE_ACTOR_PREFIX):
