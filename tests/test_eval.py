@@ -154,3 +154,15 @@ def test_quick_eval_end_to_end(tmp_path):
     assert all(v > 0 for v in doc["bound"]["per_mode_cpm"].values())
     assert os.path.exists(summary["table"])
     assert summary["plots"] or summary["plots_skipped"]
+
+
+def test_not_clean_kernels_are_counted_by_reason():
+    from krex.protocol.report import Reason
+
+    block = _block()
+    off = Reason.mechanism("freeze", "disabled by configuration", disabled=True).to_dict()
+    block["commands"][0]["kernels"][0]["region"] = {"clean": False, "reasons": [off]}
+    s = metrics.summarise_mode([block])
+    assert s["regions_not_clean"] == 1 and s["timed_kernels"] == 2
+    assert s["not_clean_reasons"] == {"mechanism_disabled (freeze)": 1}
+    assert metrics.summarise_mode([_block()])["not_clean_reasons"] == {}  # clean: none

@@ -116,8 +116,9 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     unclean = [k for k in kernels if not (k.get("region") or {}).get("clean")]
     reasons: dict[str, int] = {}
     for k in unclean:
-        for code in (k.get("region") or {}).get("reasons") or []:
-            reasons[code] = reasons.get(code, 0) + 1
+        for reason in (k.get("region") or {}).get("reasons") or []:
+            key = _reason_key(reason)
+            reasons[key] = reasons.get(key, 0) + 1
     return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
             "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
             "command_wall_p50_s": quantiles([c["wall_s"] for c in cmds], (0.5,))["p50"],
@@ -133,6 +134,12 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "device_utilisation": _utilisation(blocks),
             "loadavg_1min": _mean([x for b in blocks for x in b.get("loadavg_1min") or []]),
             "not_clean_reasons": reasons}
+
+
+def _reason_key(reason: dict[str, Any]) -> str:
+    """``mechanism_disabled (freeze)``: the code, and the mechanism when it names one."""
+    mechanism = (reason.get("evidence") or {}).get("mechanism")
+    return f"{reason['code']} ({mechanism})" if mechanism else str(reason["code"])
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -72,7 +72,7 @@ def _time(kernels: list[tuple[Any, Any]], timer: Any, spec: dict[str, Any]) -> l
                     "warnings": [w.name for w in m.warnings],
                     "region": {"region": r.region, "mode": r.mode, "waited_s": r.waited_s,
                                "held_s": r.held_s, "clean": r.clean,
-                               "reasons": [x.code.value for x in r.reasons]}})
+                               "reasons": [x.to_dict() for x in r.reasons]}})
     return out
 
 
