@@ -109,8 +109,8 @@ def cost() -> dict:
         rows[cache] = {
             "median_ms": m.median_ms,
             "iterations": m.iterations,
-            "held_s": m.region["held_s"],
-            "timed_fraction_of_hold": sum(m.samples_ms) / 1e3 / m.region["held_s"],
+            "held_s": m.region.held_s,
+            "timed_fraction_of_hold": sum(m.samples_ms) / 1e3 / m.region.held_s,
             "stop_reason": m.stop_reason,
             "noise_rel": m.noise_rel,
         }
