@@ -1,5 +1,6 @@
 """The region report: typed, versioned, ``clean`` derived from outcome and reasons."""
 
+import dataclasses
 import json
 import os
 
@@ -40,6 +41,9 @@ def test_round_trip_through_json_is_exact():
     assert data["format"] == REPORT_FORMAT and data["outcome"] == "released"
     assert data["host"]["drain_acks_ms"] == {"123": 0.25}
     assert RegionReport.from_dict(data) == report
+    # Every field is written, so a field added later cannot be left out of the wire form.
+    assert {f.name for f in dataclasses.fields(RegionReport)} <= set(data)
+    assert {f.name for f in dataclasses.fields(HostEvidence)} <= set(data["host"])
 
 
 def test_clean_is_derived_from_outcome_and_reasons():

@@ -23,7 +23,7 @@ comparable with the jobs' own; ``*_wall_s``: Unix time).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -103,10 +103,7 @@ class Step:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
-        return cls(**{k: data[k] for k in _STEP_FIELDS if k in data})
-
-
-_STEP_FIELDS = ("name", "backend", "ok", "apply_ms", "revert_ms", "error", "processes")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass
@@ -134,16 +131,13 @@ class HostEvidence:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostEvidence:
-        host = cls(**{k: data[k] for k in _HOST_FIELDS if k in data})
+        host = cls(**{f.name: data[f.name] for f in fields(cls)
+                      if f.name in data and f.name != "steps"})
         host.steps = [Step.from_dict(s) for s in data.get("steps") or []]
         host.drain_acks_ms = {int(k): float(v) for k, v in (host.drain_acks_ms or {}).items()}
         host.lock_acks_ms = {int(k): float(v) for k, v in (host.lock_acks_ms or {}).items()}
         return host
 
-
-_HOST_FIELDS = ("siblings_frozen", "processes_frozen", "freeze_backend",
-                "holder_involuntary_switches", "holder_migrations", "gated_jobs",
-                "gate_idle_jobs", "drain_acks_ms", "locked_pids", "lock_acks_ms")
 
 
 @dataclass
@@ -226,8 +220,8 @@ class RegionReport:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": REPORT_FORMAT}
-        for name in _REPORT_FIELDS:
-            out[name] = getattr(self, name)
+        for f in fields(self):
+            out[f.name] = getattr(self, f.name)
         out["outcome"] = self.outcome.value
         out["host"] = self.host.to_dict() if self.host is not None else None
         out["device_audit"] = self.device_audit.to_dict() if self.device_audit else None
@@ -240,7 +234,8 @@ class RegionReport:
         if data.get("format") != REPORT_FORMAT:
             raise ValueError(f"not a region report of format {REPORT_FORMAT}: "
                              f"format {data.get('format')!r}")
-        report = cls(**{k: data[k] for k in _REPORT_FIELDS if k in data})
+        plain = {f.name for f in fields(cls)} - _TYPED_FIELDS
+        report = cls(**{k: data[k] for k in plain if k in data})
         report.outcome = Outcome(data.get("outcome", Outcome.RELEASED.value))
         host, audit = data.get("host"), data.get("device_audit")
         report.host = HostEvidence.from_dict(host) if host is not None else None
@@ -257,9 +252,7 @@ class RegionReport:
         return out
 
 
-_REPORT_FIELDS = ("region", "device", "label", "job_id", "job", "mode", "nested", "exclusive",
-                  "waited_s", "held_s", "max_hold_s", "requested_mono_s", "granted_mono_s",
-                  "released_mono_s", "requested_wall_s", "jobs_served_while_waiting")
+_TYPED_FIELDS = {"outcome", "host", "device_audit", "reasons"}  # (de)serialised by hand
 _RECORD_FIELDS = ("region", "job_id", "job", "device", "label", "nested", "exclusive",
                   "waited_s", "held_s", "requested_mono_s", "granted_mono_s",
                   "released_mono_s", "jobs_served_while_waiting")
