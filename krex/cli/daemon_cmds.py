@@ -17,7 +17,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the node daemon in the foreground")
     p.add_argument("--runtime-dir", help="directory for the socket and logs")
     p.add_argument("--max-hold-s", type=float, default=60.0,
-                   help="default maximum hold of a region before it is revoked (default 60)")
+                   help="ceiling on any region's hold: a region held longer is revoked; "
+                        "clients may ask for less, never more (default 60)")
     p.add_argument("--freeze", choices=["auto", "cgroup2", "cgroup1", "signal", "off"],
                    default="auto", help="freeze backend for siblings (default: best available)")
     p.add_argument("--freeze-scope", choices=["device", "node"], default="device",

@@ -82,7 +82,7 @@ def bench_command(
     guess_s = max((w[0] for w in warm), default=timeout_s or 60.0)
     hold_s = max_hold_s or runs * guess_s * 3 + loop.HOLD_MARGIN_S
     run = loop.in_region(
-        lambda: _runs(argv, runs, timeout_s, ignore_failure),
+        lambda hold: _runs(argv, runs, timeout_s, ignore_failure),
         get_region_factory(region), device, retries=retries, label=label, max_hold_s=hold_s,
     )  # fmt: skip
     return _summary(argv, device, warmup_runs, run)
