@@ -26,14 +26,46 @@ def test_run_job_runs_in_its_own_process_group(daemon):
     assert out.stdout.strip() == "True"
 
 
-def test_usage_errors(daemon):
+def test_usage_errors(daemon, tmp_path):
     out = run_krex("run")
-    assert out.returncode == 1 and "krex: error: no command given (hint:" in out.stderr
+    assert out.returncode == 2 and "krex: error: krex run: no command given (hint:" in out.stderr
+    out = run_krex("region")
+    assert out.returncode == 2 and "krex region -- " in out.stderr  # its own example
     out = run_krex("run", "--device", "tpu", "--", "true")
     assert out.returncode == 1 and "invalid device" in out.stderr
-    out = run_krex("run", "--", "/nonexistent/prog")
-    assert out.returncode == 1 and "cannot run" in out.stderr
     assert run_krex("frobnicate").returncode == 2
+
+
+def test_missing_or_unexecutable_commands_exit_like_a_shell(daemon, tmp_path):
+    for verb in ("run", "region"):
+        out = run_krex(verb, "--", "no-such-command-krex")
+        assert out.returncode == 127, (verb, out.stderr)
+        assert "command not found" in out.stderr and "protocol.md" not in out.stderr
+        assert "Traceback" not in out.stderr
+    script = tmp_path / "not_executable"
+    script.write_text("#!/bin/sh\n")
+    out = run_krex("run", "--", str(script))
+    assert out.returncode == 126 and "chmod +x" in out.stderr
+
+
+def test_run_python_uses_krexs_interpreter_when_paths_python_cannot_import_krex(daemon, tmp_path):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    plain = fake_bin / "python"  # a python on PATH that cannot import krex
+    plain.write_text("#!/bin/sh\nexec /usr/bin/env -u PYTHONPATH python3 -I -S \"$@\"\n")
+    plain.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    code = "import krex, sys; print(sys.executable)"
+    out = run_krex("run", "--", "python", "-c", code, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == PY and "cannot import krex" in out.stderr
+    # negative control: a full path is run as given (and fails to import krex)
+    out = run_krex("run", "--", str(plain), "-c", code, env=env)
+    assert out.returncode == 1 and "ModuleNotFoundError" in out.stderr
+    # the venv's own python on PATH is used as it is, without a note
+    venv_env = {**os.environ, "PATH": f"{os.path.dirname(PY)}:{os.environ['PATH']}"}
+    out = run_krex("run", "--", "python", "-c", code, env=venv_env)
+    assert out.returncode == 0 and out.stderr == ""
 
 
 def test_region_command_exit_code_and_report(daemon):
@@ -111,3 +143,39 @@ def test_autostart_then_stop(tmp_path, monkeypatch):
              psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
     assert not os.path.exists(rt / "krexd.sock")
     assert "no daemon running" in run_krex("stop").stdout
+
+
+def test_a_second_installation_is_refused_by_the_handshake_and_sees_the_daemon(daemon, tmp_path):
+    import shutil
+
+    import krex as this
+
+    # a second checkout: the same package at another path, with its own native parts
+    other = tmp_path / "checkout"
+    shutil.copytree(os.path.dirname(this.__file__), other / "krex",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(other)}
+    code = "import krex\nwith krex.region(): print('inside')"
+    out = run_krex("run", "--", PY, "-c", code, env=env, cwd=tmp_path)  # cwd: not this repo
+    assert out.returncode == 1 and "inside" not in out.stdout
+    assert "daemon runs krex" in out.stderr and str(other / "krex") in out.stderr
+    assert "krex stop" in out.stderr  # what to do
+    status = run_krex("status", "--json", env=env, cwd=tmp_path)
+    assert status.returncode == 0
+    d = json.loads(status.stdout)["daemon"]
+    assert d["krex_path"] == os.path.dirname(os.path.realpath(this.__file__))
+    assert d["krex_version"] == this.__version__ and d["mismatch"]
+    assert "note:" in run_krex("status", env=env, cwd=tmp_path).stdout
+    # negative control: this installation uses it
+    out = run_krex("run", "--", PY, "-c", code)
+    assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
+
+
+def test_installation_mismatch_is_judged_on_path_and_version():
+    from krex.protocol.installation import installation, mismatch
+
+    mine = installation()
+    assert mismatch(dict(mine), mine) is None
+    assert "predates" in mismatch({}, mine)
+    assert mismatch({**mine, "krex_path": "/elsewhere/krex"}, mine)
+    assert mismatch({**mine, "krex_version": "0.0.1"}, mine)

@@ -11,13 +11,16 @@ to exit.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import Client
-from krex.errors import KrexError
+from krex.errors import KrexError, command_error
 
 
 def exit_code_of(returncode: int) -> int:
@@ -37,6 +40,43 @@ def merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
             parts += [p for p in base[key].split(":") if p and p not in parts]
             env[key] = ":".join(parts)
     return env
+
+
+PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
+
+
+def python_for(argv: list[str], env: dict[str, str]) -> tuple[list[str], str | None]:
+    """``krex run -- python …`` with the interpreter krex runs under, when the ``python``
+    on PATH is not it and cannot import krex (say, the system's, with krex in a venv
+    that is not activated).  Returns the command to run and a note saying why, if changed.
+
+    Only a bare name (``python``, ``python3``, ``python3.11``) is replaced: a path
+    (``/usr/bin/python3``) is run as given.
+    """
+    name = argv[0] if argv else ""
+    if not PYTHON_NAME.fullmatch(name):
+        return argv, None
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(sys.executable):
+        return argv, None  # the venv's own interpreter
+    if found and _imports_krex(found, env):
+        return argv, None
+    why = f"`{name}` on PATH ({found})" if found else f"no `{name}` on PATH"
+    note = (f"krex: running {sys.executable} (the interpreter krex runs under) for `{name}`: "
+            f"{why} cannot import krex (hint: activate krex's environment — "
+            f"`. {os.path.dirname(sys.executable)}/activate` — or give an interpreter's full "
+            "path to choose it)")
+    return [sys.executable, *argv[1:]], note
+
+
+def _imports_krex(python: str, env: dict[str, str]) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('krex') is None)"
+    try:
+        done = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def join_cgroups(cgroups: dict[str, str | None], *, new_group: bool = True
@@ -82,9 +122,10 @@ def run_job(argv: list[str], *, device: str | None = None, name: str | None = No
         client.attach_job(job_id, proc.pid)
         code = _wait_forwarding_signals(proc)
         return code
-    except FileNotFoundError as exc:
-        raise KrexError(f"cannot run {argv[0]!r}: {exc.strerror}",
-                        hint="check the command name and PATH") from None
+    except OSError as exc:
+        if proc is not None:
+            raise
+        raise command_error(argv[0], exc) from None
     finally:
         if proc is not None:
             end_group(proc)

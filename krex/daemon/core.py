@@ -34,6 +34,7 @@ from krex.errors import (
     UnknownRegion,
 )
 from krex.protocol import messages as m
+from krex.protocol.installation import installation
 from krex.protocol.peer import Peer, is_descendant, process_group, start_time
 
 
@@ -462,7 +463,7 @@ class Daemon:
                 "queue": [_req_summary(r) for r in dq.waiting()],
             }
         return {
-            "daemon": {"pid": _getpid(), "socket": self.config.socket_path,
+            "daemon": {"pid": _getpid(), "socket": self.config.socket_path, **installation(),
                        "uptime_s": time.monotonic() - self.started_mono,
                        "event_log": self.config.event_log, "accepting": self.accepting},
             "devices": [d.to_dict() for d in self.devices],
