@@ -8,7 +8,6 @@ import time
 import pytest
 
 from krex.errors import UnknownDevice
-
 from krex.measure import cache, clocks, events
 from krex.measure.timers import CpuTimer, FakeTimer, Timer, make_timer
 
