@@ -23,3 +23,11 @@ def import_ray():  # noqa: ANN201  (the ray module; typed as Any to keep ray opt
     except ImportError as exc:
         raise RayMissing(f"Ray is not importable: {exc}") from None
     return ray
+
+
+class ClusterUnreachable(KrexError):
+    code = "ray_cluster_unreachable"
+    default_hint = ("check the address (the head's `ray start --head` prints it; "
+                    "`ray status --address ADDRESS`), and that RAY_AUTH_MODE / RAY_AUTH_TOKEN "
+                    "match the cluster's (a LocalCluster uses token authentication: "
+                    "docs/cluster.md, 'Reaching a local cluster from another shell')")
