@@ -26,8 +26,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-isolate", action="store_true", help="do not reserve CPU cores")
     p.add_argument("--measure-cores", help="cores reserved for region holders, e.g. 1 or 2-3")
     p.add_argument("--no-gate", action="store_true", help="do not gate/drain GPU work")
-    p.add_argument("--drain-timeout-s", type=float, default=5.0)
-    p.add_argument("--drain-policy", choices=["abort", "wait", "kill"], default="abort")
+    p.add_argument("--drain-timeout-s", type=float, default=5.0,
+                   help="how long a grant waits for siblings' queued GPU work to finish "
+                        "(default 5)")
+    p.add_argument("--drain-policy", choices=["abort", "wait", "kill"], default="abort",
+                   help="a sibling that does not drain in time: abort the grant with "
+                        "drain_timeout (default), wait up to the region's maximum hold, or "
+                        "SIGKILL the processes that did not acknowledge")
     p.add_argument("--gpu-lock", choices=["interposer", "checkpoint"], default="interposer",
                    help="how siblings' GPU work is stopped: the LD_PRELOAD gate and drain "
                         "(default) or the driver's cuCheckpointProcessLock (R570+; not yet "
