@@ -124,7 +124,7 @@ def test_demo_runs_examples_without_overlap(daemon):
     # compare_kernels asks for max_time_s=0.3: its regions hold within that plus the slack
     # (docs/measure.md: one ABBA block of pure-Python calls is a few ms here)
     (cmp,) = [j for j in summary["jobs"] if j["job"].startswith("compare_kernels")]
-    assert 0.1 < cmp["held_max_s"] <= 0.3 + 0.05 + 0.05, cmp
+    assert cmp["held_max_s"] <= 0.3 + 0.05 + 0.05, cmp
 
 
 def test_serve_refuses_a_second_daemon(daemon):
