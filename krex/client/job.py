@@ -61,9 +61,10 @@ def python_for(argv: list[str], env: dict[str, str]) -> tuple[list[str], str | N
         return argv, None  # the venv's own interpreter
     if found and _imports_krex(found, env):
         return argv, None
-    why = f"`{name}` on PATH ({found})" if found else f"no `{name}` on PATH"
+    why = (f"`{name}` on PATH ({found}) cannot import krex" if found
+           else f"there is no `{name}` on PATH")
     note = (f"krex: running {sys.executable} (the interpreter krex runs under) for `{name}`: "
-            f"{why} cannot import krex (hint: activate krex's environment — "
+            f"{why} (hint: activate krex's environment — "
             f"`. {os.path.dirname(sys.executable)}/activate` — or give an interpreter's full "
             "path to choose it)")
     return [sys.executable, *argv[1:]], note
