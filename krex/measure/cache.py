@@ -5,10 +5,10 @@ its private levels plus the shared last level, read from
 ``/sys/devices/system/cpu/cpuN/cache`` for the cores this process may run
 on (the largest of them) — capped at :data:`FLUSH_CAP_BYTES`.  One write of
 that size evicts what the previous sample left behind; on the 2-core
-development machine a flush of twice the last level (210 MiB) cost 3–4 ×
-the capped 64 MiB one and left the next call no colder (docs/benchmarks.md,
-"Cold-cache flush").  Device timers flush their own L2 (see
-:mod:`krex.measure.events`).
+development machine a flush of twice the last level (210 MiB, the earlier
+default) cost 3.4 × the capped 64 MiB one and left a call over 1–8 MiB of
+data only 2–3 % colder (docs/benchmarks.md, "Defaults before and after").
+Device timers flush their own L2 (see :mod:`krex.measure.events`).
 """
 
 from __future__ import annotations
