@@ -134,6 +134,17 @@ def test_results_file_is_versioned_atomic_and_tabulates(tmp_path):
         results.load(str(tmp_path / "bad.json"))
 
 
+def test_the_calibrating_bar_completes(monkeypatch, tmp_path):
+    from krex.eval import runner
+
+    monkeypatch.setattr(runner, "calibrate", lambda cfg, workdir: {})
+    monkeypatch.setattr(runner, "alone", lambda cfg, workdir: {})
+    monkeypatch.setattr(runner, "schedule", lambda cfg: [])
+    seen = []
+    runner.run_eval(runner.EvalConfig(), lambda *call: seen.append(call), str(tmp_path))
+    assert seen == [("calibrating", 0, 1), ("calibrating", 1, 1)]
+
+
 def test_console_table_fits_80_columns_and_names_every_mode_in_full(tmp_path):
     names = list(MODES)
     raw = {"blocks": [_block(m) for m in names], "alone": _alone(), "spec": {}}

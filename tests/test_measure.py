@@ -346,3 +346,14 @@ def test_clock_drop_across_the_loop_is_throttling():
     m = measure(kernel, timer=timer, region=regions)
     assert W.THROTTLED in m.warnings and "sm_mhz fell" in m.warning_details["THROTTLED"]
     assert m.clocks_start == {"sm_mhz": 1980.0} and m.clocks_end == {"sm_mhz": 1400.0}
+
+
+def test_a_bad_device_is_the_same_unknown_device_error_as_krex_region():
+    from krex.client.region import Region
+    from krex.errors import UnknownDevice
+
+    with pytest.raises(UnknownDevice) as from_measure:
+        measure(lambda: None, device="bogus")
+    with pytest.raises(UnknownDevice) as from_region:
+        Region("bogus")
+    assert from_measure.value.message == from_region.value.message
