@@ -357,3 +357,25 @@ def test_a_bad_device_is_the_same_unknown_device_error_as_krex_region():
     with pytest.raises(UnknownDevice) as from_region:
         Region("bogus")
     assert from_measure.value.message == from_region.value.message
+
+
+def test_bench_issues_the_cold_cache_hint_once_per_process(monkeypatch):
+    import sys
+
+    from krex.measure import KrexCostHint
+
+    bench_mod = sys.modules["krex.measure.bench"]  # the package's `bench` is the function
+    monkeypatch.setattr(bench_mod, "_HINTED", set())
+    timer = FakeTimer(host_overhead_ms=1.0)  # flush and marks: 3 ms per 1 ms call
+    kernel = timer.kernel(1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            bench(kernel, rep=20, timer=timer, region=ScriptedRegions(clock=timer.now_s))
+    hints = [w for w in seen if issubclass(w.category, KrexCostHint)]
+    assert len(hints) == 1 and "cache='hot'" in str(hints[0].message)
+    with warnings.catch_warnings(record=True) as seen:  # negative control: hot cache
+        warnings.simplefilter("always")
+        monkeypatch.setattr(bench_mod, "_HINTED", set())
+        bench(kernel, rep=20, timer=timer, cache="hot", region=ScriptedRegions(clock=timer.now_s))
+    assert not [w for w in seen if issubclass(w.category, KrexCostHint)]

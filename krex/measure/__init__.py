@@ -19,7 +19,7 @@ factory), ``checks`` (warnings), ``loop`` (sampling), ``bench``,
 ``compare``, ``command``, ``graphs`` (CUDA graphs), ``result``.
 """
 
-from krex.measure.bench import KrexMeasurementWarning, bench, measure
+from krex.measure.bench import KrexCostHint, KrexMeasurementWarning, bench, measure
 from krex.measure.checks import MeasureWarning
 from krex.measure.command import CommandFailed, bench_command
 from krex.measure.compare import compare
@@ -32,6 +32,7 @@ __all__ = [
     "Comparison",
     "CpuTimer",
     "FakeTimer",
+    "KrexCostHint",
     "KrexMeasurementWarning",
     "LocalRegion",
     "MeasureWarning",
