@@ -106,6 +106,13 @@ class BadRequest(KrexError):
 # -- the daemon --------------------------------------------------------------------------
 
 
+class DaemonMismatch(KrexError):
+    code = "daemon_mismatch"
+    default_hint = ("stop that daemon (`krex stop` works from any installation) and rerun, or "
+                    "give this installation a runtime directory of its own "
+                    "(export KREX_RUNTIME_DIR=...)")
+
+
 class DaemonNotRunning(KrexError):
     code = "daemon_not_running"
     default_hint = "start one with `krex serve`, or let the client auto-start it"
@@ -199,7 +206,48 @@ class DeviceTimerUnavailable(KrexError):
 
 class CommandFailed(KrexError):
     code = "command_failed"
-    default_hint = "run the command alone to see its error, or pass ignore_failure=True"
+    default_hint = ("run the command alone to see its error, or ignore failures with "
+                    "-i/--ignore-failure (ignore_failure=True in Python)")
+
+
+class CommandTimeout(KrexError):
+    """A timed command ran past its timeout and was killed (the CLI exits 124)."""
+
+    code = "command_timeout"
+    default_hint = "raise --timeout-s (timeout_s=), or time less work per run"
+
+
+class UsageError(KrexError):
+    """A command line that cannot work as given (the CLI exits 2, as argparse does)."""
+
+    code = "usage"
+    default_hint = "see `krex COMMAND --help`"
+
+
+class CommandNotFound(KrexError):
+    """The command to run does not exist (the CLI exits 127, as shells do)."""
+
+    code = "command_not_found"
+    default_hint = "check the command's name and PATH"
+    exit_status = 127
+
+
+class CommandNotExecutable(CommandNotFound):
+    """The command exists but cannot be executed (the CLI exits 126, as shells do)."""
+
+    code = "command_not_executable"
+    default_hint = "check the file's execute permission (chmod +x) or run it with its interpreter"
+    exit_status = 126
+
+
+def command_error(argv0: str, exc: OSError) -> CommandNotFound:
+    """The CLI's error for a command that could not be started."""
+    cls = CommandNotExecutable if isinstance(exc, PermissionError) else CommandNotFound
+    why = exc.strerror or str(exc)
+    if isinstance(exc, FileNotFoundError) and "/" not in argv0:
+        why = "command not found"
+    return cls(f"cannot run {argv0!r}: {why}")
+
 
 
 # -- the Ray integration -----------------------------------------------------------------
@@ -214,6 +262,14 @@ class NoKrexNodes(KrexError):
     code = "ray_no_krex_nodes"
     default_hint = ("start the node actors with `krex cluster up --address ADDRESS` "
                     "(or krex.ray.start()) and check `krex cluster status`")
+
+
+class ClusterUnreachable(KrexError):
+    code = "ray_cluster_unreachable"
+    default_hint = ("check the address (the head's `ray start --head` prints it; "
+                    "`ray status --address ADDRESS`), and that RAY_AUTH_MODE / RAY_AUTH_TOKEN "
+                    "match the cluster's (a LocalCluster uses token authentication: "
+                    "docs/cluster.md, 'Reaching a local cluster from another shell')")
 
 
 # -- the wire ------------------------------------------------------------------------------

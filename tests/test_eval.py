@@ -134,6 +134,38 @@ def test_results_file_is_versioned_atomic_and_tabulates(tmp_path):
         results.load(str(tmp_path / "bad.json"))
 
 
+def test_the_calibrating_bar_completes(monkeypatch, tmp_path):
+    from krex.eval import runner
+
+    monkeypatch.setattr(runner, "calibrate", lambda cfg, workdir: {})
+    monkeypatch.setattr(runner, "alone", lambda cfg, workdir: {})
+    monkeypatch.setattr(runner, "schedule", lambda cfg: [])
+    seen = []
+    runner.run_eval(runner.EvalConfig(), lambda *call: seen.append(call), str(tmp_path))
+    assert seen == [("calibrating", 0, 1), ("calibrating", 1, 1)]
+
+
+def test_console_table_fits_80_columns_and_names_every_mode_in_full(tmp_path):
+    names = list(MODES)
+    raw = {"blocks": [_block(m) for m in names], "alone": _alone(), "spec": {}}
+    doc = results.document(raw, metrics.summarise(raw, names),
+                           bound.bounds(raw["alone"], "cpu", 0, names, 2),
+                           {"device": "cpu", "agents": 1, "commands": 1, "rounds": 1,
+                            "modes": names, "profile": QUICK.to_dict(), "command": "krex eval"})
+    path = results.write(doc, str(tmp_path / "eval-cpu.json"))
+    env = {**os.environ, "COLUMNS": "80"}
+    out = run_krex("eval", "report", path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for mode in names:  # a row starts with the whole name
+        assert any(line.split()[:1] == [mode] for line in lines), mode
+    assert "handoff" not in out.stdout  # the narrow default leaves it out
+    wide = run_krex("eval", "report", path, "--wide", env={**env, "COLUMNS": "250"},
+                    timeout=120)
+    assert "handoff" in wide.stdout and "region-noworkers" in wide.stdout
+
+
 @pytest.mark.slow
 def test_quick_eval_end_to_end(tmp_path):
     out = tmp_path / "out"

@@ -50,13 +50,22 @@ def test_quiet_kernel_converges_and_is_trusted():
     assert m.warnings == [] and m.trusted
 
 
-def test_noisy_kernel_stops_when_noise_settles_and_warns_unstable():
+def test_noisy_kernel_stops_when_noise_settles_and_its_median_is_known():
     timer, kernel, regions = _fake(1.0, 0.03)
     m = measure(kernel, timer=timer, region=regions, max_time_s=5.0, timeout_s=50.0)
     assert m.stop_reason == "settled"
     assert sum(m.samples_ms) < 2000  # far from max_time: stopped on settled noise
     assert m.noise_rel == pytest.approx(0.03, rel=0.25)
-    assert W.UNSTABLE in m.warnings and "settled" in m.warning_details["UNSTABLE"]
+    # 3 % per sample, but the median is known to within the 0.5 % target: no warning
+    assert W.UNSTABLE not in m.warnings and m.trusted
+
+
+def test_a_median_left_uncertain_by_the_budget_warns_unstable():
+    timer, kernel, regions = _fake(1.0, 0.30)
+    m = measure(kernel, timer=timer, region=regions, max_time_s=0.5, timeout_s=50.0)
+    assert m.stop_reason == "max_time"
+    assert W.UNSTABLE in m.warnings and "max_time" in m.warning_details["UNSTABLE"]
+    assert "max_time_s" in W.UNSTABLE.next_action
 
 
 def test_timeout_counts_wall_time_including_flushes():
@@ -75,19 +84,31 @@ def test_timeout_counts_wall_time_including_flushes():
     assert W.UNSTABLE in m.warnings
 
 
-def test_max_time_counts_measured_time():
-    timer = FakeTimer()
+def test_max_time_bounds_the_hold_flushes_included():
+    timer = FakeTimer(host_overhead_ms=0.5)  # flush, start and stop: 1.5 ms per sample
     kernel = timer.kernel(1.0, noise_rel=0.0, drift=lambda s: 1.0 + s)  # ever noisier
-    m = measure(
-        kernel,
-        timer=timer,
-        region=ScriptedRegions(clock=timer.now_s),
-        noise_target=1e-6,
-        max_time_s=0.3,
-        timeout_s=100,
-    )
+    regions = ScriptedRegions(clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=regions, noise_target=1e-6, max_time_s=0.3,
+                timeout_s=100)
     assert m.stop_reason == "max_time"
-    assert 0.3 <= sum(m.samples_ms) / 1e3 < 0.4
+    held_s = regions.reports[-1]["held_s"]
+    assert 0.29 <= held_s <= 0.3  # the last batch was cut to what fits: never over
+    assert sum(m.samples_ms) / 1e3 < 0.5 * held_s  # most of the hold went to flushes
+    assert m.overhead_ms == pytest.approx(1.5, rel=0.05)
+
+
+def test_the_daemons_granted_hold_is_a_ceiling_for_the_budget():
+    timer = FakeTimer()
+    kernel = timer.kernel(1.0, noise_rel=0.0, drift=lambda s: 1.0 + s)
+
+    class Granted(regions_mod._ScriptedRegion):
+        grant = {"max_hold_s": 0.25}
+
+    owner = ScriptedRegions(clock=timer.now_s)
+    m = measure(kernel, timer=timer, region=lambda d, **kw: Granted(owner, d, {}, None),
+                noise_target=1e-6, max_time_s=2.0, timeout_s=100)
+    assert m.stop_reason == "max_time"
+    assert owner.reports[-1]["held_s"] <= 0.25 - 0.05 + 0.002  # ceiling less the slack
 
 
 # --- the region: only around the timed loop, retried when not clean ----------------------
@@ -109,7 +130,8 @@ def test_region_is_taken_around_the_timed_loop_only():
     m = measure(kernel, timer=timer, region=Spy, warmup_ms=25, rep_ms=50)
     assert m.warmup_iterations == 25
     assert calls_at["enter"] == 1 + 5 + 25  # first call, estimate, warm-up: outside
-    assert calls_at["exit"] - calls_at["enter"] == 1 + 50  # in-region warm-up, samples
+    # in-region warm-up, then do_bench's count: rep / (call + flush and marks, 3 x 1 us)
+    assert calls_at["exit"] - calls_at["enter"] == 1 + int(50 / 1.003)
 
 
 def test_not_clean_region_is_retried_then_clean():
@@ -264,9 +286,9 @@ def test_cold_flushes_every_sample_hot_never():
 # --- the do_bench contract ----------------------------------------------------------------
 
 
-def _scripted_bench(durations_ms=(1.0, 2.0, 3.0, 4.0, 10.0), **kwargs):
+def _scripted_bench(durations_ms=(1.0, 2.0, 3.0, 4.0, 10.0), overhead_ms=0.0, **kwargs):
     """bench of a deterministic fake kernel: the same call gives the same samples."""
-    timer = FakeTimer()
+    timer = FakeTimer(host_overhead_ms=overhead_ms)
     kernel = timer.kernel(durations_ms=durations_ms)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a clean fake region: no warnings at all
@@ -297,6 +319,11 @@ def test_bench_budgets_set_counts():
     assert len(_scripted_bench([1.0], rep=40, return_mode="all")) == 40
     assert len(_scripted_bench([2.0], rep=40, return_mode="all")) == 20
     assert len(_scripted_bench([1.0], rep=0.1, return_mode="all")) == 1  # at least one
+
+
+def test_bench_counts_include_the_flush_as_do_bench_estimates():
+    # triton's estimate times cache clear + fn: 3 host operations of 0.25 ms + 1 ms per sample
+    assert len(_scripted_bench([1.0], overhead_ms=0.25, rep=35, return_mode="all")) == 20
 
 
 def test_bench_rejects_unknown_return_mode():
@@ -347,3 +374,36 @@ def test_krex_measure_is_the_function_and_the_package():
     assert via_from is krex.measure and callable(via_from)
     with pytest.raises(TypeError):
         krex.measure(kernel, 5)  # keyword-only after fn, as the function itself
+
+
+def test_a_bad_device_is_the_same_unknown_device_error_as_krex_region():
+    from krex.client.region import Region
+    from krex.errors import UnknownDevice
+
+    with pytest.raises(UnknownDevice) as from_measure:
+        measure(lambda: None, device="bogus")
+    with pytest.raises(UnknownDevice) as from_region:
+        Region("bogus")
+    assert from_measure.value.message == from_region.value.message
+
+
+def test_bench_issues_the_cold_cache_hint_once_per_process(monkeypatch):
+    import sys
+
+    from krex.measure import BenchCostHint
+
+    bench_mod = sys.modules["krex.measure.bench"]  # the package's `bench` is the function
+    monkeypatch.setattr(bench_mod, "_HINTED", set())
+    timer = FakeTimer(host_overhead_ms=1.0)  # flush and marks: 3 ms per 1 ms call
+    kernel = timer.kernel(1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            bench(kernel, rep=20, timer=timer, region=ScriptedRegions(clock=timer.now_s))
+    hints = [w for w in seen if issubclass(w.category, BenchCostHint)]
+    assert len(hints) == 1 and "cache='hot'" in str(hints[0].message)
+    with warnings.catch_warnings(record=True) as seen:  # negative control: hot cache
+        warnings.simplefilter("always")
+        monkeypatch.setattr(bench_mod, "_HINTED", set())
+        bench(kernel, rep=20, timer=timer, cache="hot", region=ScriptedRegions(clock=timer.now_s))
+    assert not [w for w in seen if issubclass(w.category, BenchCostHint)]

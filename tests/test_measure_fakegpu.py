@@ -68,3 +68,25 @@ def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
         ):
             return
     pytest.fail(f"{kernel_ms} ms kernel, (min, median) ms of 5 attempts: {seen}")
+
+
+def test_without_a_fakegpu_server_the_error_says_so_and_how_to_start_one(monkeypatch):
+    from krex.measure.events import FakegpuServerMissing, FakegpuTimer
+
+    monkeypatch.delenv("KREX_FAKEGPU_SOCKET", raising=False)
+    with pytest.raises(FakegpuServerMissing) as info:
+        FakegpuTimer(0)
+    assert "no fakegpu device server" in str(info.value)
+    assert "krex run --device fakegpu:0" in info.value.hint and "driver" not in info.value.hint
+    monkeypatch.setenv("KREX_FAKEGPU_SOCKET", "/nonexistent/fakegpu.sock")
+    with pytest.raises(FakegpuServerMissing, match="answers at /nonexistent/fakegpu.sock"):
+        FakegpuTimer(0)
+    # negative control: with a server the same call works
+    with fakegpu.FakeGpu() as gpu:
+        proc = spawn([PY, "-c", "from krex.measure.events import FakegpuTimer; "
+                      "print(FakegpuTimer(0).name)"], env=gpu.env())
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            reap(proc)
+    assert proc.returncode == 0 and out.strip() == "fakegpu-events", err

@@ -174,3 +174,30 @@ def test_cluster_status_and_cli_exec(cluster):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "program 7 done" in done.stdout
     assert '"status": "ok"' in done.stdout
+
+
+def test_cluster_status_from_another_shell_needs_the_token_and_says_so(cluster):
+    import time
+
+    from helpers import run_krex
+
+    lc, _ = cluster
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # without the cluster's token: a krex error within the connect timeout, not a hang
+    t0 = time.monotonic()
+    out = run_krex("cluster", "status", "--address", lc.address, "--connect-timeout-s", "10",
+                   env=shell, timeout=60)
+    assert out.returncode == 1 and time.monotonic() - t0 < 40
+    assert "krex: error: Ray did not connect" in out.stderr and "RAY_AUTH_TOKEN" in out.stderr
+    assert "Traceback" not in out.stderr
+    # with what LocalCluster.shell_env() says another shell needs: it works
+    out = run_krex("cluster", "status", "--json", env={**shell, **lc.shell_env()}, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "export RAY_AUTH_TOKEN=" in lc.shell_exports()
+
+
+def test_a_wrong_address_fails_at_once():
+    from helpers import run_krex
+
+    out = run_krex("cluster", "status", "--address", "127.0.0.1:9", timeout=30)
+    assert out.returncode == 1 and "no Ray cluster answers at 127.0.0.1:9" in out.stderr

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from krex.errors import UnknownDevice
 from krex.measure import cache, clocks, events
 from krex.measure.timers import CpuTimer, FakeTimer, Timer, make_timer
 
@@ -70,8 +71,10 @@ def test_cpu_timer_resolution_is_sub_millisecond():
 def test_make_timer_by_device_string():
     assert isinstance(make_timer("cpu"), CpuTimer)
     assert isinstance(make_timer(None), CpuTimer)
-    with pytest.raises(ValueError):
+    with pytest.raises(UnknownDevice):  # the same error krex.region gives
         make_timer("tpu:0")
+    with pytest.raises(UnknownDevice):
+        make_timer("cuda:x")
 
 
 def test_make_timer_without_driver_raises_a_typed_error():
@@ -98,10 +101,32 @@ def test_last_level_cache_from_sysfs(tmp_path):
     assert cache.last_level_cache_bytes(str(tmp_path / "missing")) == cache.DEFAULT_LLC_BYTES
 
 
-def test_cpu_flusher_is_twice_the_llc():
+def _cache_dir(root, caches):
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+
+
+def test_a_core_holds_its_data_and_unified_caches(tmp_path):
+    caches = [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+              (3, "Unified", "30720K")]
+    _cache_dir(tmp_path / "cpu0" / "cache", caches)
+    _cache_dir(tmp_path / "cpu1" / "cache", caches[:3])  # a core without the shared level
+    assert cache.core_cache_bytes(str(tmp_path / "cpu0" / "cache")) == (48 + 2048 + 30720) << 10
+    assert cache.timed_core_cache_bytes({0, 1}, str(tmp_path)) == (48 + 2048 + 30720) << 10
+    assert cache.timed_core_cache_bytes({1}, str(tmp_path)) == (48 + 2048) << 10
+
+
+def test_cpu_flusher_holds_what_the_core_caches_capped():
     flusher = cache.CpuCacheFlusher()
-    assert flusher.size_bytes >= 2 * cache.last_level_cache_bytes()
+    expected = min(cache.timed_core_cache_bytes(), cache.FLUSH_CAP_BYTES)
+    assert flusher.size_bytes == expected == CpuTimer().flush_bytes
+    assert flusher.size_bytes <= cache.FLUSH_CAP_BYTES
     flusher.flush()
+    assert cache.CpuCacheFlusher(1 << 20).size_bytes == 1 << 20
 
 
 def test_cpu_clocks_and_throttle_reason():

@@ -37,14 +37,26 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
     res.set_defaults(func=cmd_resources)
 
 
+CONNECT_TIMEOUT_S = 30.0  # ray.init takes 2.6-3.9 s on the development machine
+
+
 def _address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                    help="Ray cluster address (default $RAY_ADDRESS or auto)")
+    p.add_argument("--connect-timeout-s", type=float, default=CONNECT_TIMEOUT_S,
+                   help="give up joining the cluster after this long (default 30)")
+
+
+def _connect(args: argparse.Namespace) -> None:
+    from krex.integrations.ray import nodes
+
+    nodes.connect(args.address, timeout_s=args.connect_timeout_s)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from krex.integrations.ray import nodes
 
+    _connect(args)
     infos = nodes.start(args.address, runtime_dir=args.runtime_dir,
                         serve_args=args.serve_arg or None, detached=True)
     table("krex nodes", ["node", "ip", "daemon pid", "devices", "runtime dir"],
@@ -56,6 +68,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from krex.integrations.ray import submission
 
+    _connect(args)
     for r in submission.shutdown(all_nodes=True, address=args.address):
         console.print(f"node {r['node_id'][:12]}: daemon "
                       f"{'stopped' if r.get('stopped') else 'left running (not ours)'}")
@@ -73,6 +86,7 @@ def cmd_resources(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from krex.integrations.ray import submission
 
+    _connect(args)
     nodes = submission.status(args.address)
     if args.json:
         print_json(nodes)
@@ -116,7 +130,7 @@ def exec_on_cluster(address: str, program: str, args: list[str], *, device: str 
     """Run a Python program on the cluster's least loaded krex node; its exit code."""
     from krex.integrations.ray import nodes, submission
 
-    ray = nodes.connect(address)
+    ray = nodes.connect(address, timeout_s=CONNECT_TIMEOUT_S)
     ref = submission.submit(program, args, device=device or "cpu", timeout_s=timeout_s,
                             retries=retries, cwd=os.getcwd())
     return _report(ray.get(ref), json_out)

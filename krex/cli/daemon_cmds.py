@@ -89,7 +89,7 @@ def add_stop(sub: argparse._SubParsersAction) -> None:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     try:
-        client = Client(autostart=False)
+        client = Client(autostart=False, check_installation=False)
     except DaemonNotRunning:
         console.print("krex: no daemon running")
         return 0
@@ -117,13 +117,19 @@ def add_status(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with Client(autostart=False) as client:
+    with Client(autostart=False, check_installation=False) as client:
         st = client.status()
+        st["daemon"]["mismatch"] = client.conn.mismatch
     if args.json:
         print_json(st)
         return 0
     d = st["daemon"]
-    console.print(f"daemon pid {d['pid']}  socket {d['socket']}  up {d['uptime_s']:.0f} s")
+    console.print(f"daemon pid {d['pid']}  krex {d.get('krex_version', '?')} "
+                  f"({d.get('krex_path', 'unknown path')})  socket {d['socket']}  "
+                  f"up {d['uptime_s']:.0f} s")
+    if d["mismatch"]:
+        console.print(f"note: {d['mismatch']}: this krex will not use it "
+                      "(hint: `krex stop`, then rerun)")
     rows = []
     for dev in st["devices"]:
         sched = st["scheduler"].get(dev["name"], {})

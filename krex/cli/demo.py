@@ -83,6 +83,7 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str) -
                      "waited_p50_s": statistics.median(waited) if waited else None,
                      "waited_max_s": max(waited, default=None),
                      "held_p50_s": statistics.median(held) if held else None,
+                     "held_max_s": max(held, default=None),
                      "held_total_s": sum(held)})
     return {"jobs": jobs, "overlaps": overlaps(records), "regions": len(records)}
 
@@ -93,9 +94,9 @@ def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
             console.print(f"[dim]{name.split('-', 1)[1]}:[/dim] {line}")
     table("regions per job (ms)",
           ["job", "exit", "regions", "clean", "waited p50", "waited max", "held p50",
-           "held total"],
+           "held max", "held total"],
           [[j["job"], j["exit_code"], j["regions"], j["clean"], ms(j["waited_p50_s"]),
-            ms(j["waited_max_s"]),
-            ms(j["held_p50_s"]), ms(j["held_total_s"])] for j in summary["jobs"]])
+            ms(j["waited_max_s"]), ms(j["held_p50_s"]), ms(j["held_max_s"]),
+            ms(j["held_total_s"])] for j in summary["jobs"]])
     console.print(f"{summary['regions']} regions, {summary['overlaps']} overlapping "
                   "exclusive regions on any device")

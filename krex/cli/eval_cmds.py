@@ -35,6 +35,9 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="kill a command after this long and count it failed (default 120)")
     p.add_argument("--out", default="results", help="directory for results (default results/)")
+    p.add_argument("--wide", action="store_true",
+                   help="every column in the console table (default: the main ones; the "
+                        "markdown table always has all)")
     p.add_argument("report", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_eval)
 
@@ -65,15 +68,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.report[0] != "report" or len(args.report) != 2:
             raise BadRequest("unexpected arguments " + " ".join(args.report),
                              hint="krex eval report RESULTS.json")
-        return _show_report(args.report[1], report(args.report[1], refresh=True), args.json)
+        return _show_report(args.report[1], report(args.report[1], refresh=True), args.json,
+                            args.wide)
     cfg = _config(args)
     command = "krex " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else None
     with _Progress() as progress:
         path, doc = evaluate(cfg, args.out, command, progress)
-    return _show_report(path, report(path), args.json)
+    return _show_report(path, report(path), args.json, args.wide)
 
 
-def _show_report(path: str, made: dict, as_json: bool) -> int:
+# The console table's default columns (by title prefix); --wide shows every one.
+NARROW = ("mode", "cmd/min", "× command", "p95 infl.", "not clean", "failed")
+
+
+def narrow(cols: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The main columns only, with shorter titles, so the table fits 80 columns."""
+    keep = [i for i, c in enumerate(cols) if c.startswith(NARROW)]
+    short = [cols[i].replace("p95 infl. ", "p95% ").replace(" ms %", "ms")
+             .replace("× command", "×cmd") for i in keep]
+    return short, [[r[i] for i in keep] for r in rows]
+
+
+def _show_report(path: str, made: dict, as_json: bool, wide: bool = False) -> int:
     from krex.eval.results import load, table_rows
 
     doc = load(path)
@@ -81,7 +97,11 @@ def _show_report(path: str, made: dict, as_json: bool) -> int:
         print_json({"results": path, **made, "summary": doc["summary"], "bound": doc["bound"]})
         return 0
     cols, rows = table_rows(doc)
+    if not wide:
+        cols, rows = narrow(cols, rows)
     table(f"krex eval on {doc['device']} ({doc['agents']} agents)", cols, rows)
+    if not wide:
+        console.print("(main columns; --wide or the markdown table for all)")
     console.print(f"results: {path}; table: {made['table']}")
     if made["plots_skipped"]:
         console.print(f"plots: {made['plots_skipped']}")

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 from krex.cli.output import JSON_OUTPUT
-from krex.client.job import exit_code_of, run_job
+from krex.client.job import exit_code_of, python_for, run_job
 from krex.client.region import Region
-from krex.errors import BadRequest
+from krex.errors import BadRequest, UsageError, command_error
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -18,8 +18,11 @@ def _command(args: argparse.Namespace) -> list[str]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise BadRequest("no command given", hint="put the command after --, e.g. krex run -- "
-                         "python bench.py")
+        example = {"region": "krex region -- ./timed_binary",
+                   "bench": "krex bench -- sleep 0.01"}.get(args.command,
+                                                           "krex run -- python bench.py")
+        raise UsageError(f"krex {args.command}: no command given",
+                         hint=f"put the command after --, e.g. {example}")
     return cmd
 
 
@@ -39,7 +42,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.cluster:
         from krex.cli.cluster_cmds import run_on_cluster
         return run_on_cluster(args.cluster, _command(args), device=args.device)
-    return run_job(_command(args), device=args.device, name=args.name, mode=args.mode)
+    cmd = _command(args)
+    argv, note = python_for(cmd, dict(os.environ))
+    if note:
+        print(note, file=sys.stderr)
+    return run_job(argv, device=args.device, name=args.name or os.path.basename(cmd[0]),
+                   mode=args.mode)
 
 
 def add_region(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +66,8 @@ def cmd_region(args: argparse.Namespace) -> int:
                 max_hold_s=args.max_hold_s, timeout_s=args.timeout_s):
         try:
             return exit_code_of(subprocess.call(cmd))
-        except FileNotFoundError as exc:
-            raise BadRequest(f"cannot run {cmd[0]!r}: {exc.strerror}") from None
+        except OSError as exc:
+            raise command_error(cmd[0], exc) from None
 
 
 def add_exec(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 from krex.cli import bench_cmds, cluster_cmds, daemon_cmds, demo, eval_cmds, job_cmds
 from krex.cli.output import error
-from krex.errors import KrexError, RegionTimeout
+from krex.errors import (
+    CommandNotFound,
+    CommandTimeout,
+    KrexError,
+    RegionTimeout,
+    UsageError,
+)
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     daemon_cmds.add_stop, daemon_cmds.add_status, daemon_cmds.add_doctor,
@@ -36,9 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(serve_flags=argv[:1] == ["serve"]).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except RegionTimeout as exc:
+    except (RegionTimeout, CommandTimeout) as exc:
         error(exc)
         return 124
+    except UsageError as exc:
+        error(exc)
+        return 2
+    except CommandNotFound as exc:
+        error(exc)
+        return exc.exit_status
     except KrexError as exc:
         error(exc)
         return 1

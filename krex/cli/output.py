@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from krex.errors import KrexError
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+# A terminal's own width (or $COLUMNS); 120 columns into a pipe or file.
+console = Console(highlight=False,
+                  width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
 
 # The one --json flag: every command that has a table offers it through this parent parser.
 JSON_OUTPUT = argparse.ArgumentParser(add_help=False)
@@ -26,11 +30,18 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    t = Table(title=title, title_justify="left")
-    for col in columns:
-        t.add_column(col)
-    for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+    """A table that fits the terminal: headers and cells wrap, but the first column
+    (the row's name: a mode, a job, a command) is never cut."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(columns):
+        if i == 0:
+            longest = max((len(r[0]) for r in cells if r), default=0)
+            t.add_column(col, no_wrap=True, min_width=min(max(longest, len(col)), 40))
+        else:  # wrap between words, never inside one
+            t.add_column(col, min_width=max((len(w) for w in col.split()), default=1))
+    for row in cells:
+        t.add_row(*row)
     console.print(t)
 
 

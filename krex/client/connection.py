@@ -16,18 +16,22 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.client.autostart import ensure_daemon
-from krex.errors import DaemonNotRunning, from_wire
+from krex.errors import DaemonMismatch, DaemonNotRunning, from_wire
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+from krex.protocol.installation import mismatch
 from krex.workers.spec import ExecRequest, ExecResult
 
 OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
 
 
 class Connection:
+    """``check_installation``: refuse a daemon of another krex installation
+    (:class:`~krex.errors.DaemonMismatch`); ``krex status`` and ``krex stop`` talk to any."""
+
     def __init__(self, path: str | None = None, *, autostart: bool = True,
-                 client: str = "python") -> None:
+                 client: str = "python", check_installation: bool = True) -> None:
         self.path = path or socket_path()
         if autostart and "KREX_SOCKET" not in os.environ and path is None:
             ensure_daemon(self.path)
@@ -36,6 +40,12 @@ class Connection:
         self._ids = itertools.count(1)
         self.revoked: dict[int, str] = {}
         self.welcome = self.call(m.Hello(version=m.VERSION, client=client))
+        self.mismatch = mismatch(self.welcome)
+        if self.mismatch and check_installation:
+            self.close()
+            raise DaemonMismatch(f"{self.mismatch} (socket {self.path}, daemon pid "
+                                 f"{self.welcome.get('daemon_pid')})",
+                                 pid=self.welcome.get("daemon_pid"))
 
     def call(self, message: m.Message,
              on_output: OutputSink | None = None) -> dict[str, Any]:
@@ -93,8 +103,9 @@ def _connect(path: str) -> socket.socket:
 class Client:
     """The Python API to a node daemon: jobs, regions, status."""
 
-    def __init__(self, path: str | None = None, *, autostart: bool = True) -> None:
-        self.conn = Connection(path, autostart=autostart)
+    def __init__(self, path: str | None = None, *, autostart: bool = True,
+                 check_installation: bool = True) -> None:
+        self.conn = Connection(path, autostart=autostart, check_installation=check_installation)
         self._lock = threading.Lock()
 
     def _call(self, message: m.Message,

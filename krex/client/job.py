@@ -14,13 +14,16 @@ streams live), forwards our signals, and the command's exit code becomes ours.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import Client
-from krex.errors import KrexError
+from krex.errors import KrexError, command_error
 from krex.workers.launcher import join_cgroups, merge_env
 
 TIMEOUT_EXIT = 124  # a command killed for running past its timeout exits like timeout(1)
@@ -65,9 +68,8 @@ class ManagedJob:
         try:
             self.proc = subprocess.Popen(argv, env=child_env,
                                          preexec_fn=join_cgroups(self.info["cgroups"]), **popen)
-        except FileNotFoundError as exc:
-            raise KrexError(f"cannot run {argv[0]!r}: {exc.strerror}",
-                            hint="check the command name and PATH") from None
+        except OSError as exc:
+            raise command_error(argv[0], exc) from None
         self.client.attach_job(self.job_id, self.proc.pid)
         return self.proc
 
@@ -93,6 +95,44 @@ class ManagedJob:
             _quiet(self.client.release, int(self.hold["region"]))
             self.hold = None
         _quiet(self.client.end_job, self.job_id, self.exit_code)
+
+
+PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
+
+
+def python_for(argv: list[str], env: dict[str, str]) -> tuple[list[str], str | None]:
+    """``krex run -- python …`` with the interpreter krex runs under, when the ``python``
+    on PATH is not it and cannot import krex (say, the system's, with krex in a venv
+    that is not activated).  Returns the command to run and a note saying why, if changed.
+
+    Only a bare name (``python``, ``python3``, ``python3.11``) is replaced: a path
+    (``/usr/bin/python3``) is run as given.
+    """
+    name = argv[0] if argv else ""
+    if not PYTHON_NAME.fullmatch(name):
+        return argv, None
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(sys.executable):
+        return argv, None  # the venv's own interpreter
+    if found and _imports_krex(found, env):
+        return argv, None
+    why = (f"`{name}` on PATH ({found}) cannot import krex" if found
+           else f"there is no `{name}` on PATH")
+    note = (f"krex: running {sys.executable} (the interpreter krex runs under) for `{name}`: "
+            f"{why} (hint: activate krex's environment — "
+            f"`. {os.path.dirname(sys.executable)}/activate` — or give an interpreter's full "
+            "path to choose it)")
+    return [sys.executable, *argv[1:]], note
+
+
+def _imports_krex(python: str, env: dict[str, str]) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('krex') is None)"
+    try:
+        done = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def run_job(argv: list[str], *, device: str | None = None, name: str | None = None,

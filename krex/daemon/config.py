@@ -59,7 +59,8 @@ class DaemonConfig:
         "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID"))
     socket_path: str = field(default="", metadata=flag("", cli=False))  # runtime_dir's socket
     max_hold_s: float = field(default=60.0, metadata=flag(
-        "default maximum hold of a region before it is revoked"))
+        "ceiling on any region's hold: a region held longer is revoked; clients may ask "
+        "for less, never more"))
     idle_exit_s: float | None = field(default=None, metadata=flag(
         "exit after this long with nothing to do"))
     group_access: bool = field(default=False, metadata=flag(
@@ -74,9 +75,10 @@ class DaemonConfig:
         shown_default="the last core, or the last quarter"))
     gate: bool = field(default=True, metadata=flag("do not gate/drain GPU work"))
     drain_timeout_s: float = field(default=5.0, metadata=flag(
-        "how long siblings' queued GPU work may take to drain"))
+        "how long a grant waits for siblings' queued GPU work to finish"))
     drain_policy: str = field(default="abort", metadata=flag(
-        "when a drain times out: abort the grant, wait on, or kill the sibling",
+        "a sibling that does not drain in time: abort the grant with drain_timeout, wait "
+        "up to the region's maximum hold, or SIGKILL the processes that did not acknowledge",
         choices=DRAIN_POLICIES))
     gpu_lock: str = field(default="interposer", metadata=flag(
         "how siblings' GPU work is stopped: the LD_PRELOAD gate and drain, or the driver's "

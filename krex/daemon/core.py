@@ -36,6 +36,7 @@ from krex.errors import (
     UnknownRegion,
 )
 from krex.protocol import messages as m
+from krex.protocol.installation import installation
 from krex.protocol.peer import Peer
 from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport, finite_or_none
 
@@ -423,13 +424,23 @@ class Daemon:
     def _request(self, session: Session, job: Job, device: str, msg: m.Acquire) -> Request:
         if msg.max_hold_s is not None and msg.max_hold_s <= 0:
             raise BadRequest("max_hold_s must be positive")
-        default_hold = math.inf if msg.whole_job else self.config.max_hold_s
         return Request(
             region=next(self._region_ids), job_id=job.job_id, device=device, owner=session,
-            requested_mono_s=time.monotonic(), max_hold_s=msg.max_hold_s or default_hold,
+            requested_mono_s=time.monotonic(), max_hold_s=self._max_hold(msg),
             timeout_s=msg.timeout_s if msg.timeout_s is not None else math.inf,
             exclusive=job.mode != "none", whole_job=msg.whole_job, label=msg.label,
         )
+
+    def _max_hold(self, msg: m.Acquire) -> float:
+        """``--max-hold-s`` is a ceiling: a request for more (or for none) gets it.
+
+        A whole-job hold (``krex run --mode command``) lasts as long as its job
+        unless it asks for a bound, which is then capped the same way.
+        """
+        ceiling = self.config.max_hold_s
+        if msg.whole_job and msg.max_hold_s is None:
+            return math.inf
+        return min(msg.max_hold_s or ceiling, ceiling)
 
     def _siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
         """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
@@ -449,7 +460,7 @@ class Daemon:
                 "queue": [_req_summary(r) for r in dq.waiting()],
             }
         return {
-            "daemon": {"pid": _getpid(), "socket": self.config.socket_path,
+            "daemon": {"pid": _getpid(), "socket": self.config.socket_path, **installation(),
                        "uptime_s": time.monotonic() - self.started_mono_s,
                        "event_log": self.config.event_log, "accepting": self.accepting},
             "devices": [d.to_dict() for d in self.devices],

@@ -35,6 +35,7 @@ from krex.errors import (
 from krex.protocol import messages as m
 from krex.protocol.address import ensure_private_dir
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+from krex.protocol.installation import installation
 from krex.protocol.peer import Peer, peer_of
 
 log = logging.getLogger("krex.daemon")
@@ -260,7 +261,8 @@ class Server:
             raise VersionMismatch(
                 f"client speaks protocol version {msg.version}, daemon speaks {m.VERSION}"
             )
-        data = {"version": m.VERSION, "daemon_pid": os.getpid(), "max_frame": reader_limit()}
+        data = {"version": m.VERSION, "daemon_pid": os.getpid(), "max_frame": reader_limit(),
+                **installation()}
         session.push(m.Reply(re=msg.id, data=data))
 
 

@@ -210,6 +210,7 @@ def run_eval(cfg: EvalConfig, progress: Progress | None = None,
         progress("calibrating", 0, 1)
         spec = calibrate(cfg, workdir)
         solo = alone(cfg, workdir)
+        progress("calibrating", 1, 1)
         blocks = []
         for rnd, mode, n in schedule(cfg):
             done = [0]

@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from krex.errors import CommandFailed
-from krex.measure.bench import BenchWarning, bench, measure
+from krex.measure.bench import BenchCostHint, BenchWarning, bench, measure
 from krex.measure.checks import MeasureWarning
 from krex.measure.command import bench_command
 from krex.measure.compare import compare
@@ -35,6 +35,7 @@ from krex.measure.result import Comparison, Measurement
 from krex.measure.timers import CpuTimer, FakeTimer, Timer, make_timer
 
 __all__ = [
+    "BenchCostHint",
     "BenchWarning",
     "CommandFailed",
     "Comparison",

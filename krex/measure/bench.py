@@ -22,6 +22,16 @@ class BenchWarning(UserWarning):
     :class:`~krex.measure.checks.MeasureWarning` of its measurement."""
 
 
+class BenchCostHint(UserWarning):
+    """Issued by ``bench``, once per process and kind, when flushes dominate the hold.
+
+    A hint is about cost, not trust: the number is as good as without it.
+    """
+
+
+_HINTED: set[str] = set()
+
+
 def measure(
     fn: Callable[[], Any],
     *,
@@ -51,24 +61,36 @@ def measure(
     opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
                          label=label, max_hold_s=max_hold_s, timeout_s=timeout_s, timer=timer,
                          region=region)
+    if rep_ms is None and min_time_s > max_time_s:
+        raise ValueError(f"min_time_s ({min_time_s}) is above max_time_s ({max_time_s})")
     timer, device = opts.resolve()
     plan = loop.Plan(fn, timer, cold=opts.cold, grad_to_none=grad_to_none)
     estimate = loop.first_call_and_estimate(plan)
     plan, estimate, graphed = _maybe_graph(plan, estimate, cuda_graph, device)
     warmups = loop.warm_up(plan, warmup_ms, estimate.call_ms)
 
-    def body() -> loop.LoopResult:
+    def rule() -> Any:  # a fresh one per region: the noise rule keeps history
+        return _rule(rep_ms, inregion_warmup_ms, estimate, noise_target, min_time_s,
+                     max_time_s, timeout_s)
+
+    def body(hold: loop.Hold) -> loop.LoopResult:
         loop.warm_up(plan, inregion_warmup_ms, estimate.call_ms)
-        return loop.timed_loop(plan, _rule(), estimate)
+        return loop.timed_loop(plan, rule(), estimate, hold)
 
-    def _rule() -> Any:
-        if rep_ms is not None:
-            return CountRule(max(1, int(rep_ms / estimate.call_ms)), timeout_s=timeout_s)
-        return NoiseRule(noise_target, min_time_s, max_time_s, timeout_s)
-
-    run = loop.timed_region(body, opts, device, timer)
+    run = loop.timed_region(body, opts, device, timer, budget_s=rule().limit()[0])
     target = None if rep_ms is not None else noise_target
     return _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
+
+
+def _rule(rep_ms, inregion_warmup_ms, estimate, noise_target, min_time_s, max_time_s, timeout_s):
+    """do_bench's count from ``rep_ms`` (a sample's estimate includes its flush, as in
+    triton), bounded by ``rep_ms`` of hold after the in-region warm-up (``inregion_warmup_ms``
+    or one call); else the noise rule."""
+    if rep_ms is not None:
+        count = max(1, int(rep_ms / estimate.sample_wall_ms))
+        warm_ms = max(inregion_warmup_ms, estimate.call_ms)
+        return CountRule(count, timeout_s=timeout_s, max_time_s=(rep_ms + warm_ms) / 1e3)
+    return NoiseRule(noise_target, min_time_s, max_time_s, timeout_s)
 
 
 def _maybe_graph(plan, estimate, mode, device):
@@ -87,6 +109,8 @@ def _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
     summary = stats.summarize(result.samples_ms)
     findings = _findings(run, result, summary, timer, target)
     warnings, details = split_findings(findings)
+    overhead_ms = loop.overhead_per_sample_ms(result.samples_ms, result.elapsed_s)
+    flush_bytes = getattr(timer, "flush_bytes", None) if cache == "cold" else None
     return Measurement(
         samples_ms=result.samples_ms,
         device=device,
@@ -108,6 +132,9 @@ def _build(run, timer, device, cache, target, warmups, estimate, graphed, label)
         label=label,
         warnings=warnings,
         warning_details=details,
+        flush_bytes=flush_bytes,
+        overhead_ms=overhead_ms,
+        hints=checks.cost_hints(cache, flush_bytes, overhead_ms, summary["median_ms"]),
     )
 
 
@@ -116,7 +143,7 @@ def _findings(run, result, summary, timer, target) -> list[checks.Finding]:
         *checks.region(run.report),
         *checks.plausibility(result.samples_ms, run.report.held_s),
         *checks.timer_resolution(summary["median_ms"], timer.resolution_ms),
-        *checks.noise(result.stop_reason, summary["noise_rel"], target),
+        *checks.noise(result.stop_reason, result.samples_ms, summary["noise_rel"], target),
         *checks.throttle(run.clocks_start, run.clocks_end, run.report),
     ]
 
@@ -178,3 +205,8 @@ def _issue_warnings(m: Measurement) -> None:
         detail = m.warning_details.get(w.name, "")
         text = f"krex.bench: {w.summary} ({detail}) (hint: {w.next_action})"
         _warnings.warn(text, BenchWarning, stacklevel=3)
+    for hint in m.hints:
+        kind = hint.split(":", 1)[0]
+        if kind not in _HINTED:
+            _HINTED.add(kind)
+            _warnings.warn(f"krex.bench: {hint}", BenchCostHint, stacklevel=3)

@@ -11,22 +11,28 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-from krex.measure import clocks, stopping
+from krex.measure import clocks, stats, stopping
 from krex.protocol.report import ReasonCode, RegionReport
 
 Finding = tuple["MeasureWarning", str]
 
 PLAUSIBILITY_SLACK_REL = 0.005  # clocks of timer and region differ a little
 PLAUSIBILITY_SLACK_S = 0.001
-TIMER_RESOLUTION_FACTOR = 100  # a sample should span >= 100 timer ticks
+# A sample should span >= 100 x the timer's resolution (its tick or the cost of an
+# empty start/stop, whichever is larger): the timer then adds <= 1 % to a sample.
+# CpuTimer: ~0.2 us here, so samples under ~20 us warn; CUDA events: 0.5 us -> 50 us.
+TIMER_RESOLUTION_FACTOR = 100
+# Cold-cache flushes "dominate" when they take more of the hold than the samples do.
+FLUSH_DOMINATES_RATIO = 1.0
 
 
 class MeasureWarning(Enum):
     """Why a number may not be trusted, and what to do about it."""
 
     UNSTABLE = (
-        "relative noise stayed above the target",
-        "rerun; if it persists, check `krex status` for interference or raise timeout_s",
+        "the median is less certain than the noise target",
+        "raise max_time_s for more samples; if the noise persists, check `krex status` "
+        "for interference",
     )
     TOO_SHORT_FOR_TIMER = (
         "samples are too short for the timer's resolution",
@@ -79,13 +85,33 @@ def timer_resolution(median_ms: float, resolution_ms: float) -> list[Finding]:
     return []
 
 
-def noise(stop_reason: str, noise_rel: float, target_rel: float | None) -> list[Finding]:
+def noise(stop_reason: str, samples_ms: Sequence[float], noise_rel: float,
+          target_rel: float | None) -> list[Finding]:
+    """UNSTABLE when sampling stopped unconverged and the median's 95 % interval is
+    wider than ``±target_rel``: per-sample noise alone (a memory-bound kernel on a
+    shared machine) is no reason to distrust a median known precisely."""
     if target_rel is None or stop_reason in stopping.QUIET_REASONS:
         return []
-    if noise_rel > target_rel:
-        detail = f"noise {noise_rel:.2%} > target {target_rel:.2%} (stopped: {stop_reason})"
+    uncertain = stats.median_uncertainty_rel(samples_ms)
+    if noise_rel > target_rel and uncertain > target_rel:
+        detail = (f"median ±{uncertain:.2%} (95 %) > target {target_rel:.2%}, noise "
+                  f"{noise_rel:.2%} per sample over {len(samples_ms)} samples "
+                  f"(stopped: {stop_reason})")
         return [(MeasureWarning.UNSTABLE, detail)]
     return []
+
+
+def cost_hints(cache: str, flush_bytes: int | None, overhead_ms: float | None,
+               median_ms: float) -> list[str]:
+    """A one-line hint when cold-cache flushes take more of the hold than the samples."""
+    if cache != "cold" or not overhead_ms or overhead_ms <= FLUSH_DOMINATES_RATIO * median_ms:
+        return []
+    share = overhead_ms / (overhead_ms + median_ms)
+    size = f"{flush_bytes / 2**20:.0f} MiB " if flush_bytes else ""
+    return [f"cold_cache: the {size}cache flush before each sample took {share:.0%} of the "
+            f"timed loop ({overhead_ms:.2f} ms per sample, the call {median_ms:.3f} ms); pass "
+            "cache='hot' for warm-cache timing (cpu: a smaller flush with "
+            "timer=krex.measure.CpuTimer(flush_bytes=N))"]
 
 
 def throttle(start: dict[str, Any], end: dict[str, Any], report: RegionReport) -> list[Finding]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.measure import checks, loop, stats
+from krex.measure import checks, loop, stats, stopping
 from krex.measure.options import TimingOptions
 from krex.measure.regions import RegionFactory
 from krex.measure.result import Comparison, split_findings
@@ -86,13 +86,13 @@ class _PairLoop:
             plan = self.a if kind == "A" else self.b
             (self.a_ms if kind == "A" else self.b_ms).append(plan.timer.elapsed_ms(p) / plan.inner)
 
-    def decide(self, elapsed_s: float) -> str | None:
+    def decide(self, held_s: float) -> str | None:
+        """``held_s``: time since the region was entered."""
         lim = self.limits
+        limit_s, reason = stopping.wall_limit(lim.max_time_s, lim.timeout_s)
+        if held_s >= limit_s:
+            return reason
         measured_s = (math.fsum(self.a_ms) + math.fsum(self.b_ms)) / 1e3
-        if elapsed_s >= lim.timeout_s:
-            return "timeout"
-        if measured_s >= lim.max_time_s:
-            return "max_time"
         if len(self.a_ms) < lim.min_pairs or measured_s < lim.min_time_s:
             return None
         strict = 1.0 - (1.0 - lim.confidence) / EARLY_STOP_ALPHA_DIVISOR
@@ -104,13 +104,26 @@ class _PairLoop:
             math.log(a / b) for a, b in zip(self.a_ms, self.b_ms, strict=True) if a > 0 and b > 0
         ]
 
-    def run(self, blocks_per_check: int) -> tuple[str, float]:
+    def run(self, blocks_per_check: int, block_wall_s: float, hold: loop.Hold) -> tuple[str, float]:
+        """Blocks until a reason to stop; a group of blocks is cut to what fits in the
+        hold's limit (at least one block is taken)."""
         timer = self.a.timer
         start_s = timer.now_s()
+        lim = self.limits
+        limit_s, limit_reason = stopping.wall_limit(lim.max_time_s, lim.timeout_s)
+        limit_s = hold.limit(limit_s)
+        blocks = 0
         while True:
-            for _ in range(blocks_per_check):
+            now = timer.now_s()
+            per_block_s = (now - start_s) / blocks if blocks else block_wall_s
+            n = loop.samples_that_fit(limit_s - (now - hold.start_s), per_block_s,
+                                      blocks_per_check)
+            if n < 1 and blocks:
+                return limit_reason, timer.now_s() - start_s
+            for _ in range(max(1, n)):
                 self.block()
-            reason = self.decide(timer.now_s() - start_s)
+            blocks += max(1, n)
+            reason = self.decide(timer.now_s() - hold.start_s)
             if reason:
                 return reason, timer.now_s() - start_s
 
@@ -148,14 +161,16 @@ def compare(
     for plan, est in ((a, est_a), (b, est_b)):
         loop.warm_up(plan, warmup_ms, est.call_ms)
     limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within)
-    blocks = max(1, loop.batch_size(2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)))
+    block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
+    blocks = max(1, loop.batch_size(block_wall_ms))
 
-    def body() -> _PairLoop:
+    def body(hold: loop.Hold) -> _PairLoop:
         pairs = _PairLoop(a, b, limits, order, random.Random(seed))
-        pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks)
+        pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks, block_wall_ms / 1e3, hold)
         return pairs
 
-    run = loop.timed_region(body, opts, device, timer)
+    budget_s = stopping.wall_limit(max_time_s, timeout_s)[0]
+    run = loop.timed_region(body, opts, device, timer, budget_s=budget_s)
     return _build(run, timer, device, order, limits)
 
 
@@ -165,6 +180,11 @@ def _build(run: loop.RegionRun, timer: Timer, device: str, order: str, lim: _Lim
     decided = verdict(low, high, lim.same_within)
     findings = _findings(run, pairs, timer, decided, (low, high))
     warnings, details = split_findings(findings)
+    samples = pairs.a_ms + pairs.b_ms
+    overhead_ms = loop.overhead_per_sample_ms(samples, pairs.elapsed_s)
+    flush_bytes = getattr(timer, "flush_bytes", None) if pairs.a.cold else None
+    hints = checks.cost_hints("cold" if pairs.a.cold else "hot", flush_bytes, overhead_ms,
+                              stats.median(samples))
     return Comparison(
         verdict=decided, speedup=speedup, ci_low=low, ci_high=high,
         confidence=lim.confidence, same_within=lim.same_within, pairs=len(pairs.a_ms),
@@ -174,6 +194,7 @@ def _build(run: loop.RegionRun, timer: Timer, device: str, order: str, lim: _Lim
         region=run.report, device=device, timer=timer.name, elapsed_s=pairs.elapsed_s,
         attempts=run.attempts, rejected_regions=run.rejected,
         warnings=warnings, warning_details=details,
+        flush_bytes=flush_bytes, overhead_ms=overhead_ms, hints=hints,
     )  # fmt: skip
 
 

@@ -133,6 +133,11 @@ class _NativeEventTimer:
 
         return time.perf_counter()
 
+    @property
+    def flush_bytes(self) -> int:
+        """Bytes written per cold-cache flush (0 when the API cannot flush)."""
+        return self._flush_bytes if self.api.has("malloc") and self.api.has("memset_async") else 0
+
     def flush_cache(self) -> None:
         """memset a 2 x L2 device buffer on the stream; skipped if the API lacks it."""
         if not (self.api.has("malloc") and self.api.has("memset_async")):
@@ -283,6 +288,29 @@ def fakegpu_library() -> str | None:
     return str(path) if path.exists() else None
 
 
+class FakegpuServerMissing(DeviceTimerUnavailable):
+    code = "fakegpu_server_missing"
+    default_hint = ("run the program as a krex job on the device: `krex run --device fakegpu:0 "
+                    "-- python prog.py` or `krex exec --device fakegpu:0 prog.py` (the daemon "
+                    "starts the fake device server); or start one with "
+                    "krex.devices.fakegpu.FakeGpu and run with its env()")
+
+
+def fakegpu_server_problem(env: dict[str, str] | None = None) -> str | None:
+    """Why fakegpu's driver cannot reach a device server, or None when one answers."""
+    import socket
+
+    path = (os.environ if env is None else env).get("KREX_FAKEGPU_SOCKET")
+    if not path:
+        return "no fakegpu device server: KREX_FAKEGPU_SOCKET is not set in this process"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            return f"no fakegpu device server answers at {path} ({exc.strerror or exc})"
+    return None
+
+
 class FakegpuTimer(DriverEventTimer):
     """Driver-API events against fakegpu's fake ``libcuda.so.1``."""
 
@@ -292,6 +320,9 @@ class FakegpuTimer(DriverEventTimer):
         path = lib_path or fakegpu_library()
         if not path:
             raise DeviceTimerUnavailable("fakegpu's libcuda.so.1 was not found", device="fakegpu")
+        problem = fakegpu_server_problem()
+        if problem:
+            raise FakegpuServerMissing(problem, device=f"fakegpu:{index}")
         super().__init__(index, lib_path=path, device=f"fakegpu:{index}")
         if self._flush_bytes == DEFAULT_FLUSH_BYTES:  # fakegpu reports no L2: flush a token
             self._flush_bytes = FAKEGPU_FLUSH_BYTES

@@ -1,15 +1,23 @@
 """The sampling machinery shared by ``measure`` and ``compare``.
 
 Outside the region: the first call (compilation, lazy init), an estimate of
-one call's time, and the warm-up (``warmup_ms`` of calls).  Inside the region
+one sample's time (flush and overheads included, as do_bench estimates it),
+and the warm-up (``warmup_ms`` of calls).  Inside the region
 (:func:`in_region`): a short warm-up, then batches of samples — each sample
 is ``flush cache (cold) -> clear grads -> start -> fn() -> stop`` — with one
 device synchronisation per batch, until the stopping rule says so.  A region
 whose report is not clean is retried, the loop starting afresh.
+
+Budgets bound the **hold** (:class:`Hold`): before each batch the loop
+checks that the batch fits in what is left of the rule's wall-time limit
+(and of the daemon's granted maximum hold, less :data:`HOLD_SLACK_S`), so a
+region is held at most its budget plus one sample plus :data:`HOLD_SLACK_S`.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,8 +69,14 @@ class Estimate:
 
 
 def first_call_and_estimate(plan: Plan, calls: int = ESTIMATE_CALLS) -> Estimate:
-    """Call once (compile, lazy init), then estimate from ``calls`` samples."""
+    """Call once (compile, lazy init), then estimate from ``calls`` samples.
+
+    With a cold cache, one flush first: allocating and touching the flush
+    buffer is a one-off cost that must not inflate the estimate.
+    """
     plan.fn()
+    if plan.cold:
+        plan.timer.flush_cache()
     plan.timer.synchronize()
     t0 = plan.timer.now_s()
     samples = read_samples(plan, [take_sample(plan) for _ in range(calls)])
@@ -85,6 +99,13 @@ def batch_size(sample_wall_ms: float) -> int:
     return max(1, min(MAX_BATCH, int(CHECK_INTERVAL_MS / max(sample_wall_ms, 1e-6))))
 
 
+def overhead_per_sample_ms(samples_ms: Sequence[float], elapsed_s: float) -> float | None:
+    """Loop time per sample outside the timed intervals: flush, marks, synchronisation."""
+    if not samples_ms:
+        return None
+    return max(0.0, (elapsed_s * 1e3 - math.fsum(samples_ms)) / len(samples_ms))
+
+
 @dataclass
 class LoopResult:
     samples_ms: list[float]
@@ -95,22 +116,53 @@ class LoopResult:
     clocks_end: dict[str, Any] = field(default_factory=dict)
 
 
-def timed_loop(plan: Plan, rule: Any, estimate: Estimate) -> LoopResult:
-    """Sample in batches until ``rule.decide(samples, elapsed_s)`` names a reason."""
+@dataclass
+class Hold:
+    """The region's hold as the timed loop sees it (on the timer's clock)."""
+
+    start_s: float  # when the region was entered
+    ceiling_s: float = math.inf  # hold after which the daemon would revoke, less the slack
+
+    def limit(self, rule_limit_s: float) -> float:
+        return min(rule_limit_s, self.ceiling_s)
+
+
+def samples_that_fit(left_s: float, per_sample_s: float, wanted: int) -> int:
+    """How many of ``wanted`` samples of ``per_sample_s`` fit in ``left_s``."""
+    if per_sample_s <= 0:
+        return wanted
+    return max(0, min(wanted, int(left_s / per_sample_s)))
+
+
+def timed_loop(plan: Plan, rule: Any, estimate: Estimate, hold: Hold | None = None) -> LoopResult:
+    """Sample in batches until ``rule.decide(samples, held_s)`` names a reason.
+
+    A batch is cut to what fits before the rule's limit on the hold; when not
+    even one sample fits (and some were taken) the loop stops with the
+    limit's reason.
+    """
     timer = plan.timer
     offcpu = getattr(timer, "offcpu_ms", None)
     samples: list[float] = []
     offcpu_ms: list[float] = []
     batch = batch_size(estimate.sample_wall_ms)
     start_s = timer.now_s()
+    hold = hold or Hold(start_s)
+    limit_s, limit_reason = rule.limit()
+    limit_s = hold.limit(limit_s)
     while True:
         n = max(batch, len(samples) // GROWTH_DIVISOR)  # O(log n) decisions for long runs
         n = min(n, rule.count - len(samples)) if hasattr(rule, "count") else n
+        now = timer.now_s()
+        per_sample_s = (now - start_s) / len(samples) if samples else estimate.sample_wall_ms / 1e3
+        n = samples_that_fit(limit_s - (now - hold.start_s), per_sample_s, n)
+        if n < 1 and samples:
+            return LoopResult(samples, limit_reason, timer.now_s() - start_s, offcpu_ms)
         pending = [take_sample(plan) for _ in range(max(1, n))]
         samples.extend(read_samples(plan, pending))
         if offcpu is not None:
             offcpu_ms.extend(offcpu(p) / plan.inner for p in pending)
-        reason = rule.decide(samples, timer.now_s() - start_s)
+        reason = rule.decide(samples, timer.now_s() - hold.start_s)
         if reason:
             return LoopResult(samples, reason, timer.now_s() - start_s, offcpu_ms)
 
@@ -127,14 +179,16 @@ class RegionRun:
     clocks_end: dict[str, Any]
 
 
-def timed_region(body: Callable[[], Any], opts: TimingOptions, device: str,
-                 timer: Timer) -> RegionRun:
+def timed_region(body: Callable[[Hold], Any], opts: TimingOptions, device: str,
+                 timer: Timer, *, budget_s: float) -> RegionRun:
     """:func:`in_region` for a timed loop that must yield samples.
 
-    The maximum hold defaults to the loop's timeout plus a margin; a region
-    revoked before any sample raises :class:`~krex.errors.RegionRevoked`.
+    The maximum hold asked of the daemon defaults to the loop's budget plus
+    :data:`HOLD_MARGIN_S` (the daemon may grant less: its ``--max-hold-s`` is
+    a ceiling, and the loop then ends before it); a region revoked before any
+    sample raises :class:`~krex.errors.RegionRevoked`.
     """
-    hold_s = opts.max_hold_s or opts.timeout_s + HOLD_MARGIN_S
+    hold_s = opts.max_hold_s or budget_s + HOLD_MARGIN_S
     run = in_region(body, get_region_factory(opts.region), device, retries=opts.retries,
                     label=opts.label, max_hold_s=hold_s, timer=timer)
     if run.value is None:
@@ -142,11 +196,12 @@ def timed_region(body: Callable[[], Any], opts: TimingOptions, device: str,
     return run
 
 
-HOLD_MARGIN_S = 5.0  # a timed loop's maximum hold: its timeout plus this
+HOLD_MARGIN_S = 5.0  # the maximum hold a timed loop asks for: its budget plus this
+HOLD_SLACK_S = 0.05  # a budget bounds the hold to budget + one sample + this (docs/measure.md)
 
 
 def in_region(
-    body: Callable[[], Any],
+    body: Callable[[Hold], Any],
     factory: RegionFactory,
     device: str,
     *,
@@ -155,16 +210,17 @@ def in_region(
     max_hold_s: float | None,
     timer: Timer | None = None,
 ) -> RegionRun:
-    """Run ``body`` inside a region; retry up to ``retries`` times while not clean.
+    """Run ``body(hold)`` inside a region; retry up to ``retries`` times while not clean.
 
     Clocks are sampled at the start and end of the body: ``timer.clocks()``
     when the timer has one (the FakeTimer: none), else the device's.
     """
     read_clocks = getattr(timer, "clocks", None) or (lambda: clocks.sample(device))
+    now = timer.now_s if timer is not None else time.perf_counter
     rejected: list[RegionReport] = []
     for attempt in range(retries + 1):
         value, report, before, after = _one_region(
-            body, factory, device, label, max_hold_s, read_clocks
+            body, factory, device, label, max_hold_s, (read_clocks, now)
         )
         if attempt == retries or not checks.should_retry(report):
             return RegionRun(value, report, attempt + 1, rejected, before, after)
@@ -172,13 +228,15 @@ def in_region(
     raise AssertionError("unreachable")
 
 
-def _one_region(body, factory, device, label, max_hold_s, read_clocks):
+def _one_region(body, factory, device, label, max_hold_s, clocks_and_now):
     """One region around ``body``; a revocation becomes a not-clean, revoked report."""
+    read_clocks, now = clocks_and_now
     value, before, after, r = None, {}, {}, None
     try:
         with factory(device, max_hold_s=max_hold_s, label=label) as r:
+            hold = Hold(now(), granted_ceiling_s(r))
             before = read_clocks()
-            value = body()
+            value = body(hold)
             after = read_clocks()
     except RegionRevoked as exc:
         report = getattr(r, "report", None) or RegionReport(device=device, mode="region")
@@ -191,3 +249,11 @@ def _no_report(device: str) -> RegionReport:
     """A region factory whose regions report nothing: nothing can be said to be enforced."""
     return RegionReport(device=device, mode=None, exclusive=False,
                         reasons=[no_daemon("the region factory gave no report")])
+
+
+def granted_ceiling_s(region: Any) -> float:
+    """The daemon's granted maximum hold of ``region`` less the slack (inf when none)."""
+    granted = (getattr(region, "grant", None) or {}).get("max_hold_s")
+    if not granted:
+        return math.inf
+    return max(float(granted) - HOLD_SLACK_S, float(granted) / 2)

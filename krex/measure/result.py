@@ -80,6 +80,9 @@ class Measurement:
     label: str | None = None
     warnings: list[MeasureWarning] = field(default_factory=list)
     warning_details: dict[str, str] = field(default_factory=dict)
+    flush_bytes: int | None = None  # bytes written per cold-cache flush (None: hot cache)
+    overhead_ms: float | None = None  # per sample, outside the timed interval (flush, marks)
+    hints: list[str] = field(default_factory=list)  # cost hints: "kind: text (next action)"
 
     @property
     def iterations(self) -> int:
@@ -122,6 +125,9 @@ class Comparison:
     rejected_regions: list[RegionReport] = field(default_factory=list)
     warnings: list[MeasureWarning] = field(default_factory=list)
     warning_details: dict[str, str] = field(default_factory=dict)
+    flush_bytes: int | None = None  # bytes written per cold-cache flush (None: hot cache)
+    overhead_ms: float | None = None  # per sample, outside the timed interval (flush, marks)
+    hints: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)

@@ -144,6 +144,17 @@ def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float,
     return ordered[lo], ordered[hi]
 
 
+def median_uncertainty_rel(values: Sequence[float], confidence: float = 0.95) -> float:
+    """Half the width of the median's confidence interval, relative to the median."""
+    if len(values) < 2:
+        return math.inf
+    m = median(values)
+    if m <= 0:
+        return math.inf
+    low, high = median_ci(values, confidence)
+    return (high - low) / 2 / m
+
+
 def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
     """min / median / mean / p95 / p99 / max and both noise figures of samples."""
     return {

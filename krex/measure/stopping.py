@@ -1,17 +1,22 @@
 """When to stop sampling: pure logic, no clocks of its own.
 
-Two rules share one interface, ``decide(samples_ms, elapsed_s) -> reason | None``:
+Two rules share one interface, ``decide(samples_ms, elapsed_s) -> reason | None``
+(``elapsed_s``: time since the region was entered — the hold so far) and
+``limit() -> (seconds, reason)``, the wall-time bound on the hold that the
+loop must not pass (it checks before each batch whether the batch fits):
 
 - :class:`CountRule` stops after a fixed number of samples (the
-  ``triton.testing.do_bench`` way: the count comes from the ``rep`` budget).
+  ``triton.testing.do_bench`` way: the count comes from the ``rep`` budget),
+  or when the budget ``max_time_s`` (``rep``) or ``timeout_s`` is spent.
 - :class:`NoiseRule` stops like nvbench's stdrel criterion: once at least
   ``min_time_s`` of measured time is collected and the relative noise is
   under ``noise_target`` (``converged``); or once the noise estimate has
   *settled* above the target — it moved less than ``settle_rel`` since half
-  and three quarters of the samples — because more
-  samples would not make the kernel less noisy (``settled``); or at
-  ``max_time_s`` of measured time (``max_time``); or at ``timeout_s`` of wall
-  time in the region, flushes and overheads included (``timeout``).
+  and three quarters of the samples: more samples would not make the kernel
+  less noisy — and the median is known to within ``±noise_target`` (its
+  95 % interval; ``settled``); or when the
+  region has been held ``max_time_s`` (``max_time``) or ``timeout_s``
+  (``timeout``) — wall time, flushes and overheads included.
 """
 
 from __future__ import annotations
@@ -31,19 +36,29 @@ MAX_SAMPLES = "max_samples"
 QUIET_REASONS = frozenset({CONVERGED, COUNT})
 
 
+def wall_limit(max_time_s: float | None, timeout_s: float) -> tuple[float, str]:
+    """The tighter of the two hold budgets, with the stop reason it gives."""
+    if max_time_s is not None and max_time_s <= timeout_s:
+        return max_time_s, MAX_TIME
+    return timeout_s, TIMEOUT
+
+
 @dataclass
 class CountRule:
-    """Stop after ``count`` samples (or at ``timeout_s`` of wall time)."""
+    """Stop after ``count`` samples, or when the hold reaches ``max_time_s`` / ``timeout_s``."""
 
     count: int
     timeout_s: float = 60.0
+    max_time_s: float | None = None
+
+    def limit(self) -> tuple[float, str]:
+        return wall_limit(self.max_time_s, self.timeout_s)
 
     def decide(self, samples_ms: Sequence[float], elapsed_s: float) -> str | None:
         if len(samples_ms) >= self.count:
             return COUNT
-        if elapsed_s >= self.timeout_s:
-            return TIMEOUT
-        return None
+        limit_s, reason = self.limit()
+        return reason if elapsed_s >= limit_s else None
 
 
 @dataclass
@@ -59,14 +74,16 @@ class NoiseRule:
     settle_rel: float = 0.10
     history: list[tuple[int, float]] = field(default_factory=list)
 
+    def limit(self) -> tuple[float, str]:
+        return wall_limit(self.max_time_s, self.timeout_s)
+
     def decide(self, samples_ms: Sequence[float], elapsed_s: float) -> str | None:
         measured_s = sum(samples_ms) / 1e3
-        if elapsed_s >= self.timeout_s:
-            return TIMEOUT
+        limit_s, reason = self.limit()
+        if elapsed_s >= limit_s:
+            return reason
         if len(samples_ms) >= self.max_samples:
             return MAX_SAMPLES
-        if measured_s >= self.max_time_s:
-            return MAX_TIME
         if len(samples_ms) < self.min_samples:
             return None
         noise = stats.relative_noise(samples_ms)
@@ -75,7 +92,7 @@ class NoiseRule:
             return None
         if noise <= self.noise_target:
             return CONVERGED
-        if self.settled():
+        if self.settled() and stats.median_uncertainty_rel(samples_ms) <= self.noise_target:
             return SETTLED
         return None
 

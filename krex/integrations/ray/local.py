@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import tempfile
 from typing import Any
@@ -57,9 +58,10 @@ class LocalCluster:
         self._own_root = root is None
         self.cluster: Any = None
         self.infos: list[dict[str, Any]] = []
+        self.env: dict[str, str] = {}
 
     def start(self) -> LocalCluster:
-        loopback_environment()
+        self.env = loopback_environment()
         from ray.cluster_utils import Cluster
 
         head = {"num_cpus": self.cpus, "resources": self.resources,
@@ -79,6 +81,15 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.cluster.address
+
+    def shell_env(self) -> dict[str, str]:
+        """What another shell needs to reach this cluster: its address, the loopback
+        settings and the token (``krex cluster status`` there then just works)."""
+        return {**self.env, "RAY_ADDRESS": self.address}
+
+    def shell_exports(self) -> str:
+        """``export …`` lines of :meth:`shell_env`, to paste into another shell."""
+        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in self.shell_env().items())
 
     def close(self) -> None:
         ray = import_ray()

@@ -8,9 +8,15 @@ holding that node's ``krex_node`` resource when the node advertises one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import socket
+import tempfile
+import threading
 from typing import Any
 
-from krex.errors import NoKrexNodes, RayMissing
+from krex.errors import ClusterUnreachable, NoKrexNodes, RayMissing
 from krex.integrations.ray.node import KrexNode
 from krex.integrations.ray.resources import (
     NAMESPACE,
@@ -33,13 +39,86 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(address: str | None = None) -> Any:
-    """Join the Ray cluster at ``address`` (``auto`` / None: the local one) once."""
+def connect(address: str | None = None, timeout_s: float | None = None) -> Any:
+    """Join the Ray cluster at ``address`` (``auto`` / None: the local one) once.
+
+    With ``timeout_s``, give up with :class:`ClusterUnreachable` instead of
+    letting Ray retry (and log) for minutes: an address that refuses
+    connections fails at once, a cluster that does not let us in (a wrong or
+    missing auth token) after ``timeout_s``.
+    """
     ray = import_ray()
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level="warning",
-                 log_to_driver=False)
+    if ray.is_initialized():
+        return ray
+    init = functools.partial(ray.init, address=address, namespace=NAMESPACE,
+                             logging_level="warning", log_to_driver=False)
+    if timeout_s is None:
+        init()
+        return ray
+    probe_address(address, min(timeout_s, PROBE_TIMEOUT_S))
+    with captured_stderr() as log:
+        finished = _run_with_deadline(init, timeout_s)
+        said = _last_line(log)
+    if not finished:
+        raise ClusterUnreachable(
+            f"Ray did not connect to {address or 'the local cluster'} within {timeout_s:g} s"
+            f"{said}", seconds=timeout_s)
     return ray
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_address(address: str | None, timeout_s: float) -> None:
+    """A TCP connect to ``host:port``: fail at once where nothing listens."""
+    host, _, port = (address or "").rpartition(":")
+    if address in (None, "", "auto") or not port.isdigit() or "://" in host:
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnreachable(f"no Ray cluster answers at {address} "
+                                 f"({exc.strerror or exc})") from None
+
+
+def _run_with_deadline(fn: Any, timeout_s: float) -> bool:
+    """Run ``fn`` in a daemon thread; True when it finished (its error re-raised) in time."""
+    box: dict[str, BaseException] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="krex-ray-connect", daemon=True).start()
+    if not done.wait(timeout_s):
+        return False
+    if "error" in box:
+        raise box["error"]
+    return True
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Any:
+    """Send fd 2 (Ray's C++ logging) to a temporary file meanwhile; yield the file."""
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _last_line(log: Any) -> str:
+    log.seek(0)
+    lines = [ln.strip() for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+    return f"; Ray said: {lines[-1][-300:]}" if lines else ""
 
 
 def krex_nodes(ray: Any) -> list[dict[str, Any]]:
