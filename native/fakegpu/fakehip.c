@@ -14,11 +14,6 @@
 #include "interpose/cutypes.h"
 
 #define MAX_DEV 16
-#define hipSuccess 0
-#define hipErrorInvalidValue 1
-#define hipErrorNotInitialized 3
-#define hipErrorInvalidDevice 101
-#define hipErrorNoDevice 100
 
 struct ihipModuleSymbol_t { uint64_t dur_ns; uint32_t flags; };
 struct ihipStream_t { int dev; };
@@ -121,7 +116,7 @@ API hipExtModuleLaunchKernel(hipFunction_t f, uint32_t gx, uint32_t gy, uint32_t
     return launch(f, s, params);
 }
 
-API hipMalloc(void **p, size_t n) { return posix_memalign(p, 256, n ? n : 1) ? 2 : hipSuccess; }
+API hipMalloc(void **p, size_t n) { return posix_memalign(p, 256, n ? n : 1) ? hipErrorOutOfMemory : hipSuccess; }
 API hipFree(void *p) { free(p); return hipSuccess; }
 
 static hipError_t transfer(void *dst, const void *src, int byte, size_t n, hipStream_t s, int wait)

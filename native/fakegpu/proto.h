@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "errors.h"
+
 enum fg_op {
     FG_HELLO = 1,     /* -> v0 = device count */
     FG_CTX_CREATE,    /* a = device -> v0 = context id (serialised, delayed) */
@@ -30,11 +32,7 @@ enum fg_flags {
     FG_COPY = 2,   /* a transfer, not a kernel (for the log) */
 };
 
-#define FG_ERR_LAUNCH_FAILED 719 /* CUDA_ERROR_LAUNCH_FAILED: sticky */
-#define FG_ERR_NOT_READY 600
-#define FG_ERR_INVALID_VALUE 1
-#define FG_ERR_INVALID_CONTEXT 201
-#define FG_ERR_TIMEOUT 909 /* CUDA_ERROR_TIMEOUT */
+#define FG_SPIN_PARAM 0x100 /* client side: the kernel's duration is its first parameter */
 
 struct fg_req {
     uint32_t op;

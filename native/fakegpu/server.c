@@ -228,12 +228,12 @@ static void op_launch(const struct fg_req *q, struct fg_rep *r)
 {
     uint64_t t = now_ns();
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
     if (c->poisoned) {
-        r->status = FG_ERR_LAUNCH_FAILED;
+        r->status = CUDA_ERROR_LAUNCH_FAILED;
         return;
     }
     struct item *it = calloc(1, sizeof(*it));
@@ -248,13 +248,13 @@ static void op_launch(const struct fg_req *q, struct fg_rep *r)
 static void op_sync(const struct fg_req *q, struct fg_rep *r)
 {
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
     while (c->used && c->head)
         pthread_cond_wait(&g_done, &g_mu);
-    r->status = c->poisoned ? FG_ERR_LAUNCH_FAILED : 0;
+    r->status = c->poisoned ? CUDA_ERROR_LAUNCH_FAILED : 0;
 }
 
 static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
@@ -266,7 +266,7 @@ static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
     pthread_mutex_unlock(&g_create_mu);
     pthread_mutex_lock(&g_mu);
     if ((int)q->a < 0 || (int)q->a >= g_ndev) {
-        r->status = 101; /* CUDA_ERROR_INVALID_DEVICE */
+        r->status = CUDA_ERROR_INVALID_DEVICE;
         return;
     }
     for (int i = 0; i < MAX_CTX; i++) {
@@ -276,13 +276,13 @@ static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
             return;
         }
     }
-    r->status = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    r->status = CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static void op_ctx_destroy(const struct fg_req *q, struct fg_rep *r)
 {
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
@@ -303,17 +303,17 @@ static void op_event(const struct fg_req *q, struct fg_rep *r)
         return;
     }
     if (id == 0 || id >= MAX_EVENTS || !g_events[id].used) {
-        r->status = FG_ERR_INVALID_VALUE;
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
     struct event *e = &g_events[id];
     if (q->op == FG_EVENT_RECORD) {
         if (!valid_ctx(q->ctx)) {
-            r->status = FG_ERR_INVALID_CONTEXT;
+            r->status = CUDA_ERROR_INVALID_CONTEXT;
             return;
         }
         if (g_ctx[q->ctx - 1].poisoned) {
-            r->status = FG_ERR_LAUNCH_FAILED;
+            r->status = CUDA_ERROR_LAUNCH_FAILED;
             return;
         }
         e->recorded = 0;
@@ -325,7 +325,7 @@ static void op_event(const struct fg_req *q, struct fg_rep *r)
     }
     while (q->op == FG_EVENT_SYNC && !e->recorded)
         pthread_cond_wait(&g_done, &g_mu);
-    r->status = e->recorded ? 0 : FG_ERR_NOT_READY;
+    r->status = e->recorded ? 0 : CUDA_ERROR_NOT_READY;
     r->v0 = e->ns;
 }
 
@@ -333,7 +333,7 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
 {
     FILE *f = fopen(q->text, "w");
     if (!f) {
-        r->status = FG_ERR_INVALID_VALUE;
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
     for (uint32_t i = 0; i < g_log_n; i++)
@@ -373,7 +373,7 @@ static void op_proc_lock(const struct fg_req *q, struct fg_rep *r)
         if (g_locked[i] == 0 || g_locked[i] == pid)
             slot = i;
     if (slot < 0 || pid == 0) {
-        r->status = FG_ERR_INVALID_VALUE;
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
     g_locked[slot] = pid;
@@ -388,7 +388,7 @@ static void op_proc_lock(const struct fg_req *q, struct fg_rep *r)
         else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && queued_for(pid)) {
             g_locked[slot] = 0; /* a lock that timed out is not held */
             pthread_cond_broadcast(&g_unlocked);
-            r->status = FG_ERR_TIMEOUT;
+            r->status = CUDA_ERROR_TIMEOUT;
             return;
         }
     }
@@ -424,7 +424,7 @@ static void handle(struct fg_req *q, struct fg_rep *r)
     case FG_EVENT_SYNC: op_event(q, r); break;
     case FG_STATS: r->v0 = g_launches; r->v1 = g_finished; r->v2 = g_busy_ns; break;
     case FG_DUMP_LOG: op_dump(q, r); break;
-    default: r->status = FG_ERR_INVALID_VALUE;
+    default: r->status = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&g_mu);
 }

@@ -10,7 +10,7 @@
  * Each thread launches KERNEL (and every 8th iteration a small async copy)
  * until DURATION_MS has passed, synchronising every SYNC_EVERY launches.
  * Linked against the (fake) libcuda.so.1 and libamdhip64.so; prints one line:
- *   launches=N direct=A dlsym=B getproc=C parked=D drains=E unmatched=F
+ *   launches=N direct=A dlsym=B getproc=C NAME=V ...   (every interposer counter by name)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -177,13 +177,16 @@ static void report(void)
     long total = 0;
     for (int i = 0; i < g_threads; i++)
         total += g_launches[i];
-    uint64_t c[6] = {0};
-    int (*counts)(uint64_t *, int) = (int (*)(uint64_t *, int))dlsym(RTLD_DEFAULT, "krex_interposer_counts");
-    if (counts)
-        counts(c, 6);
-    printf("launches=%ld direct=%llu dlsym=%llu getproc=%llu parked=%llu drains=%llu unmatched=%llu\n",
-           total, (unsigned long long)c[0], (unsigned long long)c[1], (unsigned long long)c[2],
-           (unsigned long long)c[3], (unsigned long long)c[4], (unsigned long long)c[5]);
+    const char *(*name)(int) = (const char *(*)(int))dlsym(RTLD_DEFAULT, "krex_interposer_counter_name");
+    uint64_t (*value)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "krex_interposer_counter");
+    uint64_t paths[3] = {0, 0, 0};
+    for (int i = 0; name && i < 3; i++)
+        paths[i] = value(i); /* launch_direct, launch_dlsym, launch_getproc */
+    printf("launches=%ld direct=%llu dlsym=%llu getproc=%llu", total, (unsigned long long)paths[0],
+           (unsigned long long)paths[1], (unsigned long long)paths[2]);
+    for (int i = 0; name && name(i); i++)
+        printf(" %s=%llu", name(i), (unsigned long long)value(i));
+    printf("\n");
 }
 
 int main(int argc, char **argv)
