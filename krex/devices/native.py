@@ -46,7 +46,10 @@ def fakegpu_server_path() -> Path:
 
 def _load(path: Path | None = None) -> ctypes.CDLL:
     """The interposer loaded RTLD_LOCAL (it hooks nothing here), with its exports typed."""
-    lib = ctypes.CDLL(str(path or interposer_path()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    return _typed(ctypes.CDLL(str(path or interposer_path()), mode=os.RTLD_LOCAL | os.RTLD_NOW))
+
+
+def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.krex_interposer_abi_version.restype = ctypes.c_int
     lib.krex_interposer_counter_name.restype = ctypes.c_char_p
     lib.krex_interposer_counter_name.argtypes = [ctypes.c_int]
@@ -62,7 +65,8 @@ def interposer_abi(path: Path | None = None) -> int:
 
 def counter_names(lib: ctypes.CDLL) -> list[str]:
     """The counter names a loaded interposer exports (counters.def order)."""
-    names = []
+    names: list[str] = []
+    _typed(lib)
     while (name := lib.krex_interposer_counter_name(len(names))) is not None:
         names.append(name.decode())
     return names

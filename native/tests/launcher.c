@@ -2,8 +2,9 @@
  *
  *   launcher API MODE THREADS DURATION_MS KERNEL SYNC_EVERY
  *   API   cuda | hip
- *   MODE  direct | dlsym | getproc | getproc_self | ptds
+ *   MODE  direct | dlsym | getproc | getproc_self | getproc_future | ptds
  *         (getproc_self: asks cuGetProcAddress for "cuGetProcAddress" first;
+ *          getproc_future: asks as a caller of a CUDA newer than krex's tables (13010);
  *          ptds: per-thread default stream variants, _ptsz/_ptds/_spt)
  *
  * Prints "started" once set up.  SIGUSR1 ends the run early.
@@ -104,7 +105,9 @@ static void *resolve(const char *lib, const char *name, const char *pt_name)
     }
     void *p = NULL;
     (void)pt_name;
-    gpa(name, &p, strcmp(g_api, "hip") == 0 ? 60200000 : 13000, ptds ? 2 : 0, &st);
+    int version = strcmp(g_api, "hip") == 0 ? 60200000
+                  : strcmp(g_mode, "getproc_future") == 0 ? 13010 : 13000;
+    gpa(name, &p, version, ptds ? 2 : 0, &st);
     return p;
 }
 
