@@ -253,7 +253,11 @@ SHIM = """
 #define _GNU_SOURCE
 #include <dlfcn.h>
 int krex_t_next(void) { return 1; }
-int shim_probe(void) { int (*f)(void) = (int (*)(void))dlsym(RTLD_NEXT, "krex_t_next"); return f ? f() : -1; }
+int shim_probe(void)
+{
+    int (*f)(void) = (int (*)(void))dlsym(RTLD_NEXT, "krex_t_next");
+    return f ? f() : -1;
+}
 """
 NEXT = "int krex_t_next(void) { return 2; }\n"
 

@@ -236,7 +236,7 @@ def profiler_counts(work, sync) -> tuple[dict, dict]:
 
 
 def _delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in NAMES}
+    return {k: after[k] - before[k] for k in after if k != "active"}
 
 
 def main() -> dict:
