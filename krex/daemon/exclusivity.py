@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import replace
 from typing import Any, Protocol
 
 from krex.daemon.config import DaemonConfig
@@ -73,6 +74,11 @@ class _Region:
             report["gate_idle_jobs"] = list(self.drain.idle_jobs)
             report["drain_acks_ms"] = {str(pid): round(s * 1e3, 3)
                                        for pid, s in self.drain.acks.items()}
+        if self.drain is not None and (findings := self.drain.findings()):
+            # what the GPU step saw go around it: a sibling's ungated entry points or
+            # calls, a drain acknowledged as incomplete, unconfirmed device idleness
+            report["not_enforced"] = [*report["not_enforced"], *findings]
+            report["clean"] = False
         return report
 
 
@@ -232,7 +238,8 @@ class Exclusivity:
         return self._drivers[path]
 
     def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
-        gated = [self.gates[j.job_id] for j in siblings if j.job_id in self.gates]
+        gated = [replace(self.gates[j.job_id], members=self.target(j).processes)
+                 for j in siblings if j.job_id in self.gates]
         return GateDrain(gated, timeout_s=self.config.drain_timeout_s,
                          policy=self.config.drain_policy,
                          max_wait_s=min(request.max_hold_s, 3600.0))

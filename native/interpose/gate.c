@@ -87,10 +87,16 @@ static void publish_all(struct krex_gate_proc *p)
         publish(p, c);
 }
 
+static struct krex_gate_proc *attach(void);
+
+/* A cold event: counted, and published at once (claiming a slot if this process has
+ * none yet: a process whose every launch goes around the gate must still be seen). */
 void krex_count(enum krex_counter c)
 {
     atomic_fetch_add(&g_counters[c], 1);
     struct krex_gate_proc *p = atomic_load(&g_proc);
+    if (!p && atomic_load(&g_attach_state) == 0)
+        p = attach();
     if (p)
         publish(p, c);
 }
