@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
-from krex.enforce.checkpointlock import CheckpointLock, load_driver
+from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
@@ -67,6 +67,7 @@ class _Region:
             report["device_audit"] = self.audit.finish()
         if isinstance(self.drain, CheckpointLock):
             report["locked_pids"] = list(self.drain.acks_s)
+            report["lock_skipped_pids"] = list(self.drain.skipped)  # no CUDA context
             report["lock_acks_ms"] = {str(p): round(s * 1e3, 3)
                                       for p, s in self.drain.acks_s.items()}
         elif self.drain is not None:
@@ -218,8 +219,10 @@ class Exclusivity:
         if self.config.gpu_lock == "checkpoint":
             pids = [r.pid for j in siblings for r in self.target(j).processes()]
             lib_path, env = self._driver(request.device)
+            idle = (FakegpuIdle(self._fakegpu()) if request.device.startswith("fakegpu")
+                    else NvmlIdle.for_device(request.device))
             return CheckpointLock(self._driver_lib(lib_path), lib_path, pids,
-                                  timeout_s=self.config.drain_timeout_s, env=env)
+                                  timeout_s=self.config.drain_timeout_s, env=env, idle=idle)
         return self._gate_drain(siblings, request)
 
     def _driver(self, device: str) -> tuple[str, dict[str, str]]:

@@ -60,7 +60,7 @@ API cuInit(unsigned int flags)
 
 API cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
 
-/* cuCheckpointProcessLock/Unlock: the server holds the process's submissions. */
+/* cuCheckpointProcessLock/Unlock/GetState: the server blocks the process's calls. */
 typedef struct {
     unsigned int timeoutMs, reserved0;
     unsigned long long reserved1[7];
@@ -71,6 +71,15 @@ API cuCheckpointProcessLock(int pid, fg_lock_args *args)
     struct fg_rep r;
     int st = fg_simple(FG_PROC_LOCK, 0, (uint64_t)pid, args ? args->timeoutMs : 0, &r);
     return st != 0 ? status_of(st) : (CUresult)r.status;
+}
+
+API cuCheckpointProcessGetState(int pid, int *state)
+{
+    struct fg_rep r;
+    int st = fg_simple(FG_PROC_STATE, 0, (uint64_t)pid, 0, &r);
+    if (st == 0)
+        *state = (int)r.v0; /* CU_PROCESS_STATE_RUNNING 0, LOCKED 1 */
+    return status_of(st);
 }
 
 API cuCheckpointProcessUnlock(int pid, void *args)

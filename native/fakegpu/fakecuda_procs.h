@@ -73,6 +73,7 @@ static const struct proc_entry g_procs[] = {
     E(cuGraphDestroy, cuGraphDestroy, 10000, 0), E(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0),
     E(cuCheckpointProcessLock, cuCheckpointProcessLock, 12080, 0),
     E(cuCheckpointProcessUnlock, cuCheckpointProcessUnlock, 12080, 0),
+    E(cuCheckpointProcessGetState, cuCheckpointProcessGetState, 12080, 0),
 };
 #undef E
 

@@ -343,10 +343,13 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
     r->v0 = g_log_n;
 }
 
-/* Process locks (the fake cuCheckpointProcessLock): a locked process's submissions
- * wait in the server until it is unlocked. */
+/* Process locks (the fake cuCheckpointProcessLock, as NVIDIA documents it): a locked
+ * process's further calls wait in the server until it is unlocked; the lock waits for
+ * the process's calls in progress (a sync waiting for its queue), not for its queued work. */
 #define MAX_LOCKED 64
+#define MAX_BUSY 256
 static uint32_t g_locked[MAX_LOCKED];
+static struct { uint32_t pid, calls; } g_busy[MAX_BUSY]; /* calls in progress per process */
 static pthread_cond_t g_unlocked = PTHREAD_COND_INITIALIZER;
 
 static int is_locked(uint32_t pid)
@@ -357,10 +360,45 @@ static int is_locked(uint32_t pid)
     return 0;
 }
 
-static int queued_for(uint32_t pid)
+static void busy(uint32_t pid, int delta)
+{
+    int free_slot = -1;
+    for (int i = 0; i < MAX_BUSY; i++) {
+        if (g_busy[i].pid == pid && g_busy[i].calls) {
+            g_busy[i].calls += (uint32_t)delta;
+            if (delta < 0)
+                pthread_cond_broadcast(&g_done);
+            return;
+        }
+        if (free_slot < 0 && g_busy[i].calls == 0)
+            free_slot = i;
+    }
+    if (delta > 0 && free_slot >= 0)
+        g_busy[free_slot].pid = pid, g_busy[free_slot].calls = 1;
+}
+
+static int calls_in_progress(uint32_t pid)
+{
+    for (int i = 0; i < MAX_BUSY; i++)
+        if (g_busy[i].pid == pid && g_busy[i].calls)
+            return 1;
+    return 0;
+}
+
+static uint64_t queued_for(uint32_t pid)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < MAX_CTX; i++)
+        if (g_ctx[i].used && g_ctx[i].pid == pid)
+            for (struct item *it = g_ctx[i].head; it; it = it->next)
+                n++;
+    return n;
+}
+
+static int has_context(uint32_t pid)
 {
     for (int i = 0; i < MAX_CTX; i++)
-        if (g_ctx[i].used && g_ctx[i].pid == pid && g_ctx[i].head)
+        if (g_ctx[i].used && g_ctx[i].pid == pid)
             return 1;
     return 0;
 }
@@ -372,26 +410,24 @@ static void op_proc_lock(const struct fg_req *q, struct fg_rep *r)
     for (int i = 0; i < MAX_LOCKED && slot < 0; i++)
         if (g_locked[i] == 0 || g_locked[i] == pid)
             slot = i;
-    if (slot < 0 || pid == 0) {
+    if (slot < 0 || pid == 0 || !has_context(pid)) {
         r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
-    g_locked[slot] = pid;
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)q->flags * 1000000ull;
     deadline.tv_sec += (time_t)(ns / 1000000000ull);
     deadline.tv_nsec = (long)(ns % 1000000000ull);
-    while (queued_for(pid)) {
+    while (calls_in_progress(pid)) {
         if (q->flags == 0)
             pthread_cond_wait(&g_done, &g_mu);
-        else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && queued_for(pid)) {
-            g_locked[slot] = 0; /* a lock that timed out is not held */
-            pthread_cond_broadcast(&g_unlocked);
-            r->status = CUDA_ERROR_TIMEOUT;
+        else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && calls_in_progress(pid)) {
+            r->status = CUDA_ERROR_NOT_READY; /* timed out: left running, not locked */
             return;
         }
     }
+    g_locked[slot] = pid;
 }
 
 static void op_proc_unlock(const struct fg_req *q)
@@ -402,17 +438,29 @@ static void op_proc_unlock(const struct fg_req *q)
     pthread_cond_broadcast(&g_unlocked);
 }
 
+static void op_proc_state(const struct fg_req *q, struct fg_rep *r)
+{
+    uint32_t pid = (uint32_t)q->a;
+    if (!has_context(pid))
+        r->status = CUDA_ERROR_INVALID_VALUE;
+    r->v0 = (uint64_t)is_locked(pid);
+}
+
 static void handle(struct fg_req *q, struct fg_rep *r)
 {
     memset(r, 0, sizeof(*r));
     q->text[sizeof(q->text) - 1] = 0;
     pthread_mutex_lock(&g_mu);
-    if (q->op == FG_LAUNCH || q->op == FG_EVENT_RECORD)
-        while (is_locked(q->pid))
-            pthread_cond_wait(&g_unlocked, &g_mu);
+    while (is_locked(q->pid)) /* a locked process's calls block (all of them) */
+        pthread_cond_wait(&g_unlocked, &g_mu);
+    int blocking = q->op == FG_SYNC || q->op == FG_EVENT_SYNC || q->op == FG_CTX_DESTROY;
+    if (blocking)
+        busy(q->pid, 1);
     switch (q->op) {
     case FG_PROC_LOCK: op_proc_lock(q, r); break;
     case FG_PROC_UNLOCK: op_proc_unlock(q); break;
+    case FG_PROC_STATE: op_proc_state(q, r); break;
+    case FG_PROC_QUEUED: r->v0 = queued_for((uint32_t)q->a); break;
     case FG_HELLO: r->v0 = (uint64_t)g_ndev; break;
     case FG_CTX_CREATE: op_ctx_create(q, r); break;
     case FG_CTX_DESTROY: op_ctx_destroy(q, r); break;
@@ -426,6 +474,8 @@ static void handle(struct fg_req *q, struct fg_rep *r)
     case FG_DUMP_LOG: op_dump(q, r); break;
     default: r->status = CUDA_ERROR_INVALID_VALUE;
     }
+    if (blocking)
+        busy(q->pid, -1);
     pthread_mutex_unlock(&g_mu);
 }
 
