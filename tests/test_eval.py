@@ -154,3 +154,55 @@ def test_quick_eval_end_to_end(tmp_path):
     assert all(v > 0 for v in doc["bound"]["per_mode_cpm"].values())
     assert os.path.exists(summary["table"])
     assert summary["plots"] or summary["plots_skipped"]
+
+
+def test_eval_takes_gpu_devices_and_refuses_others():
+    import argparse
+
+    from krex.cli.eval_cmds import _config
+    from krex.errors import BadRequest
+
+    base = dict(modes=None, quick=True, agents=None, commands=None, rounds=None, profile=None,
+                seed=0, timeout_s=60.0, no_stagger=False)
+    for device in ("cpu", "fakegpu:0", "cuda:1", "rocm:0"):
+        assert _config(argparse.Namespace(device=device, **base)).device == device
+    for device in ("gpu:0", "cuda", "cuda:x"):
+        with pytest.raises(BadRequest, match="cuda:N or rocm:N"):
+            _config(argparse.Namespace(device=device, **base))
+
+
+def test_gpu_kernels_one_per_bucket():
+    from krex.eval.kernels import device_specs
+
+    assert [(k.kind, k.size) for k in device_specs("cuda:0", (0.1, 1.0))] == [
+        ("spin", 100), ("spin", 1000)]
+    assert {k.kind for k in device_specs("rocm:0", (0.1,))} == {"sleep"}
+
+
+def test_cuda_spin_kernel_is_valid_ptx_and_launches(tmp_path, monkeypatch):
+    """The PTX assembles for a current GPU (ptxas, when the toolkit is here), and the eval
+    kernel of cuda:N launches through the driver API (on fakegpu's driver here)."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from krex.devices import fakegpu, native
+    from krex.eval.kernels import DEVICE_PTX, KernelSpec, build
+
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    if os.path.exists(ptxas):
+        (tmp_path / "k.ptx").write_bytes(DEVICE_PTX)
+        subprocess.run([ptxas, "-arch=sm_90", str(tmp_path / "k.ptx"), "-o",
+                        str(tmp_path / "k.cubin")], check=True, capture_output=True)
+    if not fakegpu.available():
+        pytest.skip("fakegpu was not built")
+    with fakegpu.FakeGpu() as gpu:
+        monkeypatch.setenv("KREX_FAKEGPU_SOCKET", gpu.socket_path)
+        from krex.measure.events import DriverEventTimer
+
+        timer = DriverEventTimer(0, str(native.fakegpu_lib_dir() / "libcuda.so.1"))
+        fn = build(KernelSpec("spin-0.1ms", "spin", 0.1, 100), "cuda:0", timer.api.lib)
+        fn()
+        timer.synchronize()
+        assert gpu.stats()["launches"] == 1
+        assert isinstance(timer.api.lib, ctypes.CDLL)
