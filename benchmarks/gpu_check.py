@@ -1,33 +1,46 @@
-"""One prepared check of krex on a machine with an NVIDIA GPU (issue 4, "gpu_check.py").
+"""One prepared check of krex on a machine with an NVIDIA GPU (issue 16): run it in one go.
 
-Run once on a GPU machine; writes ONE JSON file and prints a markdown summary:
+    python benchmarks/gpu_check.py --device cuda:0 --out $OUT/gpu_check.json   # <= 8 min
+    python benchmarks/gpu_check.py --device cuda:0 --quick                     # ~ 4 min
+    python benchmarks/gpu_check.py --device fakegpu:0 --quick                  # here, no GPU
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_check.json            # < 8 min
-    python benchmarks/gpu_check.py --quick                              # ~ 3 min
-    python benchmarks/gpu_check.py --device fakegpu:0 --quick           # here, no GPU
+Writes ONE JSON file (rewritten after every check, so a crash keeps what was measured)
+and prints a markdown summary.  Exit status 0 when it ran (each check says ok or not),
+2 when a prerequisite is missing (named in the JSON and on stderr).
 
-Checks (each a function returning a dict; an exception or a per-check timeout is
-recorded as ``{"ok": false, "error": ...}``, a missing package as ``skipped``):
+Prerequisites (the GPU machine has no network: preinstall them): NVIDIA driver with
+``libcuda.so.1``; this repository installed (``make install``: krex, psutil, the native
+interposer); ``nvidia-ml-py`` (krex finds ``cuda:N`` through NVML).  Optional, each
+enabling more stacks (skipped with a reason when absent): ``torch`` (CUDA build),
+``triton``, ``cuda-bindings``.  Root lets it lock the GPU clocks (else recorded only).
 
-1. ``environment``   driver, GPU, NVML, cuda-bindings / torch / triton versions,
-                     ``krex doctor --json``.
-2. ``interposition`` per stack (torch eager, cuBLAS GEMM, Triton vector add,
-                     cuda-python, raw ctypes), in a child under the interposer
-                     (LD_PRELOAD + a GateFile): the interposer's own counters vs
-                     the kernels/copies/memsets CUPTI saw (torch.profiler).
-3. ``gate_drain``    a real ``krex serve``; a sibling ``krex run`` streaming 1 ms
-                     kernels; a holder taking N regions: p50/p95 of close -> drained
-                     (gate_drain step), drain acks, freeze, isolate, total.
-4. ``inflation``     p50/p95/p99 inflation of 0.05 / 0.5 / 5 ms kernels with 2
-                     streaming siblings under modes none / freeze / region against an
-                     isolated baseline, interleaved rounds (bench_fidelity's method).
-5. ``contexts``      process start -> context ready for 1 / 4 / 8 concurrent
-                     processes (ctypes driver API; torch too when present), and
-                     ``krex exec`` first vs warm dispatch.
+Checks, in order (each a function returning a dict; an exception or its time budget
+is recorded as ``{"ok": false, "error": ...}``, a missing package as ``skipped``):
 
-On ``fakegpu:N`` the real-stack parts (torch, Triton, cuBLAS, CUPTI) are skipped
-with a reason; the ctypes launches, gate/drain, inflation (driver kernels) and
-context checks run against fakegpu (context creation delayed 300 ms).
+1. ``prerequisites``  the above, up front; a missing one stops the run (exit 2).
+2. ``environment``    driver, GPU, persistence and compute mode, MPS, MIG, clocks (locked
+                      to their maximum where permitted, reset at exit), packages,
+                      ``krex doctor --json`` (its interposer self-test runs on this driver).
+3. ``interposition``  per stack, the interposer's named counters vs what CUPTI saw.
+4. ``held``           torch eager, a CUDA graph captured by the sibling, Triton, cuBLAS,
+                      cuda-python and ctypes launches each under a closed gate: parked,
+                      drained clean, not finished until the gate opens (gpu_check_device).
+5. ``overlap``        device-clock stamps (``%globaltimer``) of a streaming sibling vs
+                      the holder's regions: ``region`` 0 overlaps; positive control
+                      (freeze without drain) > 0; negative control 0 (gpu_check_device).
+6. ``gate_drain``     close -> drained latency through a real daemon (p50/p95).
+7. ``checkpoint_lock`` the same with ``--gpu-lock checkpoint``, and whether the device
+                      was confirmed idle after the lock (clean regions).
+8. ``inflation``      kernels of krex eval's buckets (0.1 / 1 / 10 ms) with 2 streaming
+                      siblings under modes none / freeze / region; eval's reading (median
+                      of each measurement vs the faster of the alone references before and
+                      after, p50/p95/p99 per bucket) and per sample; and a bare baseline
+                      (no krex at all) vs krex alone.
+9. ``contexts``       process start -> context ready for 1 / 4 / 8 processes; krex exec.
+
+On ``fakegpu:N`` the real-stack parts are skipped with a reason and the rest runs
+against fakegpu (its execution log is the device clock there).  This file has not
+yet run on a GPU: record its first results in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -56,11 +69,13 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from common import md_table, percentiles, private_daemon  # noqa: E402
 
-FORMAT = 1
+FORMAT = 2
 PY = sys.executable
-# Per-check wall-clock budgets (s), full and --quick.  Sum < 8 min (full) / ~3 min (quick).
-BUDGETS = {"environment": (25, 15), "interposition": (110, 50), "gate_drain": (55, 25),
-           "checkpoint_lock": (40, 20), "inflation": (150, 50), "contexts": (75, 35)}
+# Per-check wall-clock budgets (s), full and --quick.  Sum <= 8 min (full) / ~4 min (quick).
+BUDGETS = {"prerequisites": (15, 15), "environment": (25, 20), "interposition": (60, 35),
+           "held": (45, 30), "overlap": (75, 40), "gate_drain": (35, 20),
+           "checkpoint_lock": (30, 20), "inflation": (140, 45), "contexts": (45, 25)}
+assert sum(b[0] for b in BUDGETS.values()) <= 480
 
 
 class CheckTimeout(Exception):
@@ -204,16 +219,9 @@ def check_environment(args: argparse.Namespace) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     out["packages"] = versions
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            r = run([smi, "--query-gpu=index,name,driver_version,memory.total,clocks.max.sm,"
-                     "persistence_mode,compute_mode", "--format=csv,noheader"], timeout=10)
-            out["nvidia_smi"] = r.stdout.strip().splitlines() or tail(r.stderr)
-        except Exception as exc:  # noqa: BLE001
-            out["nvidia_smi"] = f"failed: {exc}"
-    else:
-        out["nvidia_smi"] = None
+    out["nvidia_smi"] = _smi_query(index_of(args.device))
+    out["clock_lock"] = lock_clocks(args) if kind_of(args.device) == "cuda" else None
+    out["mps"] = _mps()
     out["nvml"] = _nvml(index_of(args.device))
     with device_env(args.device) as env:
         probe = ("import ctypes,json;l=ctypes.CDLL('libcuda.so.1');v=ctypes.c_int();"
@@ -244,6 +252,59 @@ def check_environment(args: argparse.Namespace) -> dict[str, Any]:
         out["doctor"] = f"failed: {type(exc).__name__}: {exc}"
     out["ok"] = True
     return out
+
+
+SMI_FIELDS = ("index,name,driver_version,memory.total,persistence_mode,compute_mode,"
+              "mig.mode.current,ecc.mode.current,clocks.sm,clocks.mem,clocks.max.sm,"
+              "clocks.max.mem,clocks.applications.graphics,power.limit,temperature.gpu,"
+              "clocks_throttle_reasons.active")
+
+
+def _smi_query(index: int) -> Any:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        r = run([smi, "-i", str(index), f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"],
+                timeout=10)
+    except Exception as exc:  # noqa: BLE001
+        return f"failed: {exc}"
+    values = [v.strip() for v in r.stdout.strip().split(",")]
+    names = SMI_FIELDS.split(",")
+    return dict(zip(names, values, strict=False)) if len(values) == len(names) else \
+        (r.stdout.strip() or tail(r.stderr))
+
+
+def lock_clocks(args: argparse.Namespace) -> dict[str, Any]:
+    """Lock the GPU clocks to their maximum (root), so kernels time the same all run;
+    ``reset_clocks`` undoes it at exit.  Not permitted: recorded, and the run goes on."""
+    smi = shutil.which("nvidia-smi")
+    q = _smi_query(index_of(args.device))
+    if not smi or not isinstance(q, dict) or not q.get("clocks.max.sm", "").split()[0:1]:
+        return {"locked": False, "why": "nvidia-smi or the maximum SM clock is unavailable"}
+    mhz = q["clocks.max.sm"].split()[0]
+    r = run([smi, "-i", str(index_of(args.device)), "-lgc", f"{mhz},{mhz}"], timeout=15)
+    args.clocks_locked = r.returncode == 0
+    return {"locked": args.clocks_locked, "sm_mhz": mhz,
+            "why": "" if args.clocks_locked else tail(r.stdout + r.stderr, 300)}
+
+
+def reset_clocks(args: argparse.Namespace) -> None:
+    if getattr(args, "clocks_locked", False) and shutil.which("nvidia-smi"):
+        run(["nvidia-smi", "-i", str(index_of(args.device)), "-rgc"], timeout=15)
+
+
+def _mps() -> dict[str, Any]:
+    """Whether the MPS control daemon runs here (it changes how contexts share the GPU)."""
+    try:
+        import psutil
+
+        names = {p.info["name"] for p in psutil.process_iter(["name"])}
+    except Exception:  # noqa: BLE001
+        names = set()
+    return {"control_daemon": "nvidia-cuda-mps-control" in names,
+            "server": "nvidia-cuda-mps-server" in names,
+            "pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
 
 def _nvml(index: int) -> Any:
@@ -318,7 +379,8 @@ def check_interposition(args: argparse.Namespace) -> dict[str, Any]:
             s["caught_over_expected"] = round(s["caught"] / expected, 4)
     ran = [s for s in stacks.values() if s.get("ok")]
     return {"ok": bool(ran) and all(s.get("caught", 0) >= s.get("expected", 0)
-                                    and s["interposer"]["unmatched"] == 0 for s in ran),
+                                    and s["interposer"]["unmatched"] == 0
+                                    and s["interposer"].get("unwrapped", 0) == 0 for s in ran),
             "interposer": str(lib), "reps": reps, "stacks": stacks}
 
 
@@ -366,6 +428,8 @@ def check_checkpoint_lock(args: argparse.Namespace) -> dict[str, Any]:
     locks = [ms for item in regions
              for ms in ((item["report"] or {}).get("host") or {}).get("lock_acks_ms", {}).values()]
     out["lock_ack_ms"] = stats(locks)
+    # the lock does not wait for submitted work: a region is clean only once the daemon
+    # saw the device idle after it (NVML); the count of clean regions says how often
     out["ok"] = bool(regions) and bool(locks)
     return out
 
@@ -431,6 +495,9 @@ MODES = {"none": (), "freeze": ("--no-gate",), "region": ()}
 
 
 def check_inflation(args: argparse.Namespace) -> dict[str, Any]:
+    """krex eval's buckets and readings, on this device: per measurement (median vs the
+    faster of the alone references before and after) and per sample; plus a bare
+    baseline (no krex at all) against krex alone."""
     rounds = 1 if args.quick else args.rounds
     families = ["driver"]
     skipped = {}
@@ -442,7 +509,9 @@ def check_inflation(args: argparse.Namespace) -> dict[str, Any]:
         families.append("torch")
     else:
         skipped["torch"] = "torch is not importable"
-    pooled: dict[str, dict[float, list[float]]] = {m: {} for m in MODES}
+    rows: dict[str, list[dict]] = {m: [] for m in MODES}
+    per_sample: dict[str, list[dict]] = {m: [] for m in MODES}
+    bare_rows: list[dict] = []
     clean: dict[str, list[bool]] = {m: [] for m in MODES}
     errors: dict[str, Any] = {}
     rounds_done = 0
@@ -453,31 +522,69 @@ def check_inflation(args: argparse.Namespace) -> dict[str, Any]:
             if r and args.remaining() < 60:
                 errors["rounds"] = f"stopped after {r} rounds: budget"
                 break
-            alone = _probe(socks["region"], args.device, "region", sizes, families, tmp)
-            errors.update({f"alone.{k}": v for k, v in alone["errors"].items()})
+            bare = _probe_bare(args.device, sizes, families, tmp)
+            before = _probe(socks["region"], args.device, "region", sizes, families, tmp)
+            loaded = {}
             for mode, sock in socks.items():
                 with _streamers(sock, args.device, 2):
-                    loaded = _probe(sock, args.device, mode, sizes, families, tmp)
-                for name, run_ in loaded["kernels"].items():
-                    if name not in alone["kernels"]:
-                        continue
-                    ref = statistics.median(alone["kernels"][name]["samples_ms"])
-                    key = (name.split("-")[0], run_["bucket_ms"])
-                    pooled[mode].setdefault(key, []).extend(
-                        (s / ref - 1) * 100 for s in run_["samples_ms"])
-                    clean[mode].append(bool(run_["clean"]))
+                    loaded[mode] = _probe(sock, args.device, mode, sizes, families, tmp)
                 print(f"  inflation: round {r + 1}/{rounds} mode {mode} done", file=sys.stderr)
+            after = _probe(socks["region"], args.device, "region", sizes, families, tmp)
+            errors.update({f"alone.{k}": v for k, v in before["errors"].items()})
+            refs = _references(before, after)
+            for mode, run_ in loaded.items():
+                for name, k in run_["kernels"].items():
+                    if name not in refs:
+                        continue
+                    med = statistics.median(k["samples_ms"])
+                    rows[mode].append(_row(k["bucket_ms"], name, med, refs[name]))
+                    per_sample[mode] += [_row(k["bucket_ms"], name, x, refs[name])
+                                         for x in k["samples_ms"]]
+                    clean[mode].append(bool(k["clean"]))
+            for name, k in bare["kernels"].items():
+                if name in before["kernels"]:
+                    bare_rows.append(_row(k["bucket_ms"], name, statistics.median(
+                        before["kernels"][name]["samples_ms"]),
+                        statistics.median(k["samples_ms"])))
             rounds_done += 1
-        with open(sizes) as f:
-            calibration = json.load(f)
-    table = {m: {f"{fam}-{b:g}ms": {k: round(v, 3) for k, v in percentiles(xs).items()}
-                 | {"n": len(xs)} for (fam, b), xs in sorted(buckets.items())}
-             for m, buckets in pooled.items()}
-    return {"ok": rounds_done > 0 and all(table.values()), "rounds": rounds_done,
-            "families": families, "skipped_families": skipped, "calibration": calibration,
-            "inflation_pct": table,
+    from krex.eval.metrics import _bucket_stats as bucket_stats  # krex eval's own reading
+
+    return {"ok": rounds_done > 0 and all(rows.values()), "rounds": rounds_done,
+            "families": families, "skipped_families": skipped,
+            "inflation_pct": {m: bucket_stats(v) for m, v in rows.items()},
+            "per_sample_inflation_pct": {m: bucket_stats(v) for m, v in per_sample.items()},
+            "krex_alone_vs_bare_pct": bucket_stats(bare_rows),
             "clean_fraction": {m: round(sum(c) / max(len(c), 1), 3) for m, c in clean.items()},
             "errors": errors}
+
+
+def _row(bucket_ms: float, kernel: str, ms: float, ref_ms: float) -> dict[str, Any]:
+    return {"bucket_ms": bucket_ms, "kernel": kernel, "inflation_pct": (ms / ref_ms - 1) * 100}
+
+
+def _references(before: dict, after: dict) -> dict[str, float]:
+    """krex eval's reference: the faster of the alone medians before and after."""
+    refs = {}
+    for name, k in before["kernels"].items():
+        meds = [statistics.median(k["samples_ms"])]
+        if name in after["kernels"]:
+            meds.append(statistics.median(after["kernels"][name]["samples_ms"]))
+        refs[name] = min(meds)
+    return refs
+
+
+def _probe_bare(device: str, sizes: str, families: list[str], tmp: str) -> dict:
+    """gpu_probe.py outside krex: no daemon, no interposer, no region."""
+    out = os.path.join(tmp, "probe-bare.json")
+    env = pyenv({k: v for k, v in os.environ.items() if k not in ("KREX_SOCKET", "LD_PRELOAD")})
+    with device_env(device) as denv:
+        env = pyenv({**denv, "PYTHONPATH": env["PYTHONPATH"]})
+        r = run([PY, os.path.join(PROGRAMS, "gpu_probe.py"), device, out, sizes,
+                 ",".join(families), "bare"], timeout=120, env=env)
+    if r.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"bare probe failed ({r.returncode}): {tail(r.stderr)}")
+    with open(out) as f:
+        return json.load(f)
 
 
 def _importable(module: str) -> bool:
@@ -628,10 +735,15 @@ def _ms(s: Any) -> float | None:
 
 # -- driver --------------------------------------------------------------------------------
 
-CHECKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "environment": check_environment, "interposition": check_interposition,
-    "gate_drain": check_gate_drain, "checkpoint_lock": check_checkpoint_lock,
-    "inflation": check_inflation, "contexts": check_contexts}
+def checks() -> dict[str, Callable[[argparse.Namespace], dict[str, Any]]]:
+    """Every check, in the order it runs (the device-clock ones live in gpu_check_device)."""
+    import gpu_check_device as dev
+
+    return {"prerequisites": dev.check_prerequisites, "environment": check_environment,
+            "interposition": check_interposition, "held": dev.check_held,
+            "overlap": dev.check_overlap, "gate_drain": check_gate_drain,
+            "checkpoint_lock": check_checkpoint_lock, "inflation": check_inflation,
+            "contexts": check_contexts}
 
 
 def default_out() -> str:
@@ -699,6 +811,19 @@ def summary(doc: dict[str, Any]) -> str:
         lines += ["## Interposition coverage", md_table(
             ["stack", "caught", "expected", "direct/dlsym/getproc", "unmatched", "truth"], rows),
             ""]
+    held = c.get("held", {})
+    if "stacks" in held:
+        rows = [[k, v.get("skipped") or ("held" if v.get("ok") else "FAILED"), v.get("parked"),
+                 v.get("drained"), v.get("released"), v.get("error", "")[:60]]
+                for k, v in held["stacks"].items()]
+        lines += ["## Stacks under a closed gate", md_table(
+            ["stack", "status", "parked", "drained", "released", "note"], rows), ""]
+    ov = c.get("overlap", {})
+    if "cases" in ov:
+        rows = [[k, v.get("regions"), v.get("overlapping_regions"), v.get("overlap_ms"),
+                 v.get("as_expected"), v.get("skipped", "")] for k, v in ov["cases"].items()]
+        lines += ["## Overlap on the device clock", md_table(
+            ["case", "regions", "overlapping", "overlap ms", "as expected", "note"], rows), ""]
     gd = c.get("gate_drain", {})
     if "latency_ms" in gd:
         rows = [[k, v.get("n"), v.get("p50"), v.get("p95"), v.get("max")]
@@ -707,10 +832,12 @@ def summary(doc: dict[str, Any]) -> str:
                   md_table(["latency (ms)", "n", "p50", "p95", "max"], rows), ""]
     inf = c.get("inflation", {})
     if "inflation_pct" in inf:
-        rows = [[m, k, v["n"], f"{v['p50']:+.2f}", f"{v['p95']:+.2f}", f"{v['p99']:+.2f}"]
-                for m, ks in inf["inflation_pct"].items() for k, v in ks.items()]
-        lines += [f"## Inflation vs alone ({inf['rounds']} rounds)",
-                  md_table(["mode", "kernel", "n", "p50 %", "p95 %", "p99 %"], rows), ""]
+        rows = [[m, f"{k} ms", v["n"], f"{v['p50']:+.2f}", f"{v['p95']:+.2f}", f"{v['p99']:+.2f}"]
+                for m, ks in [*inf["inflation_pct"].items(),
+                              ("krex alone vs bare", inf.get("krex_alone_vs_bare_pct", {}))]
+                for k, v in ks.items()]
+        lines += [f"## Inflation vs alone, krex eval's reading ({inf['rounds']} rounds)",
+                  md_table(["mode", "bucket", "n", "p50 %", "p95 %", "p99 %"], rows), ""]
     cx = c.get("contexts", {})
     if "cold" in cx:
         rows = [[k, v.get("spawn_to_ready_ms", {}).get("p50"),
@@ -733,31 +860,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or fakegpu:N")
     ap.add_argument("--out", default=default_out(), help="results JSON (default "
                     "$OUT/gpu_check.json, else results/gpu_check.json)")
-    ap.add_argument("--quick", action="store_true", help="about 3 minutes instead of 8")
-    ap.add_argument("--rounds", type=int, default=3, help="inflation rounds (not --quick)")
-    ap.add_argument("--only", help="comma-separated checks to run (default all)")
+    ap.add_argument("--quick", action="store_true", help="about 4 minutes instead of 8")
+    ap.add_argument("--rounds", type=int, default=2, help="inflation rounds (not --quick)")
+    ap.add_argument("--only", help="comma-separated checks to run (default all; "
+                                   "prerequisites always run)")
     ap.add_argument("--fakegpu-ctx-delay-ms", type=int, default=300)
     ap.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every check's time budget (default 1)")
     args = ap.parse_args(argv)
     if kind_of(args.device) not in ("cuda", "fakegpu"):
         ap.error("--device must be cuda:N or fakegpu:N")
-    selected = args.only.split(",") if args.only else list(CHECKS)
+    registry = checks()
+    selected = ["prerequisites"] + [c for c in (args.only.split(",") if args.only
+                                               else registry) if c != "prerequisites"]
     doc: dict[str, Any] = {"format": FORMAT, "benchmark": "gpu_check", "device": args.device,
                            "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                            "host": platform.node(), "command": " ".join([PY, *sys.argv]),
                            "budgets_s": {}, "checks": {}}
     t0 = time.monotonic()
-    for name in selected:
-        if name not in CHECKS:
-            doc["checks"][name] = {"ok": False, "error": "unknown check"}
-            continue
-        budget = BUDGETS[name][1 if args.quick else 0] * args.budget_scale
-        doc["budgets_s"][name] = budget
-        print(f"gpu_check: {name} (budget {budget} s) ...", file=sys.stderr, flush=True)
-        doc["checks"][name] = run_check(name, CHECKS[name], args, budget)
-        doc["elapsed_s"] = round(time.monotonic() - t0, 3)
-        write_json(args.out, doc)  # after every check: a later crash keeps what was measured
+    try:
+        for name in selected:
+            if name not in registry:
+                doc["checks"][name] = {"ok": False, "error": "unknown check"}
+                continue
+            budget = BUDGETS[name][1 if args.quick else 0] * args.budget_scale
+            doc["budgets_s"][name] = budget
+            print(f"gpu_check: {name} (budget {budget} s) ...", file=sys.stderr, flush=True)
+            doc["checks"][name] = run_check(name, registry[name], args, budget)
+            doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+            write_json(args.out, doc)  # after every check: a later crash keeps what was measured
+            if name == "prerequisites" and not doc["checks"][name]["ok"]:
+                print(f"gpu_check: {doc['checks'][name].get('error')}\nwritten {args.out}",
+                      file=sys.stderr)
+                return 2
+    finally:
+        reset_clocks(args)
     doc["complete"] = True
     write_json(args.out, doc)
     print(summary(doc))

@@ -91,8 +91,10 @@ class FakeGpu:
         """Work items queued on the device for ``pid``'s contexts (the device's own view)."""
         return self._request(_OP_PROC_QUEUED, a=pid)[1]
 
-    def launch_log(self) -> list[tuple[int, int, int, int, int]]:
-        """Every launch the server accepted: (monotonic ns, pid, context, flags, duration ns)."""
+    def launch_log(self) -> list[tuple[int, ...]]:
+        """Every launch the server accepted: (monotonic ns, pid, context, flags, duration ns,
+        execution start ns, end ns) — the last two are the fake device's own clock
+        (CLOCK_MONOTONIC of the server's execution thread; 0 while not run)."""
         with tempfile.NamedTemporaryFile(prefix="fakegpu-log-", delete=False) as f:
             path = f.name
         try:

@@ -33,6 +33,7 @@ struct item {
     int poison;
     uint64_t remaining_ns;
     uint32_t event;
+    uint32_t log; /* its launch-log entry + 1 (0: none), for the execution stamps */
     struct item *next;
 };
 
@@ -51,11 +52,12 @@ struct event {
 };
 
 struct log_entry {
-    uint64_t ns;
+    uint64_t ns; /* accepted */
     uint32_t pid;
     uint32_t ctx;
     uint32_t flags;
     uint64_t dur_ns;
+    uint64_t start_ns, end_ns; /* executed: the device's own clock (0: not yet) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -142,11 +144,16 @@ static uint64_t run_head(int i, uint64_t budget)
         return 0;
     }
     uint64_t run = it->remaining_ns < budget ? it->remaining_ns : budget;
+    struct log_entry *entry = it->log && g_log ? &g_log[it->log - 1] : NULL;
+    if (entry && !entry->start_ns)
+        entry->start_ns = now_ns();
     pthread_mutex_unlock(&g_mu);
     uint64_t spent = spin(run);
     pthread_mutex_lock(&g_mu);
     g_busy_ns += spent;
     it->remaining_ns -= run;
+    if (it->remaining_ns == 0 && entry)
+        entry->end_ns = now_ns();
     if (it->remaining_ns == 0) {
         g_finished++;
         if (it->poison) {
@@ -216,12 +223,14 @@ static void enqueue(struct ctx *c, struct item *it)
     pthread_cond_signal(&g_work);
 }
 
-static void log_launch(const struct fg_req *q, uint64_t ns)
+static uint32_t log_launch(const struct fg_req *q, uint64_t ns)
 {
     if (!g_log)
         g_log = calloc(MAX_LOG, sizeof(*g_log));
-    if (g_log && g_log_n < MAX_LOG)
-        g_log[g_log_n++] = (struct log_entry){ns, q->pid, q->ctx, q->flags, q->a};
+    if (!g_log || g_log_n >= MAX_LOG)
+        return 0;
+    g_log[g_log_n++] = (struct log_entry){ns, q->pid, q->ctx, q->flags, q->a, 0, 0};
+    return g_log_n;
 }
 
 static void op_launch(const struct fg_req *q, struct fg_rep *r)
@@ -241,7 +250,7 @@ static void op_launch(const struct fg_req *q, struct fg_rep *r)
     it->poison = (q->flags & FG_POISON) != 0;
     it->remaining_ns = q->a ? q->a : 1;
     g_launches++;
-    log_launch(q, t);
+    it->log = log_launch(q, t);
     enqueue(c, it);
 }
 
@@ -337,8 +346,9 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
         return;
     }
     for (uint32_t i = 0; i < g_log_n; i++)
-        fprintf(f, "%llu %u %u %u %llu\n", (unsigned long long)g_log[i].ns, g_log[i].pid,
-                g_log[i].ctx, g_log[i].flags, (unsigned long long)g_log[i].dur_ns);
+        fprintf(f, "%llu %u %u %u %llu %llu %llu\n", (unsigned long long)g_log[i].ns,
+                g_log[i].pid, g_log[i].ctx, g_log[i].flags, (unsigned long long)g_log[i].dur_ns,
+                (unsigned long long)g_log[i].start_ns, (unsigned long long)g_log[i].end_ns);
     fclose(f);
     r->v0 = g_log_n;
 }
