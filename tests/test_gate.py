@@ -256,3 +256,21 @@ def test_a_pointer_the_interposer_cannot_tell_is_counted_in_the_slot(launcher, g
     # only its copies (every 8th call, resolved at 13000) went through a wrapper: its
     # kernel launches bypassed the gate
     assert 0 < report["getproc"] <= report["launches"] // 8 + 1
+
+
+@pytest.mark.parametrize("api,mode", [("cuda", "direct"), ("hip", "dlsym"), ("hip", "direct")])
+def test_every_drain_of_a_plain_launcher_is_acknowledged_clean(launcher, gpu, gate, api, mode):
+    """The drain's synchronisation calls are bound for CUDA and HIP alike: an ordinary
+    process's drains succeed (a drain that could not happen would say so)."""
+    proc = start(launcher, gpu, gate, api, mode, "2", "60000", "spin_us_200", "4")
+    try:
+        for _ in range(3):
+            generation = gate.close(0)
+            assert set(gate.wait_drained(0, generation, timeout_s=10)) == {proc.pid}
+            (slot,) = gate.slots(0)
+            assert slot.ack_status == 0, slot
+            gate.open(0)
+    finally:
+        gate.open(0)
+        report = finish(proc)
+    assert report["drains"] == 3 and report["drain_failures"] == 0

@@ -74,9 +74,11 @@ int krex_gate_active(void)
 
 /* -- counters ---------------------------------------------------------------------- */
 
+uint64_t krex_counter_value(int c);
+
 static void publish(struct krex_gate_proc *p, int c)
 {
-    uint64_t v = atomic_load(&g_counters[c]), cur = atomic_load(&p->counters[c]);
+    uint64_t v = krex_counter_value(c), cur = atomic_load(&p->counters[c]);
     while (cur < v && !atomic_compare_exchange_weak(&p->counters[c], &cur, v))
         ;
 }
@@ -101,14 +103,44 @@ void krex_count(enum krex_counter c)
         publish(p, c);
 }
 
+/* Per-path call counts live per thread (a plain store on the hot path, no locked
+ * instruction); each thread's block is linked once into a list that readers sum. */
+struct krex_thread_counts {
+    _Atomic uint64_t n[KREX_NPATHS];
+    struct krex_thread_counts *next;
+};
+static _Atomic(struct krex_thread_counts *) g_thread_counts;
+static KREX_TLS struct krex_thread_counts *t_counts;
+
+static struct krex_thread_counts *thread_counts(void)
+{
+    struct krex_thread_counts *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->next = atomic_load(&g_thread_counts);
+    while (!atomic_compare_exchange_weak(&g_thread_counts, &t->next, t))
+        ;
+    return t_counts = t;
+}
+
 void krex_count_path(int path)
 {
-    atomic_fetch_add_explicit(&g_counters[KREX_C_launch_direct + path], 1, memory_order_relaxed);
+    struct krex_thread_counts *t = t_counts;
+    if (KREX_UNLIKELY(!t) && !(t = thread_counts()))
+        return;
+    uint64_t v = atomic_load_explicit(&t->n[path], memory_order_relaxed);
+    atomic_store_explicit(&t->n[path], v + 1, memory_order_relaxed);
 }
 
 uint64_t krex_counter_value(int c)
 {
-    return c >= 0 && c < KREX_NCOUNTERS ? atomic_load(&g_counters[c]) : 0;
+    if (c < 0 || c >= KREX_NCOUNTERS)
+        return 0;
+    uint64_t v = atomic_load(&g_counters[c]);
+    if (c >= KREX_C_launch_direct && c < KREX_C_launch_direct + KREX_NPATHS)
+        for (struct krex_thread_counts *t = atomic_load(&g_thread_counts); t; t = t->next)
+            v += atomic_load_explicit(&t->n[c - KREX_C_launch_direct], memory_order_relaxed);
+    return v;
 }
 
 /* -- slots ---------------------------------------------------------------------------- */
@@ -187,6 +219,9 @@ static void reset_after_fork(void)
     pthread_mutex_init(&g_attach_mu, NULL);
     for (int c = 0; c < KREX_NCOUNTERS; c++)
         atomic_store(&g_counters[c], 0);
+    for (struct krex_thread_counts *t = atomic_load(&g_thread_counts); t; t = t->next)
+        for (int i = 0; i < KREX_NPATHS; i++)
+            atomic_store(&t->n[i], 0);
     krex_track_reset();
 }
 

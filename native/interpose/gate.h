@@ -100,6 +100,10 @@ _Static_assert(sizeof(struct krex_gate_header) == 64, "header is one line");
 _Static_assert(sizeof(struct krex_gate_proc) == 192, "proc slot is three lines");
 _Static_assert(sizeof(struct krex_gate_dev) == 64 + 192 * KREX_GATE_NSLOTS, "device record");
 
+/* Thread-locals of the interposer: initial-exec (no __tls_get_addr call on the launch
+ * path; it is preloaded, so its TLS is in the static block). */
+#define KREX_TLS __thread __attribute__((tls_model("initial-exec")))
+
 /* Which API a call came through (selects how the drain synchronises). */
 enum krex_api { KREX_API_CUDA = 0, KREX_API_HIP = 1 };
 

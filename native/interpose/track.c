@@ -43,13 +43,13 @@ static struct krex_hip_calls g_hip;
 static _Atomic int g_bound[2];
 static _Atomic int g_unbound_calls[2]; /* gated calls seen before the drain's calls were bound */
 
-static __thread struct {
+static KREX_TLS struct {
     uint64_t epoch;
     int api;
     void *stream, *ctx;
     int dev;
 } t_cache[TCACHE];
-static __thread unsigned t_next;
+static KREX_TLS unsigned t_next;
 
 void krex_track_bind_cuda(const struct krex_cuda_calls *c)
 {
@@ -281,7 +281,7 @@ static void drain_group(const struct entry *g, int *status)
 
 static void relax_capture_mode(void)
 {
-    static __thread int relaxed[2];
+    static KREX_TLS int relaxed[2];
     for (int api = 0; api < 2; api++) {
         int mode = CAPTURE_MODE_RELAXED;
         int (*exchange)(int *) = api == KREX_API_CUDA ? g_cuda.exchange_capture_mode
