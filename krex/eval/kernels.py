@@ -49,36 +49,54 @@ DEVICE_PTX = b"""
 .target sm_50
 .address_size 64
 
-.visible .entry krex_spin_ns(.param .u64 krex_spin_ns_param)
+.func krex_spin(.param .u64 ns, .param .u64 out)
 {
-    .reg .pred %p<2>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [krex_spin_ns_param];
+    .reg .pred %p<3>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [ns];
+    ld.param.u64 %rd5, [out];
     mov.u64 %rd2, %globaltimer;
 SPIN:
     mov.u64 %rd3, %globaltimer;
     sub.u64 %rd4, %rd3, %rd2;
     setp.lt.u64 %p1, %rd4, %rd1;
     @%p1 bra SPIN;
+    setp.eq.u64 %p2, %rd5, 0;
+    @%p2 bra DONE;
+    st.global.u64 [%rd5], %rd2;
+    st.global.u64 [%rd5+8], %rd3;
+    membar.sys;
+DONE:
+    ret;
+}
+
+.visible .entry krex_spin_ns(.param .u64 krex_spin_ns_param)
+{
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [krex_spin_ns_param];
+    {
+    .param .u64 a;
+    .param .u64 b;
+    st.param.u64 [a], %rd1;
+    st.param.u64 [b], 0;
+    call.uni krex_spin, (a, b);
+    }
     ret;
 }
 
 .visible .entry krex_stamp(.param .u64 krex_stamp_out, .param .u64 krex_stamp_ns)
 {
-    .reg .pred %p<2>;
-    .reg .b64 %rd<7>;
+    .reg .b64 %rd<4>;
     ld.param.u64 %rd1, [krex_stamp_ns];
-    ld.param.u64 %rd5, [krex_stamp_out];
-    cvta.to.global.u64 %rd6, %rd5;
-    mov.u64 %rd2, %globaltimer;
-SPIN:
-    mov.u64 %rd3, %globaltimer;
-    sub.u64 %rd4, %rd3, %rd2;
-    setp.lt.u64 %p1, %rd4, %rd1;
-    @%p1 bra SPIN;
-    st.global.u64 [%rd6], %rd2;
-    st.global.u64 [%rd6+8], %rd3;
-    membar.sys;
+    ld.param.u64 %rd2, [krex_stamp_out];
+    cvta.to.global.u64 %rd3, %rd2;
+    {
+    .param .u64 a;
+    .param .u64 b;
+    st.param.u64 [a], %rd1;
+    st.param.u64 [b], %rd3;
+    call.uni krex_spin, (a, b);
+    }
     ret;
 }
 """
@@ -104,37 +122,32 @@ def build(spec: KernelSpec, device: str, lib: Any = None) -> Callable[[], Any]:
     return lambda: np.copyto(dst, src)
 
 
-def _fakegpu_kernel(lib: Any, us: int) -> Callable[[], None]:
+def _launcher(lib: Any, image: Any, name: str, params: Any = None) -> Callable[[], None]:
+    """A callable launching kernel ``name`` of module ``image`` (1 thread, default stream)."""
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    if lib.cuModuleLoadData(ctypes.byref(mod), b"krex-eval") != 0:
-        raise RuntimeError("cuModuleLoadData failed")
-    if lib.cuModuleGetFunction(ctypes.byref(fn), mod, f"spin_us_{us}".encode()) != 0:
-        raise RuntimeError(f"cuModuleGetFunction(spin_us_{us}) failed")
-    args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
-
-    def launch() -> None:
-        if lib.cuLaunchKernel(fn, *args) != 0:
-            raise RuntimeError("cuLaunchKernel failed")
-
-    return launch
-
-
-def _ptx_spin(lib: Any, ns: int) -> Callable[[], None]:
-    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    image = ctypes.create_string_buffer(DEVICE_PTX)
     if lib.cuModuleLoadData(ctypes.byref(mod), image) != 0:
-        raise RuntimeError("cuModuleLoadData(DEVICE_PTX) failed: the driver cannot JIT it")
-    if lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"krex_spin_ns") != 0:
-        raise RuntimeError("cuModuleGetFunction(krex_spin_ns) failed")
-    arg = ctypes.c_uint64(ns)
-    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(arg), ctypes.c_void_p))
+        raise RuntimeError("cuModuleLoadData failed: the driver cannot load the module")
+    if lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) != 0:
+        raise RuntimeError(f"cuModuleGetFunction({name}) failed")
     args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, params, None)
 
     def launch() -> None:
         if lib.cuLaunchKernel(fn, *args) != 0:
             raise RuntimeError("cuLaunchKernel failed")
 
-    launch.keep = (image, arg, params)  # type: ignore[attr-defined]
+    launch.keep = (image, params)  # type: ignore[attr-defined]
+    return launch
+
+
+def _fakegpu_kernel(lib: Any, us: int) -> Callable[[], None]:
+    return _launcher(lib, b"krex-eval", f"spin_us_{us}")
+
+
+def _ptx_spin(lib: Any, ns: int) -> Callable[[], None]:
+    arg = ctypes.c_uint64(ns)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(arg), ctypes.c_void_p))
+    launch = _launcher(lib, ctypes.create_string_buffer(DEVICE_PTX), "krex_spin_ns", params)
+    launch.arg = arg  # type: ignore[attr-defined]  (kept alive with the launcher)
     return launch
 
 
