@@ -275,3 +275,15 @@ def test_dlsym_rtld_next_stays_relative_to_its_caller(tmp_path):
                               timeout=30)
         assert done.returncode == 0, done.stderr[-1000:]  # with krex, a NULL name does not crash
         assert done.stdout.split() == ["2", *(["None"] if args else [])], done.stdout
+
+
+def test_selftest_runs_against_a_named_driver(gpu, monkeypatch):
+    """`krex doctor`'s self-test takes the real driver when one loads (here: fakegpu's
+    library given by path, with the PTX kernel a real driver would JIT)."""
+    from krex.devices.selftest import interposer_selftest
+
+    monkeypatch.setenv("KREX_FAKEGPU_SOCKET", gpu.socket_path)
+    result = interposer_selftest(driver=str(native.fakegpu_lib_dir() / "libcuda.so.1"))
+    assert result["ok"], result
+    assert result["dlsym"] >= 1 and result["getprocaddress"] >= 1 and result["unwrapped"] == 0
+    assert result["driver"].endswith("libcuda.so.1") and "krex_nop" not in result["detail"]
