@@ -215,6 +215,21 @@ int plugin_launch(void)
     return rc ? rc : cuCtxSynchronize();
 }
 """
+HIP_PLUGIN = """
+typedef struct { unsigned x, y, z; } dim3;
+int hipModuleLoadData(void **, const void *); int hipModuleGetFunction(void **, void *, const char *);
+int hipDeviceSynchronize(void);
+int hipLaunchKernel(const void *, dim3, dim3, void **, unsigned long, void *);
+int plugin_no_context(void) { dim3 one = {1, 1, 1}; return hipLaunchKernel(0, one, one, 0, 0, 0); }
+int plugin_launch(void)
+{
+    void *m, *f; int rc; dim3 one = {1, 1, 1};
+    if ((rc = hipModuleLoadData(&m, "x")) || (rc = hipModuleGetFunction(&f, m, "spin_us_10")))
+        return -rc;
+    rc = hipLaunchKernel(f, one, one, 0, 0, 0);
+    return rc ? rc : hipDeviceSynchronize();
+}
+"""
 HOST = """
 import ctypes, json, os, sys
 lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_LOCAL)   # like a Python extension or a plugin
@@ -226,11 +241,14 @@ print(json.dumps(out))
 """
 
 
-def test_rtld_local_caller_gets_the_drivers_answers(tmp_path, gpu):
-    """A library linked against libcuda.so.1 and loaded RTLD_LOCAL: same codes with and
-    without krex (the driver is found among the loaded objects, not the global scope)."""
+@pytest.mark.parametrize("api", ["cuda", "hip"])
+def test_rtld_local_caller_gets_the_drivers_answers(tmp_path, gpu, api):
+    """A library linked against the driver (libcuda.so.1, libamdhip64.so) and loaded
+    RTLD_LOCAL: same codes with and without krex (the driver is found among the loaded
+    objects, not the global scope) and its calls go through the gate."""
     libs = native.fakegpu_lib_dir()
-    plugin = build_c(tmp_path, "plugin", PLUGIN, "-shared", f"-L{libs}", "-l:libcuda.so.1",
+    source, lib = (PLUGIN, "libcuda.so.1") if api == "cuda" else (HIP_PLUGIN, "libamdhip64.so")
+    plugin = build_c(tmp_path, "plugin", source, "-shared", f"-L{libs}", f"-l:{lib}",
                      f"-Wl,-rpath,{libs}")
     gate = GateFile.create(tmp_path / "gate")
     try:
@@ -243,7 +261,8 @@ def test_rtld_local_caller_gets_the_drivers_answers(tmp_path, gpu):
             runs[preload] = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         gate.unlink()
-    assert runs[False]["no_context"] == runs[True]["no_context"] == 201  # not 500
+    no_context = 201 if api == "cuda" else 1  # INVALID_CONTEXT / hipErrorInvalidValue: not 500
+    assert runs[False]["no_context"] == runs[True]["no_context"] == no_context
     assert runs[False]["launch"] == runs[True]["launch"] == 0
     counters = runs[True]["counters"]
     assert counters["launch_direct"] == 2 and counters["unwrapped"] == 0  # through the gate
