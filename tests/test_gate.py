@@ -249,6 +249,7 @@ def test_a_pointer_the_interposer_cannot_tell_is_counted_in_the_slot(launcher, g
     hands out another entry point: left unwrapped, and the daemon can see it."""
     proc = start(launcher, gpu, gate, "cuda", "getproc_future", "1", "60000", "spin_us_10", "8")
     try:
+        wait_for(lambda: gpu.stats()["launches"] >= 32, timeout_s=10)
         (slot,) = gate.slots(0)
         assert slot.counters["unwrapped"] == slot.counters["unmatched"] == 1
     finally:

@@ -206,6 +206,7 @@ static struct krex_gate_proc *claim_slot(void)
 /* At exit, give the slot back (a killed process's slot is reaped as stale). */
 static void free_slot(void)
 {
+    atomic_store(&g_attach_state, -1); /* calls made while exiting do not claim again */
     struct krex_gate_proc *p = atomic_exchange(&g_proc, NULL);
     uint32_t me = (uint32_t)getpid();
     if (p && atomic_load(&p->in_flight) == 0)
