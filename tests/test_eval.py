@@ -179,15 +179,27 @@ def test_gpu_kernels_one_per_bucket():
     assert {k.kind for k in device_specs("rocm:0", (0.1,))} == {"sleep"}
 
 
-def test_cuda_spin_kernel_is_valid_ptx_and_launches(tmp_path, monkeypatch):
+CUDA_SPIN = """
+import sys
+from krex.eval.kernels import KernelSpec, build
+from krex.measure.events import DriverEventTimer
+timer = DriverEventTimer(0, sys.argv[1])
+build(KernelSpec("spin-0.1ms", "spin", 0.1, 100), "cuda:0", timer.api.lib)()
+timer.synchronize()
+"""
+
+
+def test_cuda_spin_kernel_is_valid_ptx_and_launches(tmp_path):
     """The PTX assembles for a current GPU (ptxas, when the toolkit is here), and the eval
-    kernel of cuda:N launches through the driver API (on fakegpu's driver here)."""
-    import ctypes
+    kernel of cuda:N launches through the driver API (fakegpu's driver here, in a child:
+    a driver library loaded into the test process would stand in for every later
+    ``libcuda.so.1``)."""
     import shutil
     import subprocess
+    import sys
 
     from krex.devices import fakegpu, native
-    from krex.eval.kernels import DEVICE_PTX, KernelSpec, build
+    from krex.eval.kernels import DEVICE_PTX
 
     ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
     if os.path.exists(ptxas):
@@ -197,12 +209,8 @@ def test_cuda_spin_kernel_is_valid_ptx_and_launches(tmp_path, monkeypatch):
     if not fakegpu.available():
         pytest.skip("fakegpu was not built")
     with fakegpu.FakeGpu() as gpu:
-        monkeypatch.setenv("KREX_FAKEGPU_SOCKET", gpu.socket_path)
-        from krex.measure.events import DriverEventTimer
-
-        timer = DriverEventTimer(0, str(native.fakegpu_lib_dir() / "libcuda.so.1"))
-        fn = build(KernelSpec("spin-0.1ms", "spin", 0.1, 100), "cuda:0", timer.api.lib)
-        fn()
-        timer.synchronize()
+        done = subprocess.run([sys.executable, "-c", CUDA_SPIN,
+                               str(native.fakegpu_lib_dir() / "libcuda.so.1")],
+                              env=gpu.env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
         assert gpu.stats()["launches"] == 1
-        assert isinstance(timer.api.lib, ctypes.CDLL)

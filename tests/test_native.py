@@ -217,7 +217,8 @@ int plugin_launch(void)
 """
 HIP_PLUGIN = """
 typedef struct { unsigned x, y, z; } dim3;
-int hipModuleLoadData(void **, const void *); int hipModuleGetFunction(void **, void *, const char *);
+int hipModuleLoadData(void **, const void *);
+int hipModuleGetFunction(void **, void *, const char *);
 int hipDeviceSynchronize(void);
 int hipLaunchKernel(const void *, dim3, dim3, void **, unsigned long, void *);
 int plugin_no_context(void) { dim3 one = {1, 1, 1}; return hipLaunchKernel(0, one, one, 0, 0, 0); }

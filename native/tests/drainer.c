@@ -12,8 +12,10 @@
  *   default_capture:  S1 capturing, and 3 x 100 ms queued on the legacy default stream
  *   poison:           a kernel that poisons the context (sticky 719) ran on S1
  *   destroyed:        a stream used and destroyed, then S2 running 3 x 100 ms
+ * DRAINER_LONG_KERNEL names the long kernel (default spin_us_100000).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef void *CUstream;
@@ -79,8 +81,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(what, "capture_ctxsync") == 0)
         ctxsync = cuCtxSynchronize();
+    const char *longk = getenv("DRAINER_LONG_KERNEL");
     if (strcmp(what, "poison") != 0)
-        launch("spin_us_100000", strcmp(what, "default_capture") == 0 ? NULL : s2, 3);
+        launch(longk ? longk : "spin_us_100000", strcmp(what, "default_capture") == 0 ? NULL : s2, 3);
     wait_line();
     if (capturing) {
         rc = cuStreamEndCapture(s1, &graph);
