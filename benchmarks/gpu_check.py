@@ -1,33 +1,46 @@
-"""One prepared check of krex on a machine with an NVIDIA GPU (issue 4, "gpu_check.py").
+"""One prepared check of krex on a machine with an NVIDIA GPU (issue 16): run it in one go.
 
-Run once on a GPU machine; writes ONE JSON file and prints a markdown summary:
+    python benchmarks/gpu_check.py --device cuda:0 --out $OUT/gpu_check.json   # <= 8 min
+    python benchmarks/gpu_check.py --device cuda:0 --quick                     # ~ 4 min
+    python benchmarks/gpu_check.py --device fakegpu:0 --quick                  # here, no GPU
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_check.json            # < 8 min
-    python benchmarks/gpu_check.py --quick                              # ~ 3 min
-    python benchmarks/gpu_check.py --device fakegpu:0 --quick           # here, no GPU
+Writes ONE JSON file (rewritten after every check, so a crash keeps what was measured)
+and prints a markdown summary.  Exit status 0 when it ran (each check says ok or not),
+2 when a prerequisite is missing (named in the JSON and on stderr).
 
-Checks (each a function returning a dict; an exception or a per-check timeout is
-recorded as ``{"ok": false, "error": ...}``, a missing package as ``skipped``):
+Prerequisites (the GPU machine has no network: preinstall them): NVIDIA driver with
+``libcuda.so.1``; this repository installed (``make install``: krex, psutil, the native
+interposer); ``nvidia-ml-py`` (krex finds ``cuda:N`` through NVML).  Optional, each
+enabling more stacks (skipped with a reason when absent): ``torch`` (CUDA build),
+``triton``, ``cuda-bindings``.  Root lets it lock the GPU clocks (else recorded only).
 
-1. ``environment``   driver, GPU, NVML, cuda-bindings / torch / triton versions,
-                     ``krex doctor --json``.
-2. ``interposition`` per stack (torch eager, cuBLAS GEMM, Triton vector add,
-                     cuda-python, raw ctypes), in a child under the interposer
-                     (LD_PRELOAD + a GateFile): the interposer's own counters vs
-                     the kernels/copies/memsets CUPTI saw (torch.profiler).
-3. ``gate_drain``    a real ``krex serve``; a sibling ``krex run`` streaming 1 ms
-                     kernels; a holder taking N regions: p50/p95 of close -> drained
-                     (gate_drain step), drain acks, freeze, isolate, total.
-4. ``inflation``     p50/p95/p99 inflation of 0.05 / 0.5 / 5 ms kernels with 2
-                     streaming siblings under modes none / freeze / region against an
-                     isolated baseline, interleaved rounds (bench_fidelity's method).
-5. ``contexts``      process start -> context ready for 1 / 4 / 8 concurrent
-                     processes (ctypes driver API; torch too when present), and
-                     ``krex exec`` first vs warm dispatch.
+Checks, in order (each a function returning a dict; an exception or its time budget
+is recorded as ``{"ok": false, "error": ...}``, a missing package as ``skipped``):
 
-On ``fakegpu:N`` the real-stack parts (torch, Triton, cuBLAS, CUPTI) are skipped
-with a reason; the ctypes launches, gate/drain, inflation (driver kernels) and
-context checks run against fakegpu (context creation delayed 300 ms).
+1. ``prerequisites``  the above, up front; a missing one stops the run (exit 2).
+2. ``environment``    driver, GPU, persistence and compute mode, MPS, MIG, clocks (locked
+                      to their maximum where permitted, reset at exit), packages,
+                      ``krex doctor --json`` (its interposer self-test runs on this driver).
+3. ``interposition``  per stack, the interposer's named counters vs what CUPTI saw.
+4. ``held``           torch eager, a CUDA graph captured by the sibling, Triton, cuBLAS,
+                      cuda-python and ctypes launches each under a closed gate: parked,
+                      drained clean, not finished until the gate opens (gpu_check_device).
+5. ``overlap``        device-clock stamps (``%globaltimer``) of a streaming sibling vs
+                      the holder's regions: ``region`` 0 overlaps; positive control
+                      (freeze without drain) > 0; negative control 0 (gpu_check_device).
+6. ``gate_drain``     close -> drained latency through a real daemon (p50/p95).
+7. ``checkpoint_lock`` the same with ``--gpu-lock checkpoint``, and whether the device
+                      was confirmed idle after the lock (clean regions).
+8. ``inflation``      kernels of krex eval's buckets (0.1 / 1 / 10 ms) with 2 streaming
+                      siblings under modes none / freeze / region; eval's reading (median
+                      of each measurement vs the faster of the alone references before and
+                      after, p50/p95/p99 per bucket) and per sample; and a bare baseline
+                      (no krex at all) vs krex alone.
+9. ``contexts``       process start -> context ready for 1 / 4 / 8 processes; krex exec.
+
+On ``fakegpu:N`` the real-stack parts are skipped with a reason and the rest runs
+against fakegpu (its execution log is the device clock there).  This file has not
+yet run on a GPU: record its first results in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -58,11 +71,13 @@ from common import md_table, private_daemon  # noqa: E402
 from krex import resultfile  # noqa: E402
 from krex.measure import stats as kstats  # noqa: E402  (one quantile/inflation definition)
 
-FORMAT = 1
+FORMAT = 2
 PY = sys.executable
-# Per-check wall-clock budgets (s), full and --quick.  Sum < 8 min (full) / ~3 min (quick).
-BUDGETS = {"environment": (25, 15), "interposition": (110, 50), "gate_drain": (55, 25),
-           "checkpoint_lock": (40, 20), "inflation": (150, 50), "contexts": (75, 35)}
+# Per-check wall-clock budgets (s), full and --quick.  Sum <= 8 min (full) / ~4 min (quick).
+BUDGETS = {"prerequisites": (15, 15), "environment": (25, 20), "interposition": (60, 35),
+           "held": (45, 30), "overlap": (75, 40), "gate_drain": (35, 20),
+           "checkpoint_lock": (30, 20), "inflation": (140, 75), "contexts": (45, 25)}
+assert sum(b[0] for b in BUDGETS.values()) <= 480
 
 
 class CheckTimeout(Exception):
@@ -206,16 +221,9 @@ def check_environment(args: argparse.Namespace) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     out["packages"] = versions
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            r = run([smi, "--query-gpu=index,name,driver_version,memory.total,clocks.max.sm,"
-                     "persistence_mode,compute_mode", "--format=csv,noheader"], timeout=10)
-            out["nvidia_smi"] = r.stdout.strip().splitlines() or tail(r.stderr)
-        except Exception as exc:  # noqa: BLE001
-            out["nvidia_smi"] = f"failed: {exc}"
-    else:
-        out["nvidia_smi"] = None
+    out["nvidia_smi"] = _smi_query(index_of(args.device))
+    out["clock_lock"] = lock_clocks(args) if kind_of(args.device) == "cuda" else None
+    out["mps"] = _mps()
     out["nvml"] = _nvml(index_of(args.device))
     with device_env(args.device) as env:
         probe = ("import ctypes,json;l=ctypes.CDLL('libcuda.so.1');v=ctypes.c_int();"
@@ -246,6 +254,59 @@ def check_environment(args: argparse.Namespace) -> dict[str, Any]:
         out["doctor"] = f"failed: {type(exc).__name__}: {exc}"
     out["ok"] = True
     return out
+
+
+SMI_FIELDS = ("index,name,driver_version,memory.total,persistence_mode,compute_mode,"
+              "mig.mode.current,ecc.mode.current,clocks.sm,clocks.mem,clocks.max.sm,"
+              "clocks.max.mem,clocks.applications.graphics,power.limit,temperature.gpu,"
+              "clocks_throttle_reasons.active")
+
+
+def _smi_query(index: int) -> Any:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        r = run([smi, "-i", str(index), f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"],
+                timeout=10)
+    except Exception as exc:  # noqa: BLE001
+        return f"failed: {exc}"
+    values = [v.strip() for v in r.stdout.strip().split(",")]
+    names = SMI_FIELDS.split(",")
+    return dict(zip(names, values, strict=False)) if len(values) == len(names) else \
+        (r.stdout.strip() or tail(r.stderr))
+
+
+def lock_clocks(args: argparse.Namespace) -> dict[str, Any]:
+    """Lock the GPU clocks to their maximum (root), so kernels time the same all run;
+    ``reset_clocks`` undoes it at exit.  Not permitted: recorded, and the run goes on."""
+    smi = shutil.which("nvidia-smi")
+    q = _smi_query(index_of(args.device))
+    if not smi or not isinstance(q, dict) or not q.get("clocks.max.sm", "").split()[0:1]:
+        return {"locked": False, "why": "nvidia-smi or the maximum SM clock is unavailable"}
+    mhz = q["clocks.max.sm"].split()[0]
+    r = run([smi, "-i", str(index_of(args.device)), "-lgc", f"{mhz},{mhz}"], timeout=15)
+    args.clocks_locked = r.returncode == 0
+    return {"locked": args.clocks_locked, "sm_mhz": mhz,
+            "why": "" if args.clocks_locked else tail(r.stdout + r.stderr, 300)}
+
+
+def reset_clocks(args: argparse.Namespace) -> None:
+    if getattr(args, "clocks_locked", False) and shutil.which("nvidia-smi"):
+        run(["nvidia-smi", "-i", str(index_of(args.device)), "-rgc"], timeout=15)
+
+
+def _mps() -> dict[str, Any]:
+    """Whether the MPS control daemon runs here (it changes how contexts share the GPU)."""
+    try:
+        import psutil
+
+        names = {p.info["name"] for p in psutil.process_iter(["name"])}
+    except Exception:  # noqa: BLE001
+        names = set()
+    return {"control_daemon": "nvidia-cuda-mps-control" in names,
+            "server": "nvidia-cuda-mps-server" in names,
+            "pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
 
 def _nvml(index: int) -> Any:
@@ -320,7 +381,8 @@ def check_interposition(args: argparse.Namespace) -> dict[str, Any]:
             s["caught_over_expected"] = round(s["caught"] / expected, 4)
     ran = [s for s in stacks.values() if s.get("ok")]
     return {"ok": bool(ran) and all(s.get("caught", 0) >= s.get("expected", 0)
-                                    and s["interposer"]["unmatched"] == 0 for s in ran),
+                                    and s["interposer"]["unmatched"] == 0
+                                    and s["interposer"].get("unwrapped", 0) == 0 for s in ran),
             "interposer": str(lib), "reps": reps, "stacks": stacks}
 
 
@@ -368,6 +430,8 @@ def check_checkpoint_lock(args: argparse.Namespace) -> dict[str, Any]:
     locks = [ms for item in regions
              for ms in ((item["report"] or {}).get("host") or {}).get("lock_acks_ms", {}).values()]
     out["lock_ack_ms"] = stats(locks)
+    # the lock does not wait for submitted work: a region is clean only once the daemon
+    # saw the device idle after it (NVML); the count of clean regions says how often
     out["ok"] = bool(regions) and bool(locks)
     return out
 
@@ -426,213 +490,19 @@ def summarise_regions(regions: list[dict]) -> dict[str, Any]:
             "sample_report": regions[-1]["report"] if regions else None}
 
 
-# -- 4. p95 inflation --------------------------------------------------------------------
-
-MODES = {"none": (), "freeze": ("--no-gate",), "region": ()}
-
-
-def check_inflation(args: argparse.Namespace) -> dict[str, Any]:
-    rounds = 1 if args.quick else args.rounds
-    families = ["driver"]
-    skipped = {}
-    if kind_of(args.device) == "fakegpu":
-        skipped["torch"] = "torch.cuda._sleep needs a real CUDA GPU"
-    elif args.quick:
-        skipped["torch"] = "--quick: driver kernels only"
-    elif _importable("torch"):
-        families.append("torch")
-    else:
-        skipped["torch"] = "torch is not importable"
-    pooled: dict[str, dict[float, list[float]]] = {m: {} for m in MODES}
-    clean: dict[str, list[bool]] = {m: [] for m in MODES}
-    errors: dict[str, Any] = {}
-    rounds_done = 0
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        sizes = os.path.join(tmp, "sizes.json")
-        socks = {m: stack.enter_context(private_daemon(*flags)) for m, flags in MODES.items()}
-        for r in range(rounds):
-            if r and args.remaining() < 60:
-                errors["rounds"] = f"stopped after {r} rounds: budget"
-                break
-            alone = _probe(socks["region"], args.device, "region", sizes, families, tmp)
-            errors.update({f"alone.{k}": v for k, v in alone["errors"].items()})
-            for mode, sock in socks.items():
-                with _streamers(sock, args.device, 2):
-                    loaded = _probe(sock, args.device, mode, sizes, families, tmp)
-                for name, run_ in loaded["kernels"].items():
-                    if name not in alone["kernels"]:
-                        continue
-                    ref = kstats.median(alone["kernels"][name]["samples_ms"])
-                    key = (name.split("-")[0], run_["bucket_ms"])
-                    pooled[mode].setdefault(key, []).extend(
-                        kstats.per_sample_inflation_pct(run_["samples_ms"], ref))
-                    clean[mode].append(bool(run_["clean"]))
-                print(f"  inflation: round {r + 1}/{rounds} mode {mode} done", file=sys.stderr)
-            rounds_done += 1
-        with open(sizes) as f:
-            calibration = json.load(f)
-    table = {m: {f"{fam}-{b:g}ms": {k: round(v, 3) for k, v in kstats.quantiles(xs).items()}
-                 | {"n": len(xs)} for (fam, b), xs in sorted(buckets.items())}
-             for m, buckets in pooled.items()}
-    return {"ok": rounds_done > 0 and all(table.values()), "rounds": rounds_done,
-            "families": families, "skipped_families": skipped, "calibration": calibration,
-            "inflation_pct": table,
-            "clean_fraction": {m: round(sum(c) / max(len(c), 1), 3) for m, c in clean.items()},
-            "errors": errors}
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _probe(sock: str, device: str, mode: str, sizes: str, families: list[str], tmp: str
-           ) -> dict:
-    out = os.path.join(tmp, f"probe-{mode}.json")
-    env = pyenv({**os.environ, "KREX_SOCKET": sock})
-    job_mode = "none" if mode == "none" else "region"
-    r = run(krex_cmd("run", "--device", device, "--mode", job_mode, "--", PY,
-                     os.path.join(PROGRAMS, "gpu_probe.py"), device, out, sizes,
-                     ",".join(families)), timeout=120, env=env)
-    if r.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"probe failed in mode {mode} ({r.returncode}): {tail(r.stderr)}")
-    with open(out) as f:
-        data = json.load(f)
-    os.unlink(out)
-    return data
-
-
-@contextlib.contextmanager
-def _streamers(sock: str, device: str, n: int) -> Iterator[None]:
-    env = pyenv({**os.environ, "KREX_SOCKET": sock})
-    with Procs() as procs:
-        started = [procs.popen(krex_cmd("run", "--device", device, "--mode", "region", "--",
-                                        PY, os.path.join(PROGRAMS, "gpu_stream.py"), device,
-                                        "1.0", "8"),
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True) for _ in range(n)]
-        for p in started:
-            if "running" not in p.stdout.readline():
-                raise RuntimeError("a streaming sibling did not start")
-        time.sleep(0.3)
-        yield
-
-
-# -- 5. context creation -----------------------------------------------------------------
-
-
-EXEC_PROG = """import ctypes, json, sys, time
-t0 = time.monotonic()
-lib = ctypes.CDLL("libcuda.so.1")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-assert lib.cuInit(0) == 0
-assert lib.cuDeviceGet(ctypes.byref(dev), int(sys.argv[2])) == 0
-assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-assert lib.cuCtxSetCurrent(ctx) == 0
-with open(sys.argv[1], "w") as f:
-    json.dump({"start": t0, "ready": time.monotonic()}, f)
-"""
-
-
-def check_contexts(args: argparse.Namespace) -> dict[str, Any]:
-    fake = kind_of(args.device) == "fakegpu"
-    delay = args.fakegpu_ctx_delay_ms if fake else 0
-    out: dict[str, Any] = {"ok": False, "fakegpu_ctx_delay_ms": delay if fake else None}
-    modes = ["driver"]
-    if fake:
-        out["torch_skipped"] = "torch needs a real CUDA GPU"
-    elif _importable("torch"):
-        modes.append("torch")
-    else:
-        out["torch_skipped"] = "torch is not importable"
-    cold: dict[str, Any] = {}
-    with device_env(args.device, ctx_delay_ms=delay) as env:
-        for mode in modes:
-            for n in (1, 4, 8):
-                if args.remaining() < 10:
-                    cold[f"{mode}-{n}"] = {"ok": False, "skipped": "budget"}
-                    continue
-                try:
-                    cold[f"{mode}-{n}"] = _concurrent_contexts(
-                        args.device, mode, n, env, timeout=max(5.0, args.remaining() - 5))
-                except Exception as exc:  # noqa: BLE001
-                    cold[f"{mode}-{n}"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    out["cold"] = cold
-    try:
-        out["warm_workers"] = _warm_exec(args, delay)
-    except Exception as exc:  # noqa: BLE001
-        out["warm_workers"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    out["ok"] = all(v.get("ok") for v in cold.values()) and out["warm_workers"].get("ok", False)
-    return out
-
-
-def _concurrent_contexts(device: str, mode: str, n: int, env: dict[str, str],
-                         timeout: float = 120.0) -> dict[str, Any]:
-    with Procs() as procs:
-        spawned = []
-        for _ in range(n):
-            t = time.monotonic()
-            spawned.append((t, procs.popen([PY, os.path.join(PROGRAMS, "ctx_probe.py"), device,
-                                            mode], env=env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, text=True)))
-        rows = []
-        for t, p in spawned:
-            o, e = p.communicate(timeout=min(120.0, timeout))
-            if p.returncode != 0:
-                raise RuntimeError(f"ctx_probe exited {p.returncode}: {tail(e)}")
-            ts = json.loads(o.strip().splitlines()[-1])
-            rows.append({"interpreter_ms": (ts["start"] - t) * 1e3,
-                         "import_ms": (ts["imported"] - ts["start"]) * 1e3,
-                         "init_ms": (ts["init"] - ts["imported"]) * 1e3,
-                         "context_ms": (ts["ready"] - ts["init"]) * 1e3,
-                         "spawn_to_ready_ms": (ts["ready"] - t) * 1e3})
-    last_ready = max(r["spawn_to_ready_ms"] for r in rows)
-    return {"ok": True, "processes": n,
-            **{k: stats([r[k] for r in rows]) for k in rows[0]},
-            "all_ready_ms": round(last_ready, 3)}
-
-
-def _warm_exec(args: argparse.Namespace, delay: int) -> dict[str, Any]:
-    flags = ("--fakegpu-ctx-delay-ms", str(delay)) if delay else ()
-    runs = []
-    with private_daemon(*flags) as sock, tempfile.TemporaryDirectory() as tmp:
-        prog = os.path.join(tmp, "ctx_exec.py")
-        with open(prog, "w") as f:
-            f.write(EXEC_PROG)
-        env = {**os.environ, "KREX_SOCKET": sock}
-        for i in range(2 if args.quick else 4):
-            out = os.path.join(tmp, f"exec-{i}.json")
-            t = time.monotonic()
-            r = run(krex_cmd("exec", "--device", args.device, "--json", "--timeout-s", "60",
-                             prog, out, str(index_of(args.device))), timeout=90, env=env)
-            wall = time.monotonic() - t
-            if r.returncode != 0:
-                raise RuntimeError(f"krex exec exited {r.returncode}: {tail(r.stderr)}")
-            with open(out) as f:
-                ts = json.load(f)
-            text = r.stdout
-            result = json.loads(text[text.index("{"):]) if "{" in text else {}
-            runs.append({"command_wall_ms": round(wall * 1e3, 3),
-                         "spawn_to_ready_ms": round((ts["ready"] - t) * 1e3, 3),
-                         "in_program_ctx_ms": round((ts["ready"] - ts["start"]) * 1e3, 3),
-                         "dispatch_ms": _ms(result.get("dispatch_s")),
-                         "duration_ms": _ms(result.get("duration_s")),
-                         "worker_pid": result.get("worker_pid")})
-    return {"ok": True, "first": runs[0], "warm": runs[1:],
-            "warm_spawn_to_ready_ms": stats([r["spawn_to_ready_ms"] for r in runs[1:]])}
-
-
-def _ms(s: Any) -> float | None:
-    return None if s is None else round(float(s) * 1e3, 3)
-
-
 # -- driver --------------------------------------------------------------------------------
 
-CHECKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "environment": check_environment, "interposition": check_interposition,
-    "gate_drain": check_gate_drain, "checkpoint_lock": check_checkpoint_lock,
-    "inflation": check_inflation, "contexts": check_contexts}
+def checks() -> dict[str, Callable[[argparse.Namespace], dict[str, Any]]]:
+    """Every check, in the order it runs (the device-clock ones live in gpu_check_device,
+    inflation and contexts in gpu_check_timing)."""
+    import gpu_check_device as dev
+    import gpu_check_timing as timing
+
+    return {"prerequisites": dev.check_prerequisites, "environment": check_environment,
+            "interposition": check_interposition, "held": dev.check_held,
+            "overlap": dev.check_overlap, "gate_drain": check_gate_drain,
+            "checkpoint_lock": check_checkpoint_lock, "inflation": timing.check_inflation,
+            "contexts": timing.check_contexts}
 
 
 def default_out() -> str:
@@ -696,6 +566,19 @@ def summary(doc: dict[str, Any]) -> str:
         lines += ["## Interposition coverage", md_table(
             ["stack", "caught", "expected", "direct/dlsym/getproc", "unmatched", "truth"], rows),
             ""]
+    held = c.get("held", {})
+    if "stacks" in held:
+        rows = [[k, v.get("skipped") or ("held" if v.get("ok") else "FAILED"), v.get("parked"),
+                 v.get("drained"), v.get("released"), v.get("error", "")[:60]]
+                for k, v in held["stacks"].items()]
+        lines += ["## Stacks under a closed gate", md_table(
+            ["stack", "status", "parked", "drained", "released", "note"], rows), ""]
+    ov = c.get("overlap", {})
+    if "cases" in ov:
+        rows = [[k, v.get("regions"), v.get("overlapping_regions"), v.get("overlap_ms"),
+                 v.get("as_expected"), v.get("skipped", "")] for k, v in ov["cases"].items()]
+        lines += ["## Overlap on the device clock", md_table(
+            ["case", "regions", "overlapping", "overlap ms", "as expected", "note"], rows), ""]
     gd = c.get("gate_drain", {})
     if "latency_ms" in gd:
         rows = [[k, v.get("n"), v.get("p50"), v.get("p95"), v.get("max")]
@@ -704,10 +587,12 @@ def summary(doc: dict[str, Any]) -> str:
                   md_table(["latency (ms)", "n", "p50", "p95", "max"], rows), ""]
     inf = c.get("inflation", {})
     if "inflation_pct" in inf:
-        rows = [[m, k, v["n"], f"{v['p50']:+.2f}", f"{v['p95']:+.2f}", f"{v['p99']:+.2f}"]
-                for m, ks in inf["inflation_pct"].items() for k, v in ks.items()]
-        lines += [f"## Inflation vs alone ({inf['rounds']} rounds)",
-                  md_table(["mode", "kernel", "n", "p50 %", "p95 %", "p99 %"], rows), ""]
+        rows = [[m, f"{k} ms", v["n"], f"{v['p50']:+.2f}", f"{v['p95']:+.2f}", f"{v['p99']:+.2f}"]
+                for m, ks in [*inf["inflation_pct"].items(),
+                              ("krex alone vs bare", inf.get("krex_alone_vs_bare_pct", {}))]
+                for k, v in ks.items()]
+        lines += [f"## Inflation vs alone, krex eval's reading ({inf['rounds']} rounds)",
+                  md_table(["mode", "bucket", "n", "p50 %", "p95 %", "p99 %"], rows), ""]
     cx = c.get("contexts", {})
     if "cold" in cx:
         rows = [[k, v.get("spawn_to_ready_ms", {}).get("p50"),
@@ -730,31 +615,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or fakegpu:N")
     ap.add_argument("--out", default=default_out(), help="results JSON (default "
                     "$OUT/gpu_check.json, else results/gpu_check.json)")
-    ap.add_argument("--quick", action="store_true", help="about 3 minutes instead of 8")
-    ap.add_argument("--rounds", type=int, default=3, help="inflation rounds (not --quick)")
-    ap.add_argument("--only", help="comma-separated checks to run (default all)")
+    ap.add_argument("--quick", action="store_true", help="about 4 minutes instead of 8")
+    ap.add_argument("--rounds", type=int, default=2, help="inflation rounds (not --quick)")
+    ap.add_argument("--only", help="comma-separated checks to run (default all; "
+                                   "prerequisites always run)")
     ap.add_argument("--fakegpu-ctx-delay-ms", type=int, default=300)
     ap.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every check's time budget (default 1)")
     args = ap.parse_args(argv)
     if kind_of(args.device) not in ("cuda", "fakegpu"):
         ap.error("--device must be cuda:N or fakegpu:N")
-    selected = args.only.split(",") if args.only else list(CHECKS)
+    registry = checks()
+    selected = ["prerequisites"] + [c for c in (args.only.split(",") if args.only
+                                               else registry) if c != "prerequisites"]
     doc: dict[str, Any] = {"format": FORMAT, "benchmark": "gpu_check", "device": args.device,
                            "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                            "host": platform.node(), "command": " ".join([PY, *sys.argv]),
                            "budgets_s": {}, "checks": {}}
     t0 = time.monotonic()
-    for name in selected:
-        if name not in CHECKS:
-            doc["checks"][name] = {"ok": False, "error": "unknown check"}
-            continue
-        budget = BUDGETS[name][1 if args.quick else 0] * args.budget_scale
-        doc["budgets_s"][name] = budget
-        print(f"gpu_check: {name} (budget {budget} s) ...", file=sys.stderr, flush=True)
-        doc["checks"][name] = run_check(name, CHECKS[name], args, budget)
-        doc["elapsed_s"] = round(time.monotonic() - t0, 3)
-        write_json(args.out, doc)  # after every check: a later crash keeps what was measured
+    try:
+        for name in selected:
+            if name not in registry:
+                doc["checks"][name] = {"ok": False, "error": "unknown check"}
+                continue
+            budget = BUDGETS[name][1 if args.quick else 0] * args.budget_scale
+            doc["budgets_s"][name] = budget
+            print(f"gpu_check: {name} (budget {budget} s) ...", file=sys.stderr, flush=True)
+            doc["checks"][name] = run_check(name, registry[name], args, budget)
+            doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+            write_json(args.out, doc)  # after every check: a later crash keeps what was measured
+            if name == "prerequisites" and not doc["checks"][name]["ok"]:
+                print(f"gpu_check: {doc['checks'][name].get('error')}\nwritten {args.out}",
+                      file=sys.stderr)
+                return 2
+    finally:
+        reset_clocks(args)
     doc["complete"] = True
     write_json(args.out, doc)
     print(summary(doc))

@@ -3,16 +3,21 @@ and a drain is acknowledged only once the sibling's queued work has run."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
-from helpers import reap, spawn, wait_for
+from helpers import REPO, reap, spawn, wait_for
 from test_native import build_launcher, parse_report
 
 from krex.devices import native
 from krex.devices.fakegpu import FakeGpu
-from krex.enforce.gate import GateFile, file_size
+from krex.enforce.gate import GateFile, drain_reason, file_size
+from krex.enforce.process import ProcessRef
 from krex.errors import DrainTimeout
 
 
@@ -139,3 +144,134 @@ def test_gate_slot_selects_the_device_record(launcher, gpu, gate):
     finally:
         gate.open(1)
         finish(proc)
+
+
+# -- slots: owners by pid + start time (issue 12) -------------------------------------------
+
+
+def test_slot_records_its_owners_start_time_and_is_freed_at_exit(launcher, gpu, gate):
+    proc = start(launcher, gpu, gate, "cuda", "direct", "1", "60000", "spin_us_10", "8")
+    try:
+        (slot,) = gate.slots(0)
+        assert slot.owner == ProcessRef.of(proc.pid)
+    finally:
+        finish(proc)
+    assert all(p.pid == 0 for p in gate._dev(0).procs)  # given back at exit
+
+
+def test_a_reused_pid_is_not_a_slot_owner_and_its_slot_is_reclaimed(launcher, gpu, gate):
+    """A slot left by a dead process whose pid now names another live process (here: this
+    test) must not hold up a drain, and is reclaimed by the next process."""
+    stale = gate._dev(0).procs[0]
+    stale.pid, stale.start_time = os.getpid(), ProcessRef.of(os.getpid()).start_time + 1
+    assert gate.pids(0) == []
+    generation = gate.close(0)
+    assert gate.wait_drained(0, generation, timeout_s=0.5) == {}  # no DrainTimeout
+    gate.open(0)
+    proc = start(launcher, gpu, gate, "cuda", "direct", "1", "60000", "spin_us_10", "8")
+    try:
+        assert gate._dev(0).procs[0].pid == proc.pid  # the stale slot was taken over
+    finally:
+        finish(proc)
+
+
+# -- the drain: per stream, capture-safe, honest (issue 16) -----------------------------------
+
+
+def drainer(tmp_path_factory=None):
+    from test_native import build_c
+
+    libs = native.fakegpu_lib_dir()
+    src = (Path(REPO) / "native" / "tests" / "drainer.c").read_text()
+    dest = Path(tempfile.mkdtemp(prefix="krex-drainer-"))
+    return build_c(dest, "drainer", src, f"-L{libs}", "-l:libcuda.so.1", f"-Wl,-rpath,{libs}")
+
+
+@pytest.fixture(scope="module")
+def drainer_bin():
+    return drainer()
+
+
+def run_scenario(drainer_bin, gpu, gate, scenario):
+    """Start a drainer scenario, close the gate, wait for its drain; (slot, results)."""
+    env = native.preload_env(gate.path, base=gpu.env())
+    proc = spawn([str(drainer_bin), scenario], env=env, stdin=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        generation = gate.close(0)
+        acks = gate.wait_drained(0, generation, timeout_s=10)
+        stats = gpu.stats()
+        (slot,) = gate.slots(0)
+        gate.open(0)
+        out, err = proc.communicate("go\n", timeout=30)
+    finally:
+        gate.open(0)
+        reap(proc)
+    assert proc.returncode == 0 and set(acks) == {proc.pid}, err
+    results = dict(kv.split("=") for kv in out.split())
+    return slot, results, stats
+
+
+def test_drain_skips_a_capturing_stream_and_waits_for_the_others(drainer_bin, gpu, gate):
+    slot, results, stats = run_scenario(drainer_bin, gpu, gate, "capture")
+    assert slot.ack_status == 0 and slot.counters["capturing_skipped"] >= 1
+    assert stats["finished"] == stats["launches"] >= 3  # S2's queued kernels ran first
+    assert results["capture"] == "0" and results["graph"] == "0"  # the capture survived
+
+
+def test_fake_driver_invalidates_a_capture_on_a_context_sync(drainer_bin, gpu, gate):
+    """Negative control: what a context-wide drain would do to the sibling's capture."""
+    _, results, _ = run_scenario(drainer_bin, gpu, gate, "capture_ctxsync")
+    assert results["ctxsync"] == "900" and results["capture"] == "901"
+
+
+def test_default_stream_work_during_a_capture_is_reported_not_drained(drainer_bin, gpu, gate):
+    slot, results, _ = run_scenario(drainer_bin, gpu, gate, "default_capture")
+    assert slot.ack_status == -2 and slot.counters["drain_failures"] == 1
+    assert "capture" in drain_reason(slot.ack_status)
+    assert results["capture"] == "0"  # still not broken
+
+
+def test_a_failed_synchronisation_is_acknowledged_as_failed(drainer_bin, gpu, gate):
+    slot, _, _ = run_scenario(drainer_bin, gpu, gate, "poison")
+    assert slot.ack_status == 719  # CUDA_ERROR_LAUNCH_FAILED: never a silent ack
+    assert slot.counters["sync_errors"] >= 1 and slot.counters["drain_failures"] == 1
+
+
+def test_destroyed_streams_are_forgotten(drainer_bin, gpu, gate):
+    slot, _, stats = run_scenario(drainer_bin, gpu, gate, "destroyed")
+    assert slot.ack_status == 0 and slot.counters["sync_errors"] == 0
+    assert stats["finished"] == stats["launches"]
+
+
+def test_a_pointer_the_interposer_cannot_tell_is_counted_in_the_slot(launcher, gpu, gate):
+    """cuGetProcAddress asked with a version newer than krex's tables, for which the driver
+    hands out another entry point: left unwrapped, and the daemon can see it."""
+    proc = start(launcher, gpu, gate, "cuda", "getproc_future", "1", "60000", "spin_us_10", "8")
+    try:
+        wait_for(lambda: gpu.stats()["launches"] >= 32, timeout_s=10)
+        (slot,) = gate.slots(0)
+        assert slot.counters["unwrapped"] == slot.counters["unmatched"] == 1
+    finally:
+        report = finish(proc)
+    # only its copies (every 8th call, resolved at 13000) went through a wrapper: its
+    # kernel launches bypassed the gate
+    assert 0 < report["getproc"] <= report["launches"] // 8 + 1
+
+
+@pytest.mark.parametrize("api,mode", [("cuda", "direct"), ("hip", "dlsym"), ("hip", "direct")])
+def test_every_drain_of_a_plain_launcher_is_acknowledged_clean(launcher, gpu, gate, api, mode):
+    """The drain's synchronisation calls are bound for CUDA and HIP alike: an ordinary
+    process's drains succeed (a drain that could not happen would say so)."""
+    proc = start(launcher, gpu, gate, api, mode, "2", "60000", "spin_us_200", "4")
+    try:
+        for _ in range(3):
+            generation = gate.close(0)
+            assert set(gate.wait_drained(0, generation, timeout_s=10)) == {proc.pid}
+            (slot,) = gate.slots(0)
+            assert slot.ack_status == 0, slot
+            gate.open(0)
+    finally:
+        gate.open(0)
+        report = finish(proc)
+    assert report["drains"] == 3 and report["drain_failures"] == 0

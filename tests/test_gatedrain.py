@@ -1,9 +1,16 @@
 """The gate/drain operation on real gate files (no processes needed)."""
 
-import pytest
+import signal
+from dataclasses import replace
 
+import pytest
+from helpers import PY, reap, spawn
+
+from krex.devices.native import COUNTERS
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
+from krex.enforce.process import ProcessRef
+from krex.errors import DrainTimeout
 
 
 @pytest.fixture
@@ -40,3 +47,54 @@ def test_guardian_record_reopens_a_gate(jobs):
     jobs[0].gate.close(0)
     assert replay([{"kind": "gate_open", "path": jobs[0].path, "slot": 0}]) == []
     assert not jobs[0].gate.is_closed(0)
+
+
+def _own_slot(gate, proc, slot_index=0, **fields):
+    """Write a slot by hand as the interposer would (owner pid + start time)."""
+    p = gate._dev(0).procs[slot_index]
+    p.pid, p.start_time = proc.pid, ProcessRef.of(proc.pid).start_time
+    for name, value in fields.items():
+        if name in COUNTERS:
+            p.counters[COUNTERS.index(name)] = value
+        else:
+            setattr(p, name, value)
+
+
+@pytest.mark.parametrize("member", [False, True], ids=["stranger", "member"])
+def test_kill_policy_kills_only_verified_members(jobs, member):
+    """The pid in a gate file is job-writable: a process that is not a member of the job
+    (pid + start time) is never killed; a member that does not drain is."""
+    victim = spawn([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        _own_slot(jobs[0].gate, victim)  # it will never acknowledge
+        members = [ProcessRef.of(victim.pid)] if member else []
+        job = replace(jobs[0], members=lambda: members)
+        op = GateDrain([job], timeout_s=0.2, policy="kill")
+        if member:
+            op.apply()
+            assert victim.wait(timeout=5) == -signal.SIGKILL
+        else:
+            with pytest.raises(DrainTimeout, match="not a verified member"):
+                op.apply()
+            assert victim.poll() is None  # alive: not ours to kill
+        op.revert()
+    finally:
+        reap(victim)
+
+
+def test_findings_name_drain_failures_and_gate_bypasses(jobs):
+    sibling = spawn([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        gate = jobs[0].gate
+        _own_slot(gate, sibling, unwrapped=2, unmatched=1)
+        gate._dev(0).overflow_procs = 1
+        op = GateDrain([jobs[0]], timeout_s=0.2)
+        op.drain_failures.append((0, sibling.pid, 719))
+        found = op.findings()
+        assert [f["what"] for f in found] == ["drain", "gate_bypass", "gate_bypass"]
+        assert "719" in found[0]["why"] and "2 driver entry points" in found[1]["why"]
+        assert "every gate slot taken" in found[2]["why"]
+        clean = GateDrain([jobs[1]], timeout_s=0.2)
+        assert clean.findings() == []  # negative control
+    finally:
+        reap(sibling)

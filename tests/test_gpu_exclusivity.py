@@ -22,12 +22,23 @@ def with_daemon(runtime_dir, monkeypatch, *flags):
     return d
 
 
-def start_sibling(batch=100):
+def start_sibling(batch=100, *extra):
     sib = krex("run", "--device", "fakegpu:0", "--name", "gpu-sib", "--", PY,
-               os.path.join(JOBS, "gpu_sibling.py"), str(batch))
+               os.path.join(JOBS, "gpu_sibling.py"), str(batch), *extra)
     line = sib.stdout.readline().strip()
     assert line == "batch 1", line + sib.stderr.read() if sib.poll() is not None else line
     return sib
+
+
+def holder_beside_sibling(runtime_dir, monkeypatch, flags=(), sibling=(100,)):
+    """A daemon, a sibling job, and the holder's measurement beside it."""
+    d = with_daemon(runtime_dir, monkeypatch, *flags)
+    sib = start_sibling(*sibling)
+    try:
+        return measure_holder()
+    finally:
+        reap(sib)
+        d.stop()
 
 
 def measure_holder():
@@ -41,15 +52,9 @@ def measure_holder():
 @pytest.mark.parametrize("gate", [True, False], ids=["gate+drain", "freeze-only"])
 def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatch, gate):
     flags = () if gate else ("--no-gate",)
-    d = with_daemon(runtime_dir, monkeypatch, *flags)
     # Without a drain the control needs queued work for the whole region, however
     # long the holder takes to start on a loaded machine: ~5 s of it, not ~0.5 s.
-    sib = start_sibling(batch=100 if gate else 1000)
-    try:
-        seen = measure_holder()
-    finally:
-        reap(sib)
-        d.stop()
+    seen = holder_beside_sibling(runtime_dir, monkeypatch, flags, (100 if gate else 1000,))
     assert "error" not in seen, seen
     if gate:
         # The sibling's ~0.5 s of queued kernels ran to completion before the grant.
@@ -60,6 +65,18 @@ def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatc
     else:
         # Negative control: frozen on the host, its queue still time-slices the device.
         assert seen["median_ms"] > 1.4, seen["median_ms"]
+
+
+def test_a_sibling_that_goes_around_the_gate_makes_the_region_not_clean(runtime_dir,
+                                                                       monkeypatch):
+    """Its launches go through an entry point the interposer could not wrap: it says so
+    in the sibling's slot, and the daemon reports the region not clean (the gate+drain
+    case above is the negative control: clean)."""
+    seen = holder_beside_sibling(runtime_dir, monkeypatch, sibling=(20, "future"))
+    assert "error" not in seen, seen
+    assert not seen["clean"]
+    whats = [(r["what"], r["why"]) for r in seen["report"]["not_enforced"]]
+    assert any(w == "gate_bypass" and "unwrapped" in why for w, why in whats), whats
 
 
 def test_drain_timeout_aborts_the_region_and_releases_everything(runtime_dir, monkeypatch):

@@ -1,39 +1,25 @@
 """The CUDA driver API through ctypes: a spin kernel of a chosen duration, on a GPU or fakegpu.
 
 Used by the programs of ``benchmarks/gpu_check.py``; needs no Python package.
-On a real GPU the kernels come from the embedded PTX below (JIT-compiled by the
-driver): ``krex_noop`` (empty) and ``krex_spin(u64 cycles)`` (busy-waits on
-``%clock64``; cycles per ms are calibrated with driver events).  On fakegpu
-the fake driver's conventions are used: ``spin_ns_N`` kernels, any module data.
+On a real GPU the kernels come from PTX (JIT-compiled by the driver): ``krex_noop``
+(empty), ``krex_spin_ns(u64 ns)`` and ``krex_stamp(u64 *out, u64 ns)``, which busy-wait
+on the GPU's global timer (``%globaltimer``; no calibration) and, for the stamp, write
+its start and end times to device memory.  On fakegpu the fake driver's conventions are
+used: ``spin_ns_N`` kernels, any module data; stamps come from the fake device's
+execution log (its own clock).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 
-PTX = rb"""
-.version 7.0
-.target sm_80
-.address_size 64
+from krex.eval.kernels import DEVICE_PTX
 
+# krex_spin_ns / krex_stamp (krex.eval.kernels: on the GPU's global timer) and an empty kernel.
+PTX = DEVICE_PTX + b"""
 .visible .entry krex_noop()
 {
-    ret;
-}
-
-.visible .entry krex_spin(.param .u64 krex_spin_param_0)
-{
-    .reg .pred %p<2>;
-    .reg .b64 %rd<6>;
-    ld.param.u64 %rd1, [krex_spin_param_0];
-    mov.u64 %rd2, %clock64;
-LOOP:
-    mov.u64 %rd3, %clock64;
-    sub.s64 %rd4, %rd3, %rd2;
-    setp.lt.u64 %p1, %rd4, %rd1;
-    @%p1 bra LOOP;
     ret;
 }
 """
@@ -86,7 +72,6 @@ class Driver:
         self.check("cuModuleLoadData",
                    self.lib.cuModuleLoadData(ctypes.byref(self.module), self._image))
         self._keep: list = []
-        self.cycles_per_ms: float | None = None
 
     def check(self, what: str, rc: int) -> None:
         if rc != 0:
@@ -133,13 +118,15 @@ class Driver:
         if self.fake:
             fn = self.function(f"spin_ns_{max(1, int(ms * 1e6))}")
             return lambda: self.launch(fn)
-        if self.cycles_per_ms is None:
-            self.calibrate()
-        fn = self.function("krex_spin")
-        cycles = ctypes.c_uint64(int(ms * self.cycles_per_ms))
-        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(cycles), ctypes.c_void_p))
-        self._keep.append((cycles, params))
+        fn = self.function("krex_spin_ns")
+        ns = ctypes.c_uint64(int(ms * 1e6))
+        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(ns), ctypes.c_void_p))
+        self._keep.append((ns, params))
         return lambda: self.launch(fn, params)
+
+    def stamper(self, ms: float, slots: int) -> Stamper:
+        """Kernels of about ``ms`` that record their device-clock start and end."""
+        return Stamper(self, ms, slots)
 
     def synchronize(self) -> None:
         self.check("cuCtxSynchronize", self.lib.cuCtxSynchronize())
@@ -163,20 +150,51 @@ class Driver:
         self.check("cuEventElapsedTime", elapsed(ctypes.byref(ms), a, b))
         return float(ms.value) / reps
 
-    def calibrate(self) -> float:
-        """Cycles of ``krex_spin`` per ms of device time (median of a few 5 ms probes)."""
-        if self.fake:
-            self.cycles_per_ms = 1e6
-            return self.cycles_per_ms
-        khz = ctypes.c_int()
-        self.lib.cuDeviceGetAttribute(ctypes.byref(khz), CU_DEVICE_ATTRIBUTE_CLOCK_RATE, self.dev)
-        guess = float(khz.value or 1_500_000)
-        fn = self.function("krex_spin")
-        ratios = []
-        for _ in range(5):
-            cycles = ctypes.c_uint64(int(5 * guess))
-            params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(cycles), ctypes.c_void_p))
-            took = self.time_ms(lambda p=params: self.launch(fn, p))
-            ratios.append(cycles.value / max(took, 1e-6))
-        self.cycles_per_ms = statistics.median(ratios[1:])
-        return self.cycles_per_ms
+class Stamper:
+    """Launches ``krex_stamp`` kernels, each writing [start, end] of the device's global
+    timer (ns) into its own slot of a device buffer; :meth:`stamps` reads them back.  On
+    fakegpu the same intervals come from the fake device's execution log."""
+
+    def __init__(self, drv: Driver, ms: float, slots: int) -> None:
+        self.drv, self.ms, self.slots, self.n = drv, ms, slots, 0
+        self.ns = ctypes.c_uint64(int(ms * 1e6))
+        if drv.fake:
+            self.fn = drv.function(f"spin_ns_{max(1, int(ms * 1e6))}")
+            return
+        self.fn = drv.function("krex_stamp")
+        self.buf = ctypes.c_uint64()
+        drv.check("cuMemAlloc", drv.lib.cuMemAlloc_v2(ctypes.byref(self.buf),
+                                                     ctypes.c_size_t(16 * slots)))
+        drv.check("cuMemsetD8", drv.lib.cuMemsetD8_v2(self.buf, ctypes.c_ubyte(0),
+                                                      ctypes.c_size_t(16 * slots)))
+        self._ptrs = [ctypes.c_uint64(0), self.ns]
+        self.params = (ctypes.c_void_p * 2)(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in self._ptrs])
+
+    def launch(self) -> int:
+        """One stamp kernel on the default stream; returns its index."""
+        i = self.n
+        self.n += 1
+        if self.drv.fake:
+            self.drv.launch(self.fn)
+        else:
+            self._ptrs[0].value = self.buf.value + 16 * (i % self.slots)
+            self.drv.launch(self.fn, self.params)  # parameters are copied at launch
+        return i
+
+    def stamps(self) -> list[tuple[int, int]]:
+        """[start, end] ns of every kernel launched so far, in launch order (after a sync)."""
+        self.drv.synchronize()
+        if self.drv.fake:
+            from krex.devices.fakegpu import FakeGpu
+
+            log = FakeGpu(os.environ["KREX_FAKEGPU_SOCKET"]).launch_log()
+            mine = [(row[5], row[6]) for row in log if row[1] == os.getpid() and row[3] == 0]
+            return mine[-self.n:] if self.n else []
+        host = (ctypes.c_uint64 * (2 * self.slots))()
+        self.drv.check("cuMemcpyDtoH", self.drv.lib.cuMemcpyDtoH_v2(
+            host, self.buf, ctypes.c_size_t(16 * self.slots)))
+        count = min(self.n, self.slots)
+        first = self.n - count
+        return [(host[2 * (i % self.slots)], host[2 * (i % self.slots) + 1])
+                for i in range(first, self.n)]

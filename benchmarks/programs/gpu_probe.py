@@ -1,23 +1,27 @@
-"""The measured job of gpu_check.py's inflation check: kernels of 0.05, 0.5 and 5 ms.
+"""The measured job of gpu_check.py's inflation check: one kernel per krex eval bucket.
 
-argv: DEVICE OUT_JSON SIZES_JSON FAMILIES
+argv: DEVICE OUT_JSON SIZES_JSON FAMILIES [bare]
 FAMILIES, comma-separated: ``driver`` (a PTX spin kernel through the driver API with
 ctypes, timed with krex's DriverEventTimer; fakegpu: spin_ns_N with FakegpuTimer) and
 ``torch`` (``torch.cuda._sleep(cycles)``, timed with torch events; GPU only).
 Calibrations (cycles per ms) are made by the first run and reused by every later run,
 so the alone and the loaded runs time the very same kernels.  Each kernel is timed
-by krex.measure, whose region covers the timed loop only.
+by krex.measure, whose region covers the timed loop only; with ``bare`` (run outside
+krex: no daemon, no interposer) the same warm-up and number of samples are taken with
+the same timer and no region: the baseline of krex itself.
 """
 
 import json
 import sys
+import time
 
 from gpu_driver import Driver, parse_device
 
 import krex
+from krex.eval.profile import BUCKETS_MS  # the buckets krex eval reports
 
 device, out, sizes_path, families = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-BUCKETS_MS = (0.05, 0.5, 5.0)
+bare = sys.argv[5:] == ["bare"]
 kind, index = parse_device(device)
 try:
     with open(sizes_path) as f:
@@ -31,9 +35,6 @@ def driver_kernels():
 
     timer = FakegpuTimer(index) if kind == "fakegpu" else DriverEventTimer(index)
     drv = Driver(device, lib=timer.api.lib)
-    if kind != "fakegpu":
-        drv.cycles_per_ms = SIZES.get("driver_cycles_per_ms") or drv.calibrate()
-        SIZES["driver_cycles_per_ms"] = drv.cycles_per_ms
     return {f"driver-{ms:g}ms": (ms, drv.spin(ms), timer) for ms in BUCKETS_MS}
 
 
@@ -69,8 +70,26 @@ for family, make in (("driver", driver_kernels), ("torch", torch_kernels)):
             kernels.update(make())
         except Exception as exc:  # noqa: BLE001  (recorded; the other family still runs)
             errors[family] = f"{type(exc).__name__}: {exc}"
+def bare_samples(fn, timer, ms: float) -> list[float]:
+    """krex.measure's warm-up and sample budget, timed with the same timer, no region."""
+    end = time.perf_counter() + max(5, 3 * ms) / 1e3
+    while time.perf_counter() < end:
+        fn()
+    timer.synchronize()
+    samples, end = [], time.perf_counter() + max(0.15, 30 * ms / 1e3)
+    while time.perf_counter() < end or len(samples) < 5:
+        start = timer.start()
+        fn()
+        samples.append(timer.elapsed_ms(timer.stop(start)))
+    return samples
+
+
 results = {}
 for name, (ms, fn, timer) in kernels.items():
+    if bare:
+        results[name] = {"bucket_ms": ms, "samples_ms": bare_samples(fn, timer, ms),
+                         "clean": None}
+        continue
     m = krex.measure(fn, device=device, timer=timer, cache="hot", warmup_ms=max(5, 3 * ms),
                      min_time_s=max(0.15, 30 * ms / 1e3), max_time_s=max(0.3, 40 * ms / 1e3),
                      timeout_s=10, retries=0, noise_target=0.0, cuda_graph=False)

@@ -3,7 +3,7 @@
 argv: STACK DEVICE OUT_JSON [REPS=10]
 STACK: torch_eager | triton | cublas | cuda_python | ctypes
 Runs the stack's workload once (warm-up: compilation, handles, lazy init), then REPS
-times while reading the interposer's own counters (krex_interposer_counts) before and
+times while reading the interposer's own named counters before and
 after and, when torch is importable and the device is a GPU, counting the kernels,
 copies and memsets the CUDA profiler (CUPTI, through torch.profiler) saw.  Writes
 OUT_JSON; a missing package raises ``Skip`` which is written as ``skipped``.
@@ -22,7 +22,6 @@ stack, device, out = sys.argv[1], sys.argv[2], sys.argv[3]
 reps = int(sys.argv[4]) if len(sys.argv) > 4 else 10
 index = int(device.partition(":")[2] or 0)
 fake = device.startswith("fakegpu")
-NAMES = ("direct", "dlsym", "getprocaddress", "parked", "drains", "unmatched")
 
 
 class Skip(Exception):
@@ -30,10 +29,12 @@ class Skip(Exception):
 
 
 def counts() -> dict:
+    from krex.devices.native import interposer_counters
+
     lib = ctypes.CDLL(os.environ["KREX_GPUCHECK_INTERPOSER"])
-    buf = (ctypes.c_uint64 * 6)()
-    lib.krex_interposer_counts(buf, 6)
-    return dict(zip(NAMES, buf, strict=True)) | {"active": lib.krex_interposer_active()}
+    c = interposer_counters(lib)
+    return {"direct": c["launch_direct"], "dlsym": c["launch_dlsym"],
+            "getprocaddress": c["launch_getproc"], **c, "active": lib.krex_interposer_active()}
 
 
 def need(module: str):
@@ -235,7 +236,7 @@ def profiler_counts(work, sync) -> tuple[dict, dict]:
 
 
 def _delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in NAMES}
+    return {k: after[k] - before[k] for k in after if k != "active"}
 
 
 def main() -> dict:

@@ -19,7 +19,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
                        parents=[JSON_OUTPUT],
                        description="Run the eval workload under several modes in one run, or "
                                    "`krex eval report RESULTS.json` to redo table and plots.")
-    p.add_argument("--device", default="cpu", help="cpu or fakegpu:0 (default cpu)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, fakegpu:N, cuda:N or rocm:N (default cpu)")
     p.add_argument("--agents", type=int, help="concurrent agents (default 8; quick 2)")
     p.add_argument("--commands", type=int,
                    help="commands per agent and mode, split over the rounds (default 8; quick 1)")
@@ -50,9 +51,10 @@ def _config(args: argparse.Namespace):  # -> EvalConfig
         modes = parse_modes(args.modes)
     except ValueError as exc:
         raise BadRequest(str(exc), hint="see krex eval --help") from None
-    if not (args.device == "cpu" or args.device.startswith("fakegpu")):
-        raise BadRequest(f"krex eval runs on cpu or fakegpu:N, not {args.device}",
-                         hint="a GPU variant runs from benchmarks/gpu_check.py")
+    kind, _, index = args.device.partition(":")
+    if not (args.device == "cpu" or (kind in ("fakegpu", "cuda", "rocm") and index.isdigit())):
+        raise BadRequest(f"krex eval runs on cpu, fakegpu:N, cuda:N or rocm:N, not "
+                         f"{args.device}", hint="e.g. --device cuda:0")
     quick = args.quick
     return EvalConfig(device=args.device, agents=args.agents or (2 if quick else 8),
                       commands=args.commands or (1 if quick else 8),

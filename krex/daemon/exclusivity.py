@@ -16,12 +16,13 @@ import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
-from krex.enforce.checkpointlock import CheckpointLock, load_driver
+from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
@@ -30,7 +31,7 @@ from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.job import JobTarget
 from krex.enforce.process import PROTECTED, ProcessRef
 from krex.errors import KrexError
-from krex.protocol.report import DeviceAudit, HostEvidence, Reason
+from krex.protocol.report import DeviceAudit, HostEvidence, Reason, ReasonCode
 
 log = logging.getLogger("krex.daemon")
 GPU_KINDS = ("cuda", "rocm", "fakegpu")
@@ -76,12 +77,28 @@ class _Region:
         audit = self.audit.finish() if self.audit is not None else None
         if isinstance(self.drain, CheckpointLock):
             host.locked_pids = list(self.drain.acks_s)
+            host.lock_skipped_pids = list(self.drain.skipped)  # no CUDA context
             host.lock_acks_ms = _ms(self.drain.acks_s)
         elif self.drain is not None:
             host.gated_jobs = len(self.drain.jobs)
             host.gate_idle_jobs = list(self.drain.idle_jobs)
             host.drain_acks_ms = _ms(self.drain.acks)
-        return Evidence(host, audit, self.enforcement.reasons)
+        reasons = list(self.enforcement.reasons)
+        if self.drain is not None:
+            # what the GPU step saw go around it: a sibling's ungated entry points or
+            # calls, a drain acknowledged as incomplete, unconfirmed device idleness
+            reasons += [gpu_finding(f) for f in self.drain.findings()]
+        return Evidence(host, audit, reasons)
+
+
+_FINDING_CODES = {"drain": ReasonCode.DRAIN_INCOMPLETE, "gate_bypass": ReasonCode.GATE_BYPASS,
+                  "checkpoint_lock": ReasonCode.DEVICE_NOT_IDLE}
+
+
+def gpu_finding(finding: dict[str, str]) -> Reason:
+    """A finding of the GPU step (``what``, ``why``) as a typed reason not clean."""
+    code = _FINDING_CODES.get(finding["what"], ReasonCode.STEP_FAILED)
+    return Reason(code, f"{finding['what']}: {finding['why']}", dict(finding))
 
 
 def _ms(seconds: dict[int, float]) -> dict[int, float]:
@@ -221,8 +238,10 @@ class Exclusivity:
         if self.config.gpu_lock == "checkpoint":
             pids = [r.pid for j in siblings for r in self.target(j).processes()]
             lib_path, env = self._driver(request.device)
+            idle = (FakegpuIdle(self._fakegpu()) if request.device.startswith("fakegpu")
+                    else NvmlIdle.for_device(request.device))
             return CheckpointLock(self._driver_lib(lib_path), lib_path, pids,
-                                  timeout_s=self.config.drain_timeout_s, env=env)
+                                  timeout_s=self.config.drain_timeout_s, env=env, idle=idle)
         return self._gate_drain(siblings, request)
 
     def _driver(self, device: str) -> tuple[str, dict[str, str]]:
@@ -241,7 +260,8 @@ class Exclusivity:
         return self._drivers[path]
 
     def _gate_drain(self, siblings: list[Any], request: Any) -> GateDrain | None:
-        gated = [self.gates[j.job_id] for j in siblings if j.job_id in self.gates]
+        gated = [replace(self.gates[j.job_id], members=self.target(j).processes)
+                 for j in siblings if j.job_id in self.gates]
         return GateDrain(gated, timeout_s=self.config.drain_timeout_s,
                          policy=self.config.drain_policy,
                          max_wait_s=min(request.max_hold_s, 3600.0))

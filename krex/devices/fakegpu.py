@@ -25,7 +25,7 @@ from krex.errors import KrexError
 
 _REQ = struct.Struct("<IIQQII96s")  # struct fg_req (proto.h)
 _REP = struct.Struct("<iIQQQ")  # struct fg_rep
-_OP_STATS, _OP_DUMP_LOG = 10, 11
+_OP_STATS, _OP_DUMP_LOG, _OP_PROC_QUEUED = 10, 11, 15  # enum fg_op (proto.h)
 
 
 def available() -> bool:
@@ -71,10 +71,10 @@ class FakeGpu:
         env["KREX_FAKEGPU_SOCKET"] = self.socket_path
         return env
 
-    def _request(self, op: int, text: bytes = b"") -> tuple[int, int, int, int]:
+    def _request(self, op: int, text: bytes = b"", a: int = 0) -> tuple[int, int, int, int]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(self.socket_path)
-            s.sendall(_REQ.pack(op, 0, 0, 0, os.getpid(), 0, text))
+            s.sendall(_REQ.pack(op, 0, a, 0, os.getpid(), 0, text))
             data = b""
             while len(data) < _REP.size:
                 chunk = s.recv(_REP.size - len(data))
@@ -89,14 +89,20 @@ class FakeGpu:
         _, launches, finished, busy_ns = self._request(_OP_STATS)
         return {"launches": launches, "finished": finished, "busy_ns": busy_ns}
 
-    def launch_log(self) -> list[tuple[int, int, int, int, int]]:
-        """Every launch the server accepted: (monotonic ns, pid, context, flags, duration ns)."""
+    def queued(self, pid: int) -> int:
+        """Work items queued on the device for ``pid``'s contexts (the device's own view)."""
+        return self._request(_OP_PROC_QUEUED, a=pid)[1]
+
+    def launch_log(self) -> list[tuple[int, ...]]:
+        """Every launch the server accepted: (monotonic ns, pid, context, flags, duration ns,
+        execution start ns, end ns) — the last two are the fake device's own clock
+        (CLOCK_MONOTONIC of the server's execution thread; 0 while not run)."""
         with tempfile.NamedTemporaryFile(prefix="fakegpu-log-", delete=False) as f:
             path = f.name
         try:
             self._request(_OP_DUMP_LOG, path.encode())
             rows = Path(path).read_text().split("\n")
-            return [tuple(int(x) for x in row.split()) for row in rows if row]  # type: ignore[misc]
+            return [tuple(int(x) for x in row.split()) for row in rows if row]
         finally:
             os.unlink(path)
 

@@ -20,14 +20,22 @@ import mmap
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from krex.devices.native import ABI_VERSION, COUNTERS
+from krex.enforce.process import ProcessRef, stat_fields
 from krex.errors import DrainTimeout, EnforcementFailed
 
 MAGIC = 0x4758524B  # "KRXG"
-ABI_VERSION = 1  # KREX_GATE_ABI in native/interpose/gate.h
 NSLOTS = 64  # KREX_GATE_NSLOTS
 MAX_DEV = 64
+SLOT_COUNTERS = 16  # KREX_SLOT_COUNTERS
+# ack_status values that are not a driver error code (KREX_DRAIN_* in gate.h).
+DRAIN_REASONS = {
+    -1: "the driver's synchronisation calls were not found: its queued work was not waited for",
+    -2: "default-stream work was not synchronised: a stream capture was in progress",
+}
 
 
 class _Header(ctypes.Structure):
@@ -48,25 +56,61 @@ class _Proc(ctypes.Structure):
         ("ack_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
         ("parked", ctypes.c_uint64),
-        ("pad", ctypes.c_uint8 * 24),
+        ("start_time", ctypes.c_uint64),
+        ("ack_status", ctypes.c_int32),
+        ("pad0", ctypes.c_uint32),
+        ("pad1", ctypes.c_uint8 * 8),
+        ("counters", ctypes.c_uint64 * SLOT_COUNTERS),
     ]
 
 
 class _Dev(ctypes.Structure):
     _fields_ = [
         ("gate", ctypes.c_uint32),
-        ("pad0", ctypes.c_uint32),
+        ("overflow_procs", ctypes.c_uint32),
         ("generation", ctypes.c_uint64),
-        ("overflow_in_flight", ctypes.c_uint32),
-        ("pad1", ctypes.c_uint32),
+        ("pad1", ctypes.c_uint64),
         ("close_ns", ctypes.c_uint64),
         ("pad", ctypes.c_uint8 * 32),
         ("procs", _Proc * NSLOTS),
     ]
 
 
-assert ctypes.sizeof(_Header) == 64 and ctypes.sizeof(_Proc) == 64
-assert ctypes.sizeof(_Dev) == 64 + 64 * NSLOTS
+assert ctypes.sizeof(_Header) == 64 and ctypes.sizeof(_Proc) == 192
+assert ctypes.sizeof(_Dev) == 64 + 192 * NSLOTS and len(COUNTERS) <= SLOT_COUNTERS
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One process slot as the daemon sees it: its owner (pid + start time, so a
+    reused pid never passes for it), drain acknowledgement and named counters."""
+
+    pid: int
+    start_time: int
+    ack_generation: int
+    ack_status: int
+    counters: dict[str, int]
+
+    @property
+    def owner(self) -> ProcessRef:
+        return ProcessRef(self.pid, self.start_time)
+
+
+def _owner(p: _Proc) -> ProcessRef | None:
+    """The live process that owns slot ``p``, or None (free, gone, or pid reused)."""
+    pid, claimed = int(p.pid), int(p.start_time)
+    fields = stat_fields(pid) if pid else None
+    if fields is None or fields[0] in "ZX":
+        return None  # free, or its owner is gone (a zombie has no GPU work left)
+    now = int(fields[19])
+    if claimed and now != claimed:
+        return None  # stale: the pid now names another process; the interposer reclaims it
+    return ProcessRef(pid, now)
+
+
+def drain_reason(status: int) -> str:
+    """What a drain acknowledgement's non-zero status means."""
+    return DRAIN_REASONS.get(status, f"a stream synchronisation returned error {status}")
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAKE = 1
@@ -92,16 +136,6 @@ def _futex_wake(word: ctypes.c_uint32) -> None:
         None,
         ctypes.c_int(0),
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class GateFile:
@@ -192,9 +226,27 @@ class GateFile:
     def generation(self, slot: int = 0) -> int:
         return int(self._dev(slot).generation)
 
+    def _live(self, slot: int) -> list[tuple[_Proc, ProcessRef]]:
+        """(slot record, owner) of every slot whose owner is alive and the same process."""
+        return [(p, ref) for p in self._dev(slot).procs if (ref := _owner(p)) is not None]
+
     def pids(self, slot: int = 0) -> list[int]:
-        """Live processes that have launched on this slot (claimed a process slot)."""
-        return [p.pid for p in self._dev(slot).procs if p.pid and _alive(p.pid)]
+        """Live processes that have made gated calls on this slot (claimed a process slot)."""
+        return [ref.pid for _, ref in self._live(slot)]
+
+    def slots(self, slot: int = 0) -> list[Slot]:
+        """The live, verified process slots of a device record."""
+        return [Slot(ref.pid, ref.start_time, int(p.ack_generation), int(p.ack_status),
+                     dict(zip(COUNTERS, (int(c) for c in p.counters), strict=False)))
+                for p, ref in self._live(slot)]
+
+    def owner(self, slot: int, pid: int) -> ProcessRef | None:
+        """The verified owner of ``pid``'s slot (pid + the start time it claimed with)."""
+        return next((ref for _, ref in self._live(slot) if ref.pid == pid), None)
+
+    def overflow_procs(self, slot: int = 0) -> int:
+        """Processes that found every slot taken (they run ungated)."""
+        return int(self._dev(slot).overflow_procs)
 
     def interposed(self, slot: int | None = None) -> bool:
         """True when at least one live process of the job runs the interposer."""
@@ -203,13 +255,11 @@ class GateFile:
 
     def in_flight(self, slot: int = 0) -> int:
         """Launches of live processes currently inside the driver."""
-        dev = self._dev(slot)
-        live = sum(p.in_flight for p in dev.procs if p.pid and _alive(p.pid))
-        return int(live + dev.overflow_in_flight)
+        return sum(int(p.in_flight) for p, _ in self._live(slot))
 
     def launches(self, slot: int = 0) -> dict[int, int]:
         """Launches accepted per live pid (counter kept by the interposer)."""
-        return {p.pid: int(p.launches) for p in self._dev(slot).procs if p.pid and _alive(p.pid)}
+        return {ref.pid: int(p.launches) for p, ref in self._live(slot)}
 
     def wait_quiesced(self, slot: int = 0, timeout_s: float = 5.0) -> float:
         """Wait until no launch is inside the driver; returns seconds since the close."""
@@ -225,10 +275,8 @@ class GateFile:
             time.sleep(0)
         return (time.monotonic_ns() - dev.close_ns) / 1e9
 
-    def _pending(self, dev: _Dev, generation: int) -> list[int]:
-        return [
-            p.pid for p in dev.procs if p.pid and p.ack_generation < generation and _alive(p.pid)
-        ]
+    def _pending(self, slot: int, generation: int) -> list[int]:
+        return [ref.pid for p, ref in self._live(slot) if p.ack_generation < generation]
 
     def wait_drained(self, slot: int, generation: int, timeout_s: float = 10.0) -> dict[int, float]:
         """Wait for every live process's drain ack of ``generation``.
@@ -239,7 +287,7 @@ class GateFile:
         dev = self._dev(slot)
         deadline = time.monotonic() + timeout_s
         pause = 20e-6
-        while pending := self._pending(dev, generation):
+        while pending := self._pending(slot, generation):
             if time.monotonic() > deadline:
                 raise DrainTimeout(
                     f"pid {pending[0]} did not drain its queued GPU work within {timeout_s} s",
@@ -250,9 +298,9 @@ class GateFile:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         return {
-            p.pid: max(0, int(p.ack_ns) - int(dev.close_ns)) / 1e9
-            for p in dev.procs
-            if p.pid and p.ack_generation >= generation
+            ref.pid: max(0, int(p.ack_ns) - int(dev.close_ns)) / 1e9
+            for p, ref in self._live(slot)
+            if p.ack_generation >= generation
         }
 
     @property

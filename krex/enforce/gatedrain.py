@@ -8,16 +8,25 @@ interposer has launched nothing through it: it is gated (its gate closes, so
 a first launch would park) and listed as idle in the report.  When a drain
 times out the policy decides: ``abort`` (default: revert and raise
 :class:`~krex.errors.DrainTimeout`), ``wait`` (keep waiting up to the
-region's maximum hold) or ``kill`` (SIGKILL the processes that did not ack).
+region's maximum hold) or ``kill`` (SIGKILL the processes that did not ack,
+only those verified — pid and start time — as members of the job).
+
+What the operation saw that makes the region not clean is in
+:meth:`GateDrain.findings` (``{"what", "why"}`` entries for ``not_enforced``):
+a drain acknowledged with a failure (a synchronisation error, default-stream
+work left during a stream capture), and any sibling process that reached the
+driver around the gate (entry points left unwrapped, calls made without a
+slot).
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from krex.enforce.gate import GateFile
+from krex.enforce.gate import GateFile, drain_reason
 from krex.enforce.process import ProcessRef
 from krex.errors import DrainTimeout
 
@@ -30,6 +39,8 @@ class GatedJob:
     gate: GateFile
     path: str
     slot: int = 0
+    # The job's live processes (pid + start time); the kill policy signals only these.
+    members: Callable[[], list[ProcessRef]] | None = None
 
 
 @dataclass
@@ -47,6 +58,8 @@ class GateDrain:
     # nothing of theirs can be queued (a process that reaches the GPU without the
     # interposer is not seen here; on NVIDIA the NVML audit reports it).
     idle_jobs: list[int] = field(default_factory=list)
+    # This region's drains acknowledged with a failure: (job id, pid, ack status).
+    drain_failures: list[tuple[int, int, int]] = field(default_factory=list)
     _closed: list[GatedJob] = field(default_factory=list)
 
     def available(self) -> tuple[bool, str]:
@@ -61,6 +74,10 @@ class GateDrain:
             self._closed.append(job)
         for job in self.jobs:
             self._drain(job, generations[job.job_id])
+            self.drain_failures += [(job.job_id, s.pid, s.ack_status)
+                                    for s in job.gate.slots(job.slot)
+                                    if s.ack_generation >= generations[job.job_id]
+                                    and s.ack_status != 0]
 
     def _drain(self, job: GatedJob, generation: int) -> None:
         deadline = time.monotonic() + (self.max_wait_s if self.policy == "wait" else 0)
@@ -70,12 +87,40 @@ class GateDrain:
                 return
             except DrainTimeout as exc:
                 if self.policy == "kill" and exc.pid:
-                    _kill(exc.pid)
+                    self._kill(job, exc)
                     continue
                 if self.policy == "wait" and time.monotonic() < deadline:
                     continue
                 exc.message = f"job {job.job_id}: {exc.message}"
                 raise
+
+    def _kill(self, job: GatedJob, exc: DrainTimeout) -> None:
+        """SIGKILL the slot's owner if it is a verified member of the job, else give up:
+        the pid comes from a file the job can write."""
+        owner = job.gate.owner(job.slot, exc.pid) if exc.pid is not None else None
+        if owner is None:
+            return  # gone (or its pid reused): no longer pending
+        members = set(job.members()) if job.members is not None else set()
+        if owner not in members:
+            exc.message = (f"job {job.job_id}: {exc.message}; not killed: pid {owner.pid} "
+                           f"(start time {owner.start_time}) is not a verified member of the job")
+            raise exc
+        owner.send_signal(signal.SIGKILL)
+
+    def findings(self) -> list[dict[str, str]]:
+        """Why the region is not clean, from the gate files (empty when it is)."""
+        out = [{"what": "drain", "why": f"job {job_id} pid {pid}: drain incomplete: "
+                                        f"{drain_reason(status)}"}
+               for job_id, pid, status in self.drain_failures]
+        for job in self.jobs:
+            if job.gate.released:
+                continue
+            for s in job.gate.slots(job.slot):
+                out += _bypasses(job.job_id, s.pid, s.counters)
+            if (n := job.gate.overflow_procs(job.slot)):
+                out.append({"what": "gate_bypass", "why": f"job {job.job_id}: {n} processes "
+                            "found every gate slot taken and run ungated"})
+        return out
 
     def revert(self) -> None:
         """Reopen every gate this op closed, each on its own: one failure must not
@@ -94,8 +139,15 @@ class GateDrain:
         return [{"kind": "gate_open", "path": j.path, "slot": j.slot} for j in self.jobs]
 
 
-def _kill(pid: int) -> None:
-    try:
-        ProcessRef.of(pid).send_signal(signal.SIGKILL)
-    except Exception:  # noqa: BLE001, S110 - gone already: nothing left to drain
-        pass
+def _bypasses(job_id: int, pid: int, counters: dict[str, int]) -> list[dict[str, str]]:
+    """Not-clean entries for one sibling process's interposer counters."""
+    out = []
+    if counters.get("unwrapped"):
+        out.append({"what": "gate_bypass", "why": (
+            f"job {job_id} pid {pid}: {counters['unwrapped']} driver entry points handed out "
+            f"unwrapped ({counters.get('unmatched', 0)} of an unknown ABI variant): its "
+            "launches through them are not gated")})
+    if counters.get("ungated"):
+        out.append({"what": "gate_bypass", "why": (
+            f"job {job_id} pid {pid}: {counters['ungated']} gated calls ran without the gate")})
+    return out

@@ -99,7 +99,7 @@ def _kind(row: dict[str, Any]) -> str:
     return str(row["kernel"]).split("-")[0]
 
 
-def _bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def bucket_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out = {}
     for b in sorted({r["bucket_ms"] for r in rows}):
         vals = [r["inflation_pct"] for r in rows if r["bucket_ms"] == b]
@@ -122,10 +122,10 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"commands": len(cmds), "failed": sum(not c["ok"] for c in cmds), "wall_s": wall,
             "throughput_cpm": 60 * sum(c["ok"] for c in cmds) / wall if wall else 0.0,
             "command_wall_p50_s": quantiles([c["wall_s"] for c in cmds], (0.5,))["p50"],
-            "inflation_pct": _bucket_stats(rows),
-            "inflation_by_kind_pct": {kind: _bucket_stats([r for r in rows if _kind(r) == kind])
+            "inflation_pct": bucket_stats(rows),
+            "inflation_by_kind_pct": {kind: bucket_stats([r for r in rows if _kind(r) == kind])
                                       for kind in sorted({_kind(r) for r in rows})},
-            "reference_drift_pct": _bucket_stats([r for b in blocks for r in reference_drift(b)]),
+            "reference_drift_pct": bucket_stats([r for b in blocks for r in reference_drift(b)]),
             "handoff_us": {
                 "n": len(hand), **quantiles(hand, (0.5, 0.95))},
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),

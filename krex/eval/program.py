@@ -27,18 +27,28 @@ _T_IMPORT = time.perf_counter()
 
 
 def _context(device: str) -> Any:
-    """The device context (fakegpu: driver events; creation is serialised by the server)."""
-    if not device.startswith("fakegpu"):
-        return None
-    from krex.measure.events import FakegpuTimer
+    """The device context and its timer: fakegpu (creation serialised by the server) and
+    cuda:N: driver-API events; rocm:N: torch events (the kernels are torch's)."""
+    kind, _, index = device.partition(":")
+    if kind == "fakegpu":
+        from krex.measure.events import FakegpuTimer
 
-    return FakegpuTimer(int(device.partition(":")[2] or 0))
+        return FakegpuTimer(int(index or 0))
+    if kind == "cuda":
+        from krex.measure.events import DriverEventTimer
+
+        return DriverEventTimer(int(index or 0))
+    if kind == "rocm":
+        from krex.measure.events import TorchEventTimer
+
+        return TorchEventTimer(int(index or 0), device=device)
+    return None
 
 
 def _kernels(spec: dict[str, Any], timer: Any) -> list[tuple[Any, Any]]:
     from krex.eval.kernels import KernelSpec, build
 
-    lib = timer.api.lib if timer is not None else None
+    lib = timer.api.lib if hasattr(timer, "api") else None
     specs = [KernelSpec(**k) for k in spec["kernels"]]
     return [(k, build(k, spec["device"], lib)) for k in specs]
 

@@ -53,6 +53,9 @@ class ReasonCode(str, Enum):
     REVOKED = "revoked"  # held past its maximum hold
     OWNER_GONE = "owner_gone"  # the holder went away without releasing
     DAEMON_STOPPED = "daemon_stopped"  # the daemon stopped while the region was held
+    GATE_BYPASS = "gate_bypass"  # a sibling's GPU calls went around the interposer's gate
+    DRAIN_INCOMPLETE = "drain_incomplete"  # a sibling acknowledged a drain that did not finish
+    DEVICE_NOT_IDLE = "device_not_idle"  # locked siblings' submitted work not seen to finish
 
     @property
     def gap(self) -> bool:
@@ -120,6 +123,7 @@ class HostEvidence:
     gate_idle_jobs: list[int] = field(default_factory=list)  # ... that never launched GPU work
     drain_acks_ms: dict[int, float] = field(default_factory=dict)  # pid -> ack latency
     locked_pids: list[int] = field(default_factory=list)  # checkpoint lock
+    lock_skipped_pids: list[int] = field(default_factory=list)  # ... no CUDA context: not locked
     lock_acks_ms: dict[int, float] = field(default_factory=dict)  # pid -> lock latency
 
     def to_dict(self) -> dict[str, Any]:

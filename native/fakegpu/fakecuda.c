@@ -21,15 +21,13 @@
 #define CU_STREAM_PER_THREAD_H ((CUstream)0x2)
 #define MAX_STACK 16
 #define MAX_DEV 16
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_NOT_INITIALIZED 3
-#define CUDA_ERROR_NO_DEVICE 100
-#define CUDA_ERROR_INVALID_DEVICE 101
-#define CUDA_ERROR_INVALID_CONTEXT 201
-#define CUDA_ERROR_INVALID_HANDLE 400
 
+#define STREAM_MAGIC 0x53545846u
 struct CUctx_st { uint32_t magic; uint32_t id; int dev; int refs; };
-struct CUstream_st { CUcontext ctx; };
+struct fg_kernel { uint64_t dur_ns; uint32_t flags; };
+struct fg_graph { size_t n, cap; struct fg_kernel *k; }; /* CUgraph and CUgraphExec */
+/* A stream; while capturing, its submissions are recorded, not run (stream capture). */
+struct CUstream_st { uint32_t magic; CUcontext ctx; int capturing, invalidated; struct fg_graph *g; };
 struct CUfunc_st { uint64_t dur_ns; uint32_t flags; };
 struct CUevent_st { uint32_t id; };
 struct CUmod_st { int unused; };
@@ -46,6 +44,7 @@ static __thread int t_depth;
 #define API FG_EXPORT CUresult
 
 static CUresult status_of(int st) { return st < 0 ? CUDA_ERROR_NOT_INITIALIZED : st; }
+static int capture_unsafe_call(void);
 
 API cuInit(unsigned int flags)
 {
@@ -61,7 +60,7 @@ API cuInit(unsigned int flags)
 
 API cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
 
-/* cuCheckpointProcessLock/Unlock: the server holds the process's submissions. */
+/* cuCheckpointProcessLock/Unlock/GetState: the server blocks the process's calls. */
 typedef struct {
     unsigned int timeoutMs, reserved0;
     unsigned long long reserved1[7];
@@ -72,6 +71,15 @@ API cuCheckpointProcessLock(int pid, fg_lock_args *args)
     struct fg_rep r;
     int st = fg_simple(FG_PROC_LOCK, 0, (uint64_t)pid, args ? args->timeoutMs : 0, &r);
     return st != 0 ? status_of(st) : (CUresult)r.status;
+}
+
+API cuCheckpointProcessGetState(int pid, int *state)
+{
+    struct fg_rep r;
+    int st = fg_simple(FG_PROC_STATE, 0, (uint64_t)pid, 0, &r);
+    if (st == 0)
+        *state = (int)r.v0; /* CU_PROCESS_STATE_RUNNING 0, LOCKED 1 */
+    return status_of(st);
 }
 
 API cuCheckpointProcessUnlock(int pid, void *args)
@@ -247,15 +255,27 @@ static CUresult sync_ctx(CUcontext c)
     return status_of(fg_simple(FG_SYNC, c->id, 0, 0, NULL));
 }
 
-API cuCtxSynchronize(void) { return sync_ctx(current()); }
+API cuCtxSynchronize(void)
+{
+    if (capture_unsafe_call()) /* a context-wide sync during a capture breaks the capture */
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return sync_ctx(current());
+}
 
 /* The context a stream belongs to (legacy / per-thread / NULL: the current one). */
+static int explicit_stream(CUstream s)
+{
+    return s && s != CU_STREAM_LEGACY_H && s != CU_STREAM_PER_THREAD_H;
+}
+
 static CUcontext ctx_of(CUstream s)
 {
-    if (!s || s == CU_STREAM_LEGACY_H || s == CU_STREAM_PER_THREAD_H)
+    if (!explicit_stream(s))
         return current();
-    return s->ctx;
+    return s->magic == STREAM_MAGIC ? s->ctx : NULL;
 }
+
+#include "fakecuda_capture.h"
 
 API cuStreamCreate(CUstream *s, unsigned int flags)
 {
@@ -263,15 +283,22 @@ API cuStreamCreate(CUstream *s, unsigned int flags)
     if (!current())
         return CUDA_ERROR_INVALID_CONTEXT;
     *s = calloc(1, sizeof(**s));
+    (*s)->magic = STREAM_MAGIC;
     (*s)->ctx = current();
     return CUDA_SUCCESS;
 }
 
 API cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int prio) { (void)prio; return cuStreamCreate(s, flags); }
-API cuStreamSynchronize(CUstream s) { return sync_ctx(ctx_of(s)); }
-API cuStreamSynchronize_ptsz(CUstream s) { return sync_ctx(ctx_of(s)); }
-API cuStreamQuery(CUstream s) { return sync_ctx(ctx_of(s)); }
-API cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
+API cuStreamSynchronize(CUstream s) { return sync_stream(s); }
+API cuStreamSynchronize_ptsz(CUstream s) { return sync_stream(s); }
+API cuStreamQuery(CUstream s) { return sync_stream(s); }
+API cuStreamDestroy_v2(CUstream s)
+{
+    if (!explicit_stream(s) || s->magic != STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0; /* kept, not freed: a stale handle is detected, as the driver does */
+    return CUDA_SUCCESS;
+}
 
 API cuModuleLoadData(CUmodule *m, const void *image) { (void)image; *m = calloc(1, sizeof(**m)); return 0; }
 API cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *o, void **v)
@@ -289,7 +316,7 @@ API cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     *f = calloc(1, sizeof(**f));
     fg_parse_kernel(name, &(*f)->dur_ns, &(*f)->flags);
     if ((*f)->dur_ns == 0 && !(*f)->flags)
-        (*f)->flags = 0x100; /* spin_param */
+        (*f)->flags = FG_SPIN_PARAM;
     return CUDA_SUCCESS;
 }
 
@@ -301,8 +328,10 @@ static CUresult launch(CUfunction f, CUstream s, void **params)
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t dur = f->dur_ns;
-    if ((f->flags & 0x100) && params && params[0])
+    if ((f->flags & FG_SPIN_PARAM) && params && params[0])
         dur = *(uint64_t *)params[0];
+    if (explicit_stream(s) && s->capturing)
+        return capture(s, dur, f->flags & FG_POISON);
     return status_of(fg_simple(FG_LAUNCH, c->id, dur, f->flags & FG_POISON, NULL));
 }
 
@@ -329,12 +358,12 @@ API cuMemAlloc_v2(CUdeviceptr *p, size_t n)
     size_t used = atomic_fetch_add(&g_mem_used, n);
     if (used + n > mem_cap()) {
         atomic_fetch_sub(&g_mem_used, n);
-        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     void *mem = NULL;
     if (posix_memalign(&mem, 256, n + 256) != 0) {
         atomic_fetch_sub(&g_mem_used, n);
-        return 2;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *(size_t *)mem = n;
     *p = (CUdeviceptr)(uintptr_t)((char *)mem + 256);
@@ -445,12 +474,12 @@ API cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return elapsed(ms, 
 
 API cuGetErrorString(CUresult e, const char **s)
 {
-    *s = e == 0 ? "no error" : e == FG_ERR_LAUNCH_FAILED ? "unspecified launch failure" : "fakegpu error";
+    *s = e == 0 ? "no error" : e == CUDA_ERROR_LAUNCH_FAILED ? "unspecified launch failure" : "fakegpu error";
     return CUDA_SUCCESS;
 }
 API cuGetErrorName(CUresult e, const char **s)
 {
-    *s = e == 0 ? "CUDA_SUCCESS" : e == FG_ERR_LAUNCH_FAILED ? "CUDA_ERROR_LAUNCH_FAILED" : "CUDA_ERROR_UNKNOWN";
+    *s = e == 0 ? "CUDA_SUCCESS" : e == CUDA_ERROR_LAUNCH_FAILED ? "CUDA_ERROR_LAUNCH_FAILED" : "CUDA_ERROR_UNKNOWN";
     return CUDA_SUCCESS;
 }
 

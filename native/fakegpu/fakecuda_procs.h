@@ -8,6 +8,18 @@ API cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t 
 
 struct proc_entry { const char *base; void *fn; int since; int pt; };
 
+/* Like the real driver, cuGetProcAddress hands out internal entry points for some
+ * calls: pointers no exported symbol names (dladdr cannot tell what they are), so
+ * an interposer must choose its wrapper from the name, version and flags. */
+#define LAUNCH_ARGS f, gx, gy, gz, bx, by, bz, shmem, s, params, extra
+static CUresult internal_launch(LAUNCH_PARAMS) { return cuLaunchKernel(LAUNCH_ARGS); }
+static CUresult internal_launch_ptsz(LAUNCH_PARAMS) { return cuLaunchKernel_ptsz(LAUNCH_ARGS); }
+/* A newer driver's variant of cuLaunchKernel (same ABI here) for callers asking with a
+ * version past CUDA 13.0: an interposer built from 13.0's headers cannot know it. */
+static CUresult internal_launch_next(LAUNCH_PARAMS) { return cuLaunchKernel(LAUNCH_ARGS); }
+static CUresult internal_getproc(const char *, void **, int, cuuint64_t);
+static CUresult internal_getproc_v2(const char *, void **, int, cuuint64_t, int *);
+
 #define E(base, fn, since, pt) {#base, (void *)fn, since, pt}
 static const struct proc_entry g_procs[] = {
     E(cuInit, cuInit, 2000, 0), E(cuDriverGetVersion, cuDriverGetVersion, 2020, 0),
@@ -29,7 +41,8 @@ static const struct proc_entry g_procs[] = {
     E(cuModuleLoad, cuModuleLoad, 2000, 0), E(cuModuleLoadData, cuModuleLoadData, 2000, 0),
     E(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0), E(cuModuleUnload, cuModuleUnload, 2000, 0),
     E(cuModuleGetFunction, cuModuleGetFunction, 2000, 0),
-    E(cuLaunchKernel, cuLaunchKernel, 4000, 0), E(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, 1),
+    E(cuLaunchKernel, internal_launch, 4000, 0), E(cuLaunchKernel, internal_launch_ptsz, 7000, 1),
+    E(cuLaunchKernel, internal_launch_next, 13010, 0),
     E(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0), E(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, 11060, 1),
     E(cuLaunchHostFunc, cuLaunchHostFunc, 10000, 0), E(cuLaunchHostFunc, cuLaunchHostFunc_ptsz, 10000, 1),
     E(cuMemAlloc, cuMemAlloc_v2, 3020, 0), E(cuMemFree, cuMemFree_v2, 3020, 0),
@@ -51,7 +64,16 @@ static const struct proc_entry g_procs[] = {
     E(cuEventDestroy, cuEventDestroy_v2, 4000, 0), E(cuEventElapsedTime, cuEventElapsedTime, 2000, 0),
     E(cuEventElapsedTime, cuEventElapsedTime_v2, 12080, 0),
     E(cuGetErrorString, cuGetErrorString, 6000, 0), E(cuGetErrorName, cuGetErrorName, 6000, 0),
-    E(cuGetProcAddress, cuGetProcAddress, 11030, 0), E(cuGetProcAddress, cuGetProcAddress_v2, 12000, 0),
+    E(cuGetProcAddress, internal_getproc, 11030, 0), E(cuGetProcAddress, internal_getproc_v2, 12000, 0),
+    E(cuStreamIsCapturing, cuStreamIsCapturing, 10000, 0), E(cuStreamGetCtx, cuStreamGetCtx, 9020, 0),
+    E(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, 0),
+    E(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, 0), E(cuStreamEndCapture, cuStreamEndCapture, 10000, 0),
+    E(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0),
+    E(cuGraphLaunch, cuGraphLaunch, 10000, 0), E(cuGraphLaunch, cuGraphLaunch_ptsz, 10000, 1),
+    E(cuGraphDestroy, cuGraphDestroy, 10000, 0), E(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0),
+    E(cuCheckpointProcessLock, cuCheckpointProcessLock, 12080, 0),
+    E(cuCheckpointProcessUnlock, cuCheckpointProcessUnlock, 12080, 0),
+    E(cuCheckpointProcessGetState, cuCheckpointProcessGetState, 12080, 0),
 };
 #undef E
 
@@ -87,6 +109,17 @@ API cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t fla
 }
 
 API cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status)
+{
+    return get_proc(symbol, pfn, version, flags, status);
+}
+
+static CUresult internal_getproc(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return get_proc(symbol, pfn, version, flags, NULL);
+}
+
+static CUresult internal_getproc_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    int *status)
 {
     return get_proc(symbol, pfn, version, flags, status);
 }

@@ -14,11 +14,6 @@
 #include "interpose/cutypes.h"
 
 #define MAX_DEV 16
-#define hipSuccess 0
-#define hipErrorInvalidValue 1
-#define hipErrorNotInitialized 3
-#define hipErrorInvalidDevice 101
-#define hipErrorNoDevice 100
 
 struct ihipModuleSymbol_t { uint64_t dur_ns; uint32_t flags; };
 struct ihipStream_t { int dev; };
@@ -77,6 +72,10 @@ API hipDeviceSynchronize(void)
 API hipStreamCreate(hipStream_t *s) { *s = calloc(1, sizeof(**s)); (*s)->dev = t_dev; return hipSuccess; }
 API hipStreamDestroy(hipStream_t s) { free(s); return hipSuccess; }
 API hipStreamSynchronize(hipStream_t s) { return status_of(fg_simple(FG_SYNC, ctx_of(s), 0, 0, NULL)); }
+/* Stream capture is not modelled for HIP: no stream is ever capturing. */
+API hipStreamIsCapturing(hipStream_t s, int *status) { (void)s; *status = 0; return hipSuccess; }
+API hipStreamGetDevice(hipStream_t s, int *dev) { *dev = s ? s->dev : t_dev; return hipSuccess; }
+API hipThreadExchangeStreamCaptureMode(int *mode) { *mode = 0; return hipSuccess; }
 
 API hipModuleLoadData(hipModule_t *m, const void *image) { (void)image; *m = calloc(1, 8); return hipSuccess; }
 API hipModuleLoad(hipModule_t *m, const char *path) { return hipModuleLoadData(m, path); }
@@ -121,7 +120,7 @@ API hipExtModuleLaunchKernel(hipFunction_t f, uint32_t gx, uint32_t gy, uint32_t
     return launch(f, s, params);
 }
 
-API hipMalloc(void **p, size_t n) { return posix_memalign(p, 256, n ? n : 1) ? 2 : hipSuccess; }
+API hipMalloc(void **p, size_t n) { return posix_memalign(p, 256, n ? n : 1) ? hipErrorOutOfMemory : hipSuccess; }
 API hipFree(void *p) { free(p); return hipSuccess; }
 
 static hipError_t transfer(void *dst, const void *src, int byte, size_t n, hipStream_t s, int wait)
@@ -181,6 +180,7 @@ API hipGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flag
 static const struct { const char *name; void *fn; } g_procs[] = {
     P(hipInit), P(hipGetDeviceCount), P(hipGetDevice), P(hipSetDevice), P(hipDeviceSynchronize),
     P(hipStreamCreate), P(hipStreamDestroy), P(hipStreamSynchronize), P(hipModuleLoadData),
+    P(hipStreamIsCapturing), P(hipStreamGetDevice), P(hipThreadExchangeStreamCaptureMode),
     P(hipModuleGetFunction), P(hipLaunchKernel), P(hipLaunchKernel_spt), P(hipModuleLaunchKernel),
     P(hipExtModuleLaunchKernel), P(hipLaunchCooperativeKernel), P(hipMalloc), P(hipFree),
     P(hipMemcpy), P(hipMemcpy_spt), P(hipMemcpyAsync), P(hipMemcpyHtoD), P(hipMemcpyDtoH),

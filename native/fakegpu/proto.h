@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "errors.h"
+
 enum fg_op {
     FG_HELLO = 1,     /* -> v0 = device count */
     FG_CTX_CREATE,    /* a = device -> v0 = context id (serialised, delayed) */
@@ -20,9 +22,15 @@ enum fg_op {
     FG_EVENT_SYNC,    /* a = event id -> v0 = ns once recorded */
     FG_STATS,         /* -> v0 launches, v1 kernels finished, v2 busy ns */
     FG_DUMP_LOG,      /* text = path: write the launch log -> v0 = entries */
-    FG_PROC_LOCK,     /* a = pid, flags = timeout ms: its submissions wait; returns once its
-                         queued work has run (cuCheckpointProcessLock) */
-    FG_PROC_UNLOCK,   /* a = pid: its submissions go on (cuCheckpointProcessUnlock) */
+    FG_PROC_LOCK,     /* a = pid, flags = timeout ms: cuCheckpointProcessLock, as NVIDIA
+                         documents it: waits (up to the timeout) for the process's calls in
+                         progress, then blocks its further calls; its queued work keeps
+                         running.  Timeout: CUDA_ERROR_NOT_READY, left unlocked.  A process
+                         without a context: CUDA_ERROR_INVALID_VALUE */
+    FG_PROC_UNLOCK,   /* a = pid: its calls go on (cuCheckpointProcessUnlock) */
+    FG_PROC_STATE,    /* a = pid -> v0 = 0 running, 1 locked (cuCheckpointProcessGetState);
+                         CUDA_ERROR_INVALID_VALUE: the process has no context */
+    FG_PROC_QUEUED,   /* a = pid -> v0 = work items queued on its contexts (device truth) */
 };
 
 enum fg_flags {
@@ -30,11 +38,7 @@ enum fg_flags {
     FG_COPY = 2,   /* a transfer, not a kernel (for the log) */
 };
 
-#define FG_ERR_LAUNCH_FAILED 719 /* CUDA_ERROR_LAUNCH_FAILED: sticky */
-#define FG_ERR_NOT_READY 600
-#define FG_ERR_INVALID_VALUE 1
-#define FG_ERR_INVALID_CONTEXT 201
-#define FG_ERR_TIMEOUT 909 /* CUDA_ERROR_TIMEOUT */
+#define FG_SPIN_PARAM 0x100 /* client side: the kernel's duration is its first parameter */
 
 struct fg_req {
     uint32_t op;

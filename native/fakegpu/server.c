@@ -33,6 +33,7 @@ struct item {
     int poison;
     uint64_t remaining_ns;
     uint32_t event;
+    uint32_t log; /* its launch-log entry + 1 (0: none), for the execution stamps */
     struct item *next;
 };
 
@@ -51,11 +52,12 @@ struct event {
 };
 
 struct log_entry {
-    uint64_t ns;
+    uint64_t ns; /* accepted */
     uint32_t pid;
     uint32_t ctx;
     uint32_t flags;
     uint64_t dur_ns;
+    uint64_t start_ns, end_ns; /* executed: the device's own clock (0: not yet) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -142,11 +144,16 @@ static uint64_t run_head(int i, uint64_t budget)
         return 0;
     }
     uint64_t run = it->remaining_ns < budget ? it->remaining_ns : budget;
+    struct log_entry *entry = it->log && g_log ? &g_log[it->log - 1] : NULL;
+    if (entry && !entry->start_ns)
+        entry->start_ns = now_ns();
     pthread_mutex_unlock(&g_mu);
     uint64_t spent = spin(run);
     pthread_mutex_lock(&g_mu);
     g_busy_ns += spent;
     it->remaining_ns -= run;
+    if (it->remaining_ns == 0 && entry)
+        entry->end_ns = now_ns();
     if (it->remaining_ns == 0) {
         g_finished++;
         if (it->poison) {
@@ -216,24 +223,26 @@ static void enqueue(struct ctx *c, struct item *it)
     pthread_cond_signal(&g_work);
 }
 
-static void log_launch(const struct fg_req *q, uint64_t ns)
+static uint32_t log_launch(const struct fg_req *q, uint64_t ns)
 {
     if (!g_log)
         g_log = calloc(MAX_LOG, sizeof(*g_log));
-    if (g_log && g_log_n < MAX_LOG)
-        g_log[g_log_n++] = (struct log_entry){ns, q->pid, q->ctx, q->flags, q->a};
+    if (!g_log || g_log_n >= MAX_LOG)
+        return 0;
+    g_log[g_log_n++] = (struct log_entry){ns, q->pid, q->ctx, q->flags, q->a, 0, 0};
+    return g_log_n;
 }
 
 static void op_launch(const struct fg_req *q, struct fg_rep *r)
 {
     uint64_t t = now_ns();
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
     if (c->poisoned) {
-        r->status = FG_ERR_LAUNCH_FAILED;
+        r->status = CUDA_ERROR_LAUNCH_FAILED;
         return;
     }
     struct item *it = calloc(1, sizeof(*it));
@@ -241,20 +250,20 @@ static void op_launch(const struct fg_req *q, struct fg_rep *r)
     it->poison = (q->flags & FG_POISON) != 0;
     it->remaining_ns = q->a ? q->a : 1;
     g_launches++;
-    log_launch(q, t);
+    it->log = log_launch(q, t);
     enqueue(c, it);
 }
 
 static void op_sync(const struct fg_req *q, struct fg_rep *r)
 {
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
     while (c->used && c->head)
         pthread_cond_wait(&g_done, &g_mu);
-    r->status = c->poisoned ? FG_ERR_LAUNCH_FAILED : 0;
+    r->status = c->poisoned ? CUDA_ERROR_LAUNCH_FAILED : 0;
 }
 
 static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
@@ -266,7 +275,7 @@ static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
     pthread_mutex_unlock(&g_create_mu);
     pthread_mutex_lock(&g_mu);
     if ((int)q->a < 0 || (int)q->a >= g_ndev) {
-        r->status = 101; /* CUDA_ERROR_INVALID_DEVICE */
+        r->status = CUDA_ERROR_INVALID_DEVICE;
         return;
     }
     for (int i = 0; i < MAX_CTX; i++) {
@@ -276,13 +285,13 @@ static void op_ctx_create(const struct fg_req *q, struct fg_rep *r)
             return;
         }
     }
-    r->status = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    r->status = CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static void op_ctx_destroy(const struct fg_req *q, struct fg_rep *r)
 {
     if (!valid_ctx(q->ctx)) {
-        r->status = FG_ERR_INVALID_CONTEXT;
+        r->status = CUDA_ERROR_INVALID_CONTEXT;
         return;
     }
     struct ctx *c = &g_ctx[q->ctx - 1];
@@ -303,17 +312,17 @@ static void op_event(const struct fg_req *q, struct fg_rep *r)
         return;
     }
     if (id == 0 || id >= MAX_EVENTS || !g_events[id].used) {
-        r->status = FG_ERR_INVALID_VALUE;
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
     struct event *e = &g_events[id];
     if (q->op == FG_EVENT_RECORD) {
         if (!valid_ctx(q->ctx)) {
-            r->status = FG_ERR_INVALID_CONTEXT;
+            r->status = CUDA_ERROR_INVALID_CONTEXT;
             return;
         }
         if (g_ctx[q->ctx - 1].poisoned) {
-            r->status = FG_ERR_LAUNCH_FAILED;
+            r->status = CUDA_ERROR_LAUNCH_FAILED;
             return;
         }
         e->recorded = 0;
@@ -325,7 +334,7 @@ static void op_event(const struct fg_req *q, struct fg_rep *r)
     }
     while (q->op == FG_EVENT_SYNC && !e->recorded)
         pthread_cond_wait(&g_done, &g_mu);
-    r->status = e->recorded ? 0 : FG_ERR_NOT_READY;
+    r->status = e->recorded ? 0 : CUDA_ERROR_NOT_READY;
     r->v0 = e->ns;
 }
 
@@ -333,20 +342,24 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
 {
     FILE *f = fopen(q->text, "w");
     if (!f) {
-        r->status = FG_ERR_INVALID_VALUE;
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
     for (uint32_t i = 0; i < g_log_n; i++)
-        fprintf(f, "%llu %u %u %u %llu\n", (unsigned long long)g_log[i].ns, g_log[i].pid,
-                g_log[i].ctx, g_log[i].flags, (unsigned long long)g_log[i].dur_ns);
+        fprintf(f, "%llu %u %u %u %llu %llu %llu\n", (unsigned long long)g_log[i].ns,
+                g_log[i].pid, g_log[i].ctx, g_log[i].flags, (unsigned long long)g_log[i].dur_ns,
+                (unsigned long long)g_log[i].start_ns, (unsigned long long)g_log[i].end_ns);
     fclose(f);
     r->v0 = g_log_n;
 }
 
-/* Process locks (the fake cuCheckpointProcessLock): a locked process's submissions
- * wait in the server until it is unlocked. */
+/* Process locks (the fake cuCheckpointProcessLock, as NVIDIA documents it): a locked
+ * process's further calls wait in the server until it is unlocked; the lock waits for
+ * the process's calls in progress (a sync waiting for its queue), not for its queued work. */
 #define MAX_LOCKED 64
+#define MAX_BUSY 256
 static uint32_t g_locked[MAX_LOCKED];
+static struct { uint32_t pid, calls; } g_busy[MAX_BUSY]; /* calls in progress per process */
 static pthread_cond_t g_unlocked = PTHREAD_COND_INITIALIZER;
 
 static int is_locked(uint32_t pid)
@@ -357,10 +370,45 @@ static int is_locked(uint32_t pid)
     return 0;
 }
 
-static int queued_for(uint32_t pid)
+static void busy(uint32_t pid, int delta)
+{
+    int free_slot = -1;
+    for (int i = 0; i < MAX_BUSY; i++) {
+        if (g_busy[i].pid == pid && g_busy[i].calls) {
+            g_busy[i].calls += (uint32_t)delta;
+            if (delta < 0)
+                pthread_cond_broadcast(&g_done);
+            return;
+        }
+        if (free_slot < 0 && g_busy[i].calls == 0)
+            free_slot = i;
+    }
+    if (delta > 0 && free_slot >= 0)
+        g_busy[free_slot].pid = pid, g_busy[free_slot].calls = 1;
+}
+
+static int calls_in_progress(uint32_t pid)
+{
+    for (int i = 0; i < MAX_BUSY; i++)
+        if (g_busy[i].pid == pid && g_busy[i].calls)
+            return 1;
+    return 0;
+}
+
+static uint64_t queued_for(uint32_t pid)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < MAX_CTX; i++)
+        if (g_ctx[i].used && g_ctx[i].pid == pid)
+            for (struct item *it = g_ctx[i].head; it; it = it->next)
+                n++;
+    return n;
+}
+
+static int has_context(uint32_t pid)
 {
     for (int i = 0; i < MAX_CTX; i++)
-        if (g_ctx[i].used && g_ctx[i].pid == pid && g_ctx[i].head)
+        if (g_ctx[i].used && g_ctx[i].pid == pid)
             return 1;
     return 0;
 }
@@ -372,26 +420,24 @@ static void op_proc_lock(const struct fg_req *q, struct fg_rep *r)
     for (int i = 0; i < MAX_LOCKED && slot < 0; i++)
         if (g_locked[i] == 0 || g_locked[i] == pid)
             slot = i;
-    if (slot < 0 || pid == 0) {
-        r->status = FG_ERR_INVALID_VALUE;
+    if (slot < 0 || pid == 0 || !has_context(pid)) {
+        r->status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
-    g_locked[slot] = pid;
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)q->flags * 1000000ull;
     deadline.tv_sec += (time_t)(ns / 1000000000ull);
     deadline.tv_nsec = (long)(ns % 1000000000ull);
-    while (queued_for(pid)) {
+    while (calls_in_progress(pid)) {
         if (q->flags == 0)
             pthread_cond_wait(&g_done, &g_mu);
-        else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && queued_for(pid)) {
-            g_locked[slot] = 0; /* a lock that timed out is not held */
-            pthread_cond_broadcast(&g_unlocked);
-            r->status = FG_ERR_TIMEOUT;
+        else if (pthread_cond_timedwait(&g_done, &g_mu, &deadline) != 0 && calls_in_progress(pid)) {
+            r->status = CUDA_ERROR_NOT_READY; /* timed out: left running, not locked */
             return;
         }
     }
+    g_locked[slot] = pid;
 }
 
 static void op_proc_unlock(const struct fg_req *q)
@@ -402,17 +448,29 @@ static void op_proc_unlock(const struct fg_req *q)
     pthread_cond_broadcast(&g_unlocked);
 }
 
+static void op_proc_state(const struct fg_req *q, struct fg_rep *r)
+{
+    uint32_t pid = (uint32_t)q->a;
+    if (!has_context(pid))
+        r->status = CUDA_ERROR_INVALID_VALUE;
+    r->v0 = (uint64_t)is_locked(pid);
+}
+
 static void handle(struct fg_req *q, struct fg_rep *r)
 {
     memset(r, 0, sizeof(*r));
     q->text[sizeof(q->text) - 1] = 0;
     pthread_mutex_lock(&g_mu);
-    if (q->op == FG_LAUNCH || q->op == FG_EVENT_RECORD)
-        while (is_locked(q->pid))
-            pthread_cond_wait(&g_unlocked, &g_mu);
+    while (is_locked(q->pid)) /* a locked process's calls block (all of them) */
+        pthread_cond_wait(&g_unlocked, &g_mu);
+    int blocking = q->op == FG_SYNC || q->op == FG_EVENT_SYNC || q->op == FG_CTX_DESTROY;
+    if (blocking)
+        busy(q->pid, 1);
     switch (q->op) {
     case FG_PROC_LOCK: op_proc_lock(q, r); break;
     case FG_PROC_UNLOCK: op_proc_unlock(q); break;
+    case FG_PROC_STATE: op_proc_state(q, r); break;
+    case FG_PROC_QUEUED: r->v0 = queued_for((uint32_t)q->a); break;
     case FG_HELLO: r->v0 = (uint64_t)g_ndev; break;
     case FG_CTX_CREATE: op_ctx_create(q, r); break;
     case FG_CTX_DESTROY: op_ctx_destroy(q, r); break;
@@ -424,8 +482,10 @@ static void handle(struct fg_req *q, struct fg_rep *r)
     case FG_EVENT_SYNC: op_event(q, r); break;
     case FG_STATS: r->v0 = g_launches; r->v1 = g_finished; r->v2 = g_busy_ns; break;
     case FG_DUMP_LOG: op_dump(q, r); break;
-    default: r->status = FG_ERR_INVALID_VALUE;
+    default: r->status = CUDA_ERROR_INVALID_VALUE;
     }
+    if (blocking)
+        busy(q->pid, -1);
     pthread_mutex_unlock(&g_mu);
 }
 

@@ -34,9 +34,30 @@ typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
 typedef struct CUmemLocation_st { int type; int id; } CUmemLocation; /* passed by value */
 typedef int CUdriverProcAddressQueryResult;
+typedef int CUstreamCaptureMode;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarrayMapInfo_st CUarrayMapInfo;
+typedef struct CUextSemaphore_st *CUexternalSemaphore;
+typedef struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
+typedef struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 
+/* The head of CUlaunchConfig and HIP_LAUNCH_CONFIG: where the stream is
+ * (tests/test_native.py checks the offset against cuda.h). */
+struct krex_launch_config_prefix {
+    unsigned int grid[3], block[3], sharedMemBytes;
+    void *hStream;
+};
+
+#ifndef CUDA_SUCCESS /* fakegpu/errors.h defines them too */
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_NOT_FOUND 500
+#endif
+#define KREX_ERR_INVALID_VALUE 1   /* CUDA_ERROR_INVALID_VALUE, hipErrorInvalidValue */
+#define KREX_ERR_ILLEGAL_STATE 401 /* CUDA_ERROR_ILLEGAL_STATE, hipErrorIllegalState */
 
 typedef int hipError_t;
 typedef int hipMemcpyKind;
@@ -47,7 +68,27 @@ typedef struct ihipModuleSymbol_t *hipFunction_t;
 typedef struct ihipEvent_t *hipEvent_t;
 typedef struct hipGraphExec *hipGraphExec_t;
 typedef struct dim3 { uint32_t x, y, z; } dim3; /* passed by value */
+typedef struct hipPitchedPtr { void *ptr; size_t pitch, xsize, ysize; } hipPitchedPtr; /* by value */
+typedef struct hipExtent { size_t width, height, depth; } hipExtent;                    /* by value */
+typedef struct hipArray hipArray;
+struct hipMemcpy3DParms;
+typedef const struct hipArray *hipArray_const_t;
+typedef struct hip_Memcpy2D hip_Memcpy2D;
+typedef struct HIP_MEMCPY3D HIP_MEMCPY3D;
+typedef struct HIP_LAUNCH_CONFIG_st HIP_LAUNCH_CONFIG;
+typedef struct hipLaunchParams_t hipLaunchParams;
+typedef struct ihipGraph *hipGraph_t;
+typedef struct ihipMemPoolHandle_t *hipMemPool_t;
+typedef void *hipExternalSemaphore_t;
+typedef struct hipExternalSemaphoreSignalParams_st hipExternalSemaphoreSignalParams;
+typedef struct hipExternalSemaphoreWaitParams_st hipExternalSemaphoreWaitParams;
+typedef int hipStreamCaptureMode;
+typedef void (*hipHostFn_t)(void *userData);
+typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
 
+#ifndef hipSuccess
+#define hipSuccess 0
 #define hipErrorNotFound 500
+#endif
 
 #endif

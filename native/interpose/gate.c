@@ -1,59 +1,38 @@
-/* Gate and drain: the shared-memory side of the interposer (see gate.h).
+/* Gate and slot: the shared-memory side of the interposer (see gate.h).
  *
- * Launch path (open gate): one atomic add, one load, one atomic sub, no
- * syscalls.  A closed gate parks the launching thread on a futex.  A native
- * drain thread per process acknowledges each close once the contexts it has
- * seen are idle.
+ * Gated path (open gate): one atomic add, one load, one atomic sub, no
+ * syscalls.  A closed gate parks the calling thread on a futex.  A native
+ * drain thread per process acknowledges each close once the streams it has
+ * seen are idle (track.c), with a status that says whether they all were.
  */
 #define _GNU_SOURCE
 #include "gate.h"
 #include "common.h"
+#include "track.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#define KREX_MAX_CTX 32
 #define KREX_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
-
-typedef int (*ctx_get_fn)(void **ctx);
-typedef int (*ctx_push_fn)(void *ctx);
-typedef int (*ctx_pop_fn)(void **ctx);
-typedef int (*ctx_sync_fn)(void);
-typedef int (*hip_get_dev_fn)(int *dev);
-typedef int (*hip_set_dev_fn)(int dev);
-typedef int (*hip_sync_fn)(void);
 
 static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
 static struct krex_gate_dev *g_dev;            /* this job's device record */
 static _Atomic(struct krex_gate_proc *) g_proc; /* this process's slot */
-static _Atomic int g_attach_state;             /* 0 unknown, 1 attached, -1 disabled */
+static _Atomic int g_attach_state;             /* 0 unknown, 1 attached, -1 ungated */
 static pthread_mutex_t g_attach_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static _Atomic(void *) g_ctx_set[KREX_MAX_CTX]; /* contexts seen at launch */
-static _Atomic uint64_t g_hip_devs;              /* bitmask of HIP devices seen */
-static __thread void *t_last_ctx;
-static __thread int t_last_hip_dev = -1;
-
-static _Atomic(ctx_get_fn) g_ctx_get;
-static _Atomic(ctx_push_fn) g_ctx_push;
-static _Atomic(ctx_pop_fn) g_ctx_pop;
-static _Atomic(ctx_sync_fn) g_ctx_sync;
-static _Atomic(hip_get_dev_fn) g_hip_get_dev;
-static _Atomic(hip_set_dev_fn) g_hip_set_dev;
-static _Atomic(hip_sync_fn) g_hip_sync;
-
-static _Atomic uint64_t g_parked_total;
-static _Atomic uint64_t g_drains_total;
+static _Atomic uint64_t g_counters[KREX_NCOUNTERS];
 
 static long futex(void *addr, int op, uint32_t val, const struct timespec *ts)
 {
@@ -93,52 +72,187 @@ int krex_gate_active(void)
     return g_dev != NULL;
 }
 
-static int pid_dead(uint32_t pid)
+/* -- counters ---------------------------------------------------------------------- */
+
+uint64_t krex_counter_value(int c);
+
+static void publish(struct krex_gate_proc *p, int c)
 {
-    return kill((pid_t)pid, 0) == -1 && errno == ESRCH;
+    uint64_t v = krex_counter_value(c), cur = atomic_load(&p->counters[c]);
+    while (cur < v && !atomic_compare_exchange_weak(&p->counters[c], &cur, v))
+        ;
 }
 
-/* Claim a process slot by CAS: our pid, a free slot, or a dead process's slot. */
+static void publish_all(struct krex_gate_proc *p)
+{
+    for (int c = 0; c < KREX_NCOUNTERS; c++)
+        publish(p, c);
+}
+
+static struct krex_gate_proc *attach(void);
+
+/* A cold event: counted, and published at once (claiming a slot if this process has
+ * none yet: a process whose every launch goes around the gate must still be seen). */
+void krex_count(enum krex_counter c)
+{
+    atomic_fetch_add(&g_counters[c], 1);
+    struct krex_gate_proc *p = atomic_load(&g_proc);
+    if (!p && atomic_load(&g_attach_state) == 0)
+        p = attach();
+    if (p)
+        publish(p, c);
+}
+
+/* Per-path call counts live per thread (a plain store on the hot path, no locked
+ * instruction); each thread's block is linked once into a list that readers sum. */
+struct krex_thread_counts {
+    _Atomic uint64_t n[KREX_NPATHS];
+    struct krex_thread_counts *next;
+};
+static _Atomic(struct krex_thread_counts *) g_thread_counts;
+static KREX_TLS struct krex_thread_counts *t_counts;
+
+static struct krex_thread_counts *thread_counts(void)
+{
+    struct krex_thread_counts *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->next = atomic_load(&g_thread_counts);
+    while (!atomic_compare_exchange_weak(&g_thread_counts, &t->next, t))
+        ;
+    return t_counts = t;
+}
+
+void krex_count_path(int path)
+{
+    struct krex_thread_counts *t = t_counts;
+    if (KREX_UNLIKELY(!t) && !(t = thread_counts()))
+        return;
+    uint64_t v = atomic_load_explicit(&t->n[path], memory_order_relaxed);
+    atomic_store_explicit(&t->n[path], v + 1, memory_order_relaxed);
+}
+
+uint64_t krex_counter_value(int c)
+{
+    if (c < 0 || c >= KREX_NCOUNTERS)
+        return 0;
+    uint64_t v = atomic_load(&g_counters[c]);
+    if (c >= KREX_C_launch_direct && c < KREX_C_launch_direct + KREX_NPATHS)
+        for (struct krex_thread_counts *t = atomic_load(&g_thread_counts); t; t = t->next)
+            v += atomic_load_explicit(&t->n[c - KREX_C_launch_direct], memory_order_relaxed);
+    return v;
+}
+
+/* -- slots ---------------------------------------------------------------------------- */
+
+/* Field 22 of /proc/PID/stat: start time in clock ticks since boot (0 if gone). */
+uint64_t krex_start_time(uint32_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *s = strrchr(buf, ')'); /* the command name may contain spaces */
+    for (int field = 2; s && field < 22; field++)
+        s = strchr(s + 1, ' ');
+    return s ? strtoull(s + 1, NULL, 10) : 0;
+}
+
+/* A slot is stale when its owner is gone or its pid now names another process. */
+static int slot_stale(const struct krex_gate_proc *p, uint32_t pid)
+{
+    uint64_t started = atomic_load(&p->start_time);
+    uint64_t now = krex_start_time(pid);
+    return now == 0 || (started != 0 && now != started);
+}
+
+static void take_slot(struct krex_gate_proc *p, uint64_t started)
+{
+    atomic_store(&p->in_flight, 0);
+    atomic_store(&p->ack_generation, 0);
+    atomic_store(&p->ack_status, 0);
+    atomic_store(&p->launches, 0);
+    atomic_store(&p->parked, 0);
+    for (int c = 0; c < KREX_SLOT_COUNTERS; c++)
+        atomic_store(&p->counters[c], 0);
+    atomic_store(&p->start_time, started);
+}
+
+/* Claim a process slot by CAS: a free slot, our own, or a stale one. */
 static struct krex_gate_proc *claim_slot(void)
 {
     uint32_t me = (uint32_t)getpid();
+    uint64_t started = krex_start_time(me);
     for (int i = 0; i < KREX_GATE_NSLOTS; i++) {
         struct krex_gate_proc *p = &g_dev->procs[i];
         uint32_t cur = atomic_load(&p->pid);
-        if (cur == me || (cur == 0 && atomic_compare_exchange_strong(&p->pid, &cur, me)) ||
-            (cur != 0 && pid_dead(cur) && atomic_compare_exchange_strong(&p->pid, &cur, me))) {
-            atomic_store(&p->in_flight, 0);
-            atomic_store(&p->ack_generation, 0);
+        if ((cur == me && atomic_load(&p->start_time) == started) ||
+            (cur == 0 && atomic_compare_exchange_strong(&p->pid, &cur, me)) ||
+            (cur != 0 && slot_stale(p, cur) && atomic_compare_exchange_strong(&p->pid, &cur, me))) {
+            take_slot(p, started);
             return p;
         }
     }
+    atomic_fetch_add(&g_dev->overflow_procs, 1); /* runs ungated: the daemon sees it */
     return NULL;
 }
 
-static void *drain_main(void *arg);
+/* At exit, give the slot back (a killed process's slot is reaped as stale). */
+static void free_slot(void)
+{
+    atomic_store(&g_attach_state, -1); /* calls made while exiting do not claim again */
+    struct krex_gate_proc *p = atomic_exchange(&g_proc, NULL);
+    uint32_t me = (uint32_t)getpid();
+    if (p && atomic_load(&p->in_flight) == 0)
+        atomic_compare_exchange_strong(&p->pid, &me, 0);
+}
 
 static void reset_after_fork(void)
 {
     atomic_store(&g_proc, NULL);
     atomic_store(&g_attach_state, 0);
     pthread_mutex_init(&g_attach_mu, NULL);
-    for (int i = 0; i < KREX_MAX_CTX; i++)
-        atomic_store(&g_ctx_set[i], NULL);
-    atomic_store(&g_hip_devs, 0);
-    t_last_ctx = NULL;
-    t_last_hip_dev = -1;
+    for (int c = 0; c < KREX_NCOUNTERS; c++)
+        atomic_store(&g_counters[c], 0);
+    for (struct krex_thread_counts *t = atomic_load(&g_thread_counts); t; t = t->next)
+        for (int i = 0; i < KREX_NPATHS; i++)
+            atomic_store(&t->n[i], 0);
+    krex_track_reset();
 }
 
-static void register_atfork(void)
+static void register_process_hooks(void)
 {
     pthread_atfork(NULL, NULL, reset_after_fork);
+    atexit(free_slot);
 }
 
-/* Slow path of the first launch: map, claim a slot, start the drain thread. */
+static void *drain_main(void *arg);
+
+static void start_drain_thread(struct krex_gate_proc *p)
+{
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the drain thread takes no signals */
+    pthread_create(&tid, &attr, drain_main, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+/* Slow path of the first gated call: map, claim a slot, start the drain thread. */
 static struct krex_gate_proc *attach(void)
 {
-    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-    pthread_once(&atfork_once, register_atfork);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_process_hooks);
     if (!krex_gate_active()) {
         atomic_store(&g_attach_state, -1);
         return NULL;
@@ -149,60 +263,19 @@ static struct krex_gate_proc *attach(void)
         /* Publish before the drain thread starts: it exits at once when g_proc is
          * not its slot (its test for a stale thread after fork). */
         atomic_store(&g_proc, p);
-        pthread_t tid;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old); /* the drain thread takes no signals */
-        pthread_create(&tid, &attr, drain_main, p);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
+        publish_all(p);
+        start_drain_thread(p);
     }
     atomic_store(&g_attach_state, p ? 1 : -1);
     pthread_mutex_unlock(&g_attach_mu);
     return p;
 }
 
-static void ctx_set_add(void *ctx)
-{
-    for (int i = 0; i < KREX_MAX_CTX; i++) {
-        void *cur = atomic_load_explicit(&g_ctx_set[i], memory_order_acquire);
-        if (cur == ctx)
-            return;
-        if (!cur && atomic_compare_exchange_strong(&g_ctx_set[i], &cur, ctx))
-            return;
-        if (cur == ctx)
-            return;
-    }
-}
-
-/* Remember the context (CUDA) or device (HIP) this launch runs on. */
-static inline void note_context(int api)
-{
-    if (api == KREX_API_CUDA) {
-        ctx_get_fn get = atomic_load_explicit(&g_ctx_get, memory_order_relaxed);
-        void *ctx = NULL;
-        if (get && get(&ctx) == 0 && ctx && ctx != t_last_ctx) {
-            ctx_set_add(ctx);
-            t_last_ctx = ctx;
-        }
-        return;
-    }
-    hip_get_dev_fn get = atomic_load_explicit(&g_hip_get_dev, memory_order_relaxed);
-    int dev = -1;
-    if (get && get(&dev) == 0 && dev >= 0 && dev < 64 && dev != t_last_hip_dev) {
-        atomic_fetch_or(&g_hip_devs, 1ull << dev);
-        t_last_hip_dev = dev;
-    }
-}
-
 /* Closed gate: step out of in_flight, wake the drain thread, sleep until open. */
 static void park(struct krex_gate_proc *p)
 {
     atomic_fetch_add_explicit(&p->parked, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&g_parked_total, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_counters[KREX_C_parked], 1, memory_order_relaxed);
     do {
         atomic_fetch_sub(&p->in_flight, 1);
         futex(&p->in_flight, FUTEX_WAKE, INT32_MAX, NULL);
@@ -212,17 +285,20 @@ static void park(struct krex_gate_proc *p)
     } while (atomic_load(&g_dev->gate) != 0);
 }
 
-struct krex_gate_proc *krex_gate_enter(int api)
+struct krex_gate_proc *krex_gate_enter(void)
 {
     struct krex_gate_proc *p = atomic_load_explicit(&g_proc, memory_order_acquire);
     if (KREX_UNLIKELY(!p)) {
-        if (atomic_load_explicit(&g_attach_state, memory_order_relaxed) < 0 || !(p = attach()))
+        int state = atomic_load_explicit(&g_attach_state, memory_order_relaxed);
+        if ((state < 0 || !(p = attach()))) {
+            if (g_dev) /* a gate file is named but this process has no slot */
+                atomic_fetch_add_explicit(&g_counters[KREX_C_ungated], 1, memory_order_relaxed);
             return NULL;
+        }
     }
     atomic_fetch_add(&p->in_flight, 1); /* seq_cst: pairs with the daemon's gate store */
     if (KREX_UNLIKELY(atomic_load(&g_dev->gate) != 0))
         park(p);
-    note_context(api);
     atomic_fetch_add_explicit(&p->launches, 1, memory_order_relaxed);
     return p;
 }
@@ -235,25 +311,9 @@ void krex_gate_exit(struct krex_gate_proc *p)
         futex(&p->in_flight, FUTEX_WAKE, INT32_MAX, NULL);
 }
 
-void krex_gate_bind_cuda(void *get, void *push, void *pop, void *sync)
-{
-    atomic_store(&g_ctx_push, (ctx_push_fn)push);
-    atomic_store(&g_ctx_pop, (ctx_pop_fn)pop);
-    atomic_store(&g_ctx_sync, (ctx_sync_fn)sync);
-    atomic_store(&g_ctx_get, (ctx_get_fn)get);
-}
+/* -- drain ------------------------------------------------------------------------------ */
 
-void krex_gate_bind_hip(void *get_device, void *set_device, void *device_sync)
-{
-    atomic_store(&g_hip_set_dev, (hip_set_dev_fn)set_device);
-    atomic_store(&g_hip_sync, (hip_sync_fn)device_sync);
-    atomic_store(&g_hip_get_dev, (hip_get_dev_fn)get_device);
-}
-
-uint64_t krex_gate_parked_total(void) { return atomic_load(&g_parked_total); }
-uint64_t krex_gate_drains_total(void) { return atomic_load(&g_drains_total); }
-
-/* Wait (futex, 1 ms re-checks) until no launch of this process is in the driver. */
+/* Wait (futex, 1 ms re-checks) until no gated call of this process is in the driver. */
 static void wait_no_in_flight(struct krex_gate_proc *p)
 {
     const struct timespec ms = {0, 1000000};
@@ -262,44 +322,17 @@ static void wait_no_in_flight(struct krex_gate_proc *p)
         futex(&p->in_flight, FUTEX_WAIT, v, &ms);
 }
 
-static void sync_cuda_contexts(void)
-{
-    ctx_push_fn push = atomic_load(&g_ctx_push);
-    ctx_pop_fn pop = atomic_load(&g_ctx_pop);
-    ctx_sync_fn sync = atomic_load(&g_ctx_sync);
-    if (!push || !pop || !sync)
-        return;
-    for (int i = 0; i < KREX_MAX_CTX; i++) {
-        void *ctx = atomic_load(&g_ctx_set[i]), *popped = NULL;
-        if (!ctx)
-            break;
-        if (push(ctx) == 0) {
-            sync(); /* a sticky error still means the queue is gone */
-            pop(&popped);
-        }
-    }
-}
-
-static void sync_hip_devices(void)
-{
-    uint64_t devs = atomic_load(&g_hip_devs);
-    hip_set_dev_fn set = atomic_load(&g_hip_set_dev);
-    hip_sync_fn sync = atomic_load(&g_hip_sync);
-    if (!set || !sync)
-        return;
-    for (int d = 0; d < 64; d++)
-        if ((devs >> d & 1) && set(d) == 0)
-            sync();
-}
-
 static void drain_once(struct krex_gate_proc *p, uint64_t gen)
 {
     wait_no_in_flight(p);
-    sync_cuda_contexts();
-    sync_hip_devices();
+    int status = krex_track_drain();
+    if (status != KREX_DRAIN_OK)
+        krex_count(KREX_C_drain_failures);
+    krex_count(KREX_C_drains);
+    publish_all(p);
+    atomic_store(&p->ack_status, status);
     atomic_store(&p->ack_ns, now_ns());
-    atomic_store(&p->ack_generation, gen);
-    atomic_fetch_add(&g_drains_total, 1);
+    atomic_store(&p->ack_generation, gen); /* last: the daemon reads the rest after it */
 }
 
 /* The native drain thread: acknowledges every close of the gate. */
@@ -310,7 +343,7 @@ static void *drain_main(void *arg)
     const struct timespec tick = {0, 200000000};
     for (;;) {
         if (atomic_load(&g_proc) != p)
-            return NULL; /* forked child or re-attached: this thread is stale */
+            return NULL; /* forked child, exited or re-attached: this thread is stale */
         uint32_t seq = __atomic_load_n(gen_lo, __ATOMIC_SEQ_CST);
         uint64_t gen = atomic_load(&g_dev->generation);
         if (atomic_load(&g_dev->gate) != 0 && gen != atomic_load(&p->ack_generation)) {

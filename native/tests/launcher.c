@@ -2,15 +2,16 @@
  *
  *   launcher API MODE THREADS DURATION_MS KERNEL SYNC_EVERY
  *   API   cuda | hip
- *   MODE  direct | dlsym | getproc | getproc_self | ptds
+ *   MODE  direct | dlsym | getproc | getproc_self | getproc_future | ptds
  *         (getproc_self: asks cuGetProcAddress for "cuGetProcAddress" first;
+ *          getproc_future: asks as a caller of a CUDA newer than krex's tables (13010);
  *          ptds: per-thread default stream variants, _ptsz/_ptds/_spt)
  *
  * Prints "started" once set up.  SIGUSR1 ends the run early.
  * Each thread launches KERNEL (and every 8th iteration a small async copy)
  * until DURATION_MS has passed, synchronising every SYNC_EVERY launches.
  * Linked against the (fake) libcuda.so.1 and libamdhip64.so; prints one line:
- *   launches=N direct=A dlsym=B getproc=C parked=D drains=E unmatched=F
+ *   launches=N direct=A dlsym=B getproc=C NAME=V ...   (every interposer counter by name)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -104,7 +105,9 @@ static void *resolve(const char *lib, const char *name, const char *pt_name)
     }
     void *p = NULL;
     (void)pt_name;
-    gpa(name, &p, strcmp(g_api, "hip") == 0 ? 60200000 : 13000, ptds ? 2 : 0, &st);
+    int version = strcmp(g_api, "hip") == 0 ? 60200000
+                  : strcmp(g_mode, "getproc_future") == 0 ? 13010 : 13000;
+    gpa(name, &p, version, ptds ? 2 : 0, &st);
     return p;
 }
 
@@ -177,13 +180,16 @@ static void report(void)
     long total = 0;
     for (int i = 0; i < g_threads; i++)
         total += g_launches[i];
-    uint64_t c[6] = {0};
-    int (*counts)(uint64_t *, int) = (int (*)(uint64_t *, int))dlsym(RTLD_DEFAULT, "krex_interposer_counts");
-    if (counts)
-        counts(c, 6);
-    printf("launches=%ld direct=%llu dlsym=%llu getproc=%llu parked=%llu drains=%llu unmatched=%llu\n",
-           total, (unsigned long long)c[0], (unsigned long long)c[1], (unsigned long long)c[2],
-           (unsigned long long)c[3], (unsigned long long)c[4], (unsigned long long)c[5]);
+    const char *(*name)(int) = (const char *(*)(int))dlsym(RTLD_DEFAULT, "krex_interposer_counter_name");
+    uint64_t (*value)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "krex_interposer_counter");
+    uint64_t paths[3] = {0, 0, 0};
+    for (int i = 0; name && i < 3; i++)
+        paths[i] = value(i); /* launch_direct, launch_dlsym, launch_getproc */
+    printf("launches=%ld direct=%llu dlsym=%llu getproc=%llu", total, (unsigned long long)paths[0],
+           (unsigned long long)paths[1], (unsigned long long)paths[2]);
+    for (int i = 0; name && name(i); i++)
+        printf(" %s=%llu", name(i), (unsigned long long)value(i));
+    printf("\n");
 }
 
 int main(int argc, char **argv)
