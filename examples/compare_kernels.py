@@ -29,7 +29,7 @@ def main(reps: int = int(sys.argv[1]) if len(sys.argv) > 1 else 3) -> None:
         # (a cold-cache flush would take most of the 0.3 s budget; docs/measure.md).
         c = krex.compare(baseline, candidate, max_time_s=0.3, cache="hot")
         print(f"compare_kernels: speedup {c.speedup:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
-              f" -> {c.verdict} (region held {c.region['held_s']:.3f} s, budget 0.3 s)")
+              f" -> {c.verdict} (region held {c.region.held_s:.3f} s, budget 0.3 s)")
 
 
 if __name__ == "__main__":

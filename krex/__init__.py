@@ -20,8 +20,7 @@ from krex.measure import (
     compare,
 )
 from krex.protocol.report import RegionReport
-
-__version__ = "0.1.0"
+from krex.version import __version__
 
 __all__ = [
     "BenchWarning",

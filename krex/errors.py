@@ -204,6 +204,14 @@ class DeviceTimerUnavailable(KrexError):
     default_hint = "install the device driver (or build fakegpu), or measure on device 'cpu'"
 
 
+class FakegpuServerMissing(DeviceTimerUnavailable):
+    code = "fakegpu_server_missing"
+    default_hint = ("run the program as a krex job on the device: `krex run --device fakegpu:0 "
+                    "-- python prog.py` or `krex exec --device fakegpu:0 prog.py` (the daemon "
+                    "starts the fake device server); or start one with "
+                    "krex.devices.fakegpu.FakeGpu and run with its env()")
+
+
 class CommandFailed(KrexError):
     code = "command_failed"
     default_hint = ("run the command alone to see its error, or ignore failures with "

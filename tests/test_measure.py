@@ -91,7 +91,7 @@ def test_max_time_bounds_the_hold_flushes_included():
     m = measure(kernel, timer=timer, region=regions, noise_target=1e-6, max_time_s=0.3,
                 timeout_s=100)
     assert m.stop_reason == "max_time"
-    held_s = regions.reports[-1]["held_s"]
+    held_s = regions.reports[-1].held_s
     assert 0.29 <= held_s <= 0.3  # the last batch was cut to what fits: never over
     assert sum(m.samples_ms) / 1e3 < 0.5 * held_s  # most of the hold went to flushes
     assert m.overhead_ms == pytest.approx(1.5, rel=0.05)
@@ -108,7 +108,7 @@ def test_the_daemons_granted_hold_is_a_ceiling_for_the_budget():
     m = measure(kernel, timer=timer, region=lambda d, **kw: Granted(owner, d, {}, None),
                 noise_target=1e-6, max_time_s=2.0, timeout_s=100)
     assert m.stop_reason == "max_time"
-    assert owner.reports[-1]["held_s"] <= 0.25 - 0.05 + 0.002  # ceiling less the slack
+    assert owner.reports[-1].held_s <= 0.25 - 0.05 + 0.002  # ceiling less the slack
 
 
 # --- the region: only around the timed loop, retried when not clean ----------------------

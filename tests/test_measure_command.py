@@ -83,7 +83,7 @@ def test_automatic_counts_follow_the_budget_and_bound_the_hold():
                         budget_s=0.3, region=regions)
     assert 2 <= out["runs"] <= 15  # ~0.3 s of ~0.03 s runs (interpreter start-up included)
     slack = loop.HOLD_SLACK_S + out["max_s"]
-    assert regions.reports[-1]["held_s"] <= 0.3 + slack
+    assert regions.reports[-1].held_s <= 0.3 + slack
     fixed = bench_command([PY, "-c", "pass"], 0, 3, min_runs=10, region=ScriptedRegions())
     assert fixed["runs"] == 3  # --runs wins over the automatic count
 

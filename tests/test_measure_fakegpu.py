@@ -71,7 +71,8 @@ def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
 
 
 def test_without_a_fakegpu_server_the_error_says_so_and_how_to_start_one(monkeypatch):
-    from krex.measure.events import FakegpuServerMissing, FakegpuTimer
+    from krex.errors import FakegpuServerMissing
+    from krex.measure.events import FakegpuTimer
 
     monkeypatch.delenv("KREX_FAKEGPU_SOCKET", raising=False)
     with pytest.raises(FakegpuServerMissing) as info:

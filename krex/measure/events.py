@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from krex.errors import DeviceTimerUnavailable
+from krex.errors import DeviceTimerUnavailable, FakegpuServerMissing
 
 CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
 DEFAULT_FLUSH_BYTES = 256 << 20
@@ -286,14 +286,6 @@ def fakegpu_library() -> str | None:
         return None
     path = fakegpu_lib_dir() / "libcuda.so.1"
     return str(path) if path.exists() else None
-
-
-class FakegpuServerMissing(DeviceTimerUnavailable):
-    code = "fakegpu_server_missing"
-    default_hint = ("run the program as a krex job on the device: `krex run --device fakegpu:0 "
-                    "-- python prog.py` or `krex exec --device fakegpu:0 prog.py` (the daemon "
-                    "starts the fake device server); or start one with "
-                    "krex.devices.fakegpu.FakeGpu and run with its env()")
 
 
 def fakegpu_server_problem(env: dict[str, str] | None = None) -> str | None:

@@ -13,15 +13,15 @@ import os
 import sys
 from typing import Any
 
+from krex.version import __version__
+
 FIELDS = ("krex_version", "krex_path", "python")
 
 
 def installation() -> dict[str, str]:
     """This process's krex: its version, package directory and interpreter."""
-    import krex
-
-    return {"krex_version": krex.__version__,
-            "krex_path": os.path.dirname(os.path.realpath(krex.__file__)),
+    return {"krex_version": __version__,
+            "krex_path": os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
             "python": sys.executable}
 
 
