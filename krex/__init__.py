@@ -17,11 +17,27 @@ from krex.measure import (
     measure,
 )
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported on first use: the CLI's start-up path stays as it was
+    from krex.evaluate import Evaluation, evaluate
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("evaluate", "Evaluation"):
+        value = getattr(importlib.import_module("krex.evaluate"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'krex' has no attribute {name!r}")
+
 
 __all__ = [
     "Client",
     "Comparison",
+    "Evaluation",
     "KrexError",
     "KrexMeasurementWarning",
     "MeasureWarning",
@@ -30,6 +46,7 @@ __all__ = [
     "__version__",
     "bench",
     "compare",
+    "evaluate",
     "measure",
     "region",
 ]

@@ -144,6 +144,20 @@ class BadRequest(KrexError):
     default_hint = "check the request fields against docs/protocol.md"
 
 
+class EvaluationFailed(KrexError):
+    """``krex.evaluate`` could not judge the candidate: the reference or the inputs failed."""
+
+    code = "evaluation_failed"
+    default_hint = "run the reference and the inputs builder alone; fix them first (docs/evaluate.md)"
+
+
+class RecordsError(KrexError):
+    """The records database cannot be opened or has another schema version."""
+
+    code = "records_error"
+    default_hint = "point KREX_RECORDS_DB (or records=) at another file, or move this one away"
+
+
 def _all_subclasses(cls: type) -> list[type]:
     out = []
     for sub in cls.__subclasses__():

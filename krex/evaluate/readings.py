@@ -1,0 +1,53 @@
+"""The one place ``krex.evaluate`` reads ``krex.measure``'s results.
+
+A :class:`~krex.measure.result.Comparison` and its region report are read
+here only, into plain dicts, so a change of their shape (a typed region
+report, a statistics module of another name) is a change of this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def report_dict(report: Any) -> dict[str, Any]:
+    """A region report as a plain dict (a dict today; a dataclass with to_dict tomorrow)."""
+    if report is None:
+        return {}
+    if hasattr(report, "to_dict"):
+        return dict(report.to_dict())
+    if dataclasses.is_dataclass(report) and not isinstance(report, type):
+        return dataclasses.asdict(report)
+    return dict(report)
+
+
+def report_clean(report: Any) -> bool:
+    clean = getattr(report, "clean", None)
+    if isinstance(clean, bool):
+        return clean
+    return bool(report_dict(report).get("clean", False))
+
+
+def median(values: list[float]) -> float:
+    from krex.measure import stats
+
+    return float(stats.median(values)) if values else float("nan")
+
+
+def comparison(c: Any) -> dict[str, Any]:
+    """What an evaluation keeps of a comparison: verdict, interval, summaries, samples, warnings."""
+    warnings = [{"warning": w.name, "detail": c.warning_details.get(w.name, ""),
+                 "next_action": w.next_action} for w in c.warnings]
+    return {
+        "verdict": c.verdict, "speedup": c.speedup, "ci_low": c.ci_low, "ci_high": c.ci_high,
+        "confidence": c.confidence, "same_within": c.same_within, "pairs": c.pairs,
+        "order": c.order, "stop_reason": c.stop_reason, "timer": c.timer,
+        "elapsed_s": c.elapsed_s, "attempts": c.attempts,
+        "reference": dict(c.baseline), "candidate": dict(c.candidate),
+        "reference_samples_ms": list(c.baseline_samples_ms),
+        "candidate_samples_ms": list(c.candidate_samples_ms),
+        "warnings": warnings,
+        "region": report_dict(c.region),
+        "rejected_regions": [report_dict(r) for r in c.rejected_regions],
+    }
