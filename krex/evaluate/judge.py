@@ -26,8 +26,9 @@ AFTER_LAUNCHES_PER_GAP = 0.05  # stray launches per gap (krex's own flushes excl
 THREAD_CPU_SLACK_MS = 10.0  # scheduler-tick granularity of other threads' CPU time
 PROBE_CPU_MIN_MS = 0.5  # the candidate's threads' CPU in the quiet windows after its calls,
 PROBE_CPU_PER_CALL = 0.5  # beyond this floor and this share of the calls' own wall time
-PENDING_MIN_MS = 0.3  # work still queued after a probe call (first drain minus second) ...
-WAITED_RATIO = 2.0  # ... that makes the waited-for call longer than 2x what the timer saw
+HOST_MIN_MS = 0.05  # a device timer reading below a quarter of the call's host time ...
+TIMER_HOST_RATIO = 0.25  # ... (for calls of at least this much host time) missed work
+BURST_PENDING_MIN_MS = 2.0  # work still queued after a burst of calls and a context sync
 DRAIN_TIMEOUT_MS = 1000.0  # counters.DRAIN_TIMEOUT_S: a drain that never finished
 LAUNCH_RATIO = 4.0  # max/min launches per call beyond this varies "wildly"
 TIMING_FLAGS = ("REGION_NOT_CLEAN", "ENFORCEMENT_IMPOSSIBLE", "REGION_REVOKED", "THROTTLED")
@@ -59,8 +60,28 @@ def judge(plan: dict[str, Any], ref: Tree | None, cand: Tree | None,
     if invalidating(j.findings):
         j.verdict = "invalid"
     else:
-        j.verdict = comparison["verdict"] if comparison else "unclear"
+        j.verdict = timing_verdict(comparison, options["same_within"]) if comparison \
+            else "unclear"
     return j
+
+
+def timing_verdict(c: dict[str, Any], same_within: float) -> str:
+    """faster / slower / same / unclear: material *and* significant, or equivalent.
+
+    ``faster``: the interval lies above 1 and the estimate at or above
+    ``1 + same_within``; ``slower`` the mirror image; ``same``: the interval
+    lies within ``1 ± 2 x same_within`` (a 0.5 % difference that compare's
+    sequential test happened to resolve is not "faster"); else ``unclear``.
+    """
+    w = same_within
+    speedup, low, high = c["speedup"], c["ci_low"], c["ci_high"]
+    if low > 1.0 and speedup >= 1.0 + w:
+        return "faster"
+    if high < 1.0 and speedup <= 1.0 / (1.0 + w):
+        return "slower"
+    if low >= 1.0 / (1.0 + 2 * w) and high <= 1.0 + 2 * w:
+        return "same"
+    return "unclear"
 
 
 def merge(findings: list[Finding]) -> list[Finding]:
@@ -198,7 +219,8 @@ def integrity(summary: dict[str, Any], options: dict[str, Any]) -> list[Finding]
     comparison = summary.get("comparison")
     if cand and ref:
         out += _launches(cand, ref)
-        out += _after_return(cand, ref, summary.get("probe") or [], comparison,
+        out += _after_return(cand, ref, summary.get("probe") or [],
+                             summary.get("bursts") or [], comparison,
                              int(summary.get("threads_started") or 0))
     if comparison:
         out += _timing(comparison, options)
@@ -250,7 +272,8 @@ def _thread_cpu_beyond_calls(cand: dict[str, Any], ref: dict[str, Any],
 
 
 def _after_return(cand: dict[str, Any], ref: dict[str, Any], probe_calls: list[dict[str, Any]],
-                  comparison: dict[str, Any] | None, threads: int) -> list[Finding]:
+                  bursts: list[dict[str, Any]], comparison: dict[str, Any] | None,
+                  threads: int) -> list[Finding]:
     evidence: dict[str, Any] = {}
     typical = _mode(ref["launches_in_call"]) if ref["launches_in_call"] else 0
     foreign = sum(max(0, n - typical) for n in ref["launches_in_call"])
@@ -263,15 +286,44 @@ def _after_return(cand: dict[str, Any], ref: dict[str, Any], probe_calls: list[d
     cpu = _thread_cpu_beyond_calls(cand, ref, comparison, threads)
     if cpu is not None:
         evidence.update(cpu)
-    evidence.update(_probe_evidence(probe_calls, comparison))
+    evidence.update(_probe_evidence(probe_calls, bursts))
+    evidence.update(_timer_below_host(probe_calls, comparison))
     if not evidence:
         return []
     what = ", ".join(f"{k}={v}" for k, v in evidence.items())
     return [Finding(Code.WORK_AFTER_RETURN, what, {**evidence, "gaps": cand["gaps"]})]
 
 
-def _probe_evidence(calls: list[dict[str, Any]],
-                    comparison: dict[str, Any] | None) -> dict[str, Any]:
+def _pending(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Device work still queued after the calls returned and the timer's context was synced."""
+    drains = [x["pending_ms"] for x in [*calls, *bursts] if x["pending_ms"] is not None]
+    mine = [b for b in bursts if b["side"] == "candidate" and b["pending_ms"] is not None]
+    if (drains and max(drains) >= DRAIN_TIMEOUT_MS) or \
+            (mine and mine[0]["pending_ms"] > BURST_PENDING_MIN_MS):
+        return {"pending_after_sync_ms": [round(d, 3) for d in drains],
+                "candidate_burst": mine[0] if mine else None}
+    return {}
+
+
+def _timer_below_host(calls: list[dict[str, Any]],
+                      comparison: dict[str, Any] | None) -> dict[str, Any]:
+    """The device timer saw much less than the call's own host time.
+
+    Events recorded before and after a call on an idle stream span at least
+    the host time between the two records; a timed median far below it
+    means the device was busy elsewhere meanwhile — with the candidate's
+    work on another context or stream, which the events do not include.
+    """
+    host = [c["call_ms"] for c in calls if c["side"] == "candidate"]
+    if not host or not comparison or comparison.get("timer") == "cpu":
+        return {}
+    host_ms, timed_ms = readings.median(host), comparison["candidate"].get("median_ms", 0.0)
+    if host_ms > HOST_MIN_MS and timed_ms < TIMER_HOST_RATIO * host_ms:
+        return {"timed_median_ms": timed_ms, "host_call_median_ms": round(host_ms, 4)}
+    return {}
+
+
+def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [c for c in calls if c["side"] == "candidate"]
     theirs = [c for c in calls if c["side"] == "reference"]
     out: dict[str, Any] = {}
@@ -281,16 +333,7 @@ def _probe_evidence(calls: list[dict[str, Any]],
     ref_launches = [c["launches_after"] for c in theirs if c["launches_after"] is not None]
     if launches and sum(launches) > sum(ref_launches) and sum(launches) >= 2:
         out["probe_launches_after"] = launches
-    pending = [c["pending_ms"] for c in calls if c["pending_ms"] is not None]
-    timed_ms = comparison["candidate"].get("median_ms", 0.0) if comparison else 0.0
-    synced = readings.median([c["synced_ms"] for c in mine])
-    if pending and (max(pending) >= DRAIN_TIMEOUT_MS or (
-            readings.median([c["pending_ms"] or 0.0 for c in mine]) > PENDING_MIN_MS
-            and synced + readings.median([c["pending_ms"] or 0.0 for c in mine])
-            > WAITED_RATIO * timed_ms + PENDING_MIN_MS)):
-        out["probe_pending_ms"] = [None if c["pending_ms"] is None else round(c["pending_ms"], 3)
-                                   for c in mine]
-        out["candidate_timed_median_ms"] = timed_ms
+    out.update(_pending(calls, bursts))
     cpu_ms = sum(c["thread_cpu_after_ms"] for c in mine)
     if cpu_ms > max(PROBE_CPU_MIN_MS, PROBE_CPU_PER_CALL * sum(c["call_ms"] for c in mine)):
         out["probe_thread_cpu_after_ms"] = [round(c["thread_cpu_after_ms"], 3) for c in mine]

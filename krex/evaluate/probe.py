@@ -189,12 +189,7 @@ def _probe_one(calls: Calls, timer: Any, threads: counters.ThreadCpu, drain: boo
     l1, c1 = counters.device_launches(), threads.read_ns()
     timer.synchronize()
     synced_ms = (time.perf_counter() - t0) * 1e3
-    pending = None
-    if drain:
-        first = counters.self_drain_ms()
-        second = counters.self_drain_ms() if first is not None else None
-        if first is not None and second is not None:
-            pending = first if first >= counters.DRAIN_TIMEOUT_S * 1e3 else max(0.0, first - second)
+    pending = _pending_ms() if drain else None
     window_ms = max(QUIET_WINDOW_MS, min(4 * synced_ms, 100.0))
     time.sleep(window_ms / 1e3)
     l2, c2 = counters.device_launches(), threads.read_ns()
@@ -203,16 +198,63 @@ def _probe_one(calls: Calls, timer: Any, threads: counters.ThreadCpu, drain: boo
                      synced_ms, pending, window_ms)
 
 
+BURST_MS = 60.0  # a burst is about this much of the side's own (synchronised) time
+BURST_CALLS = (5, 50)
+
+
+@dataclass
+class Burst:
+    """Calls back to back, as in the timed loop, then one synchronisation and a drain."""
+
+    side: str
+    calls: int
+    host_ms: float  # the calls, host clock
+    synced_ms: float  # ... plus synchronising the current context (what a timer waits for)
+    pending_ms: float | None  # then queued elsewhere: first drain minus a second one
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def burst(calls: Calls, timer: Any, per_call_ms: float) -> Burst:
+    n = int(min(max(BURST_MS / max(per_call_ms, 1e-3), BURST_CALLS[0]), BURST_CALLS[1]))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        calls()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    timer.synchronize()
+    synced_ms = (time.perf_counter() - t0) * 1e3
+    return Burst(calls.side, n, host_ms, synced_ms, _pending_ms())
+
+
+def _pending_ms() -> float | None:
+    first = counters.self_drain_ms()
+    if first is None or first >= counters.DRAIN_TIMEOUT_S * 1e3:
+        return first
+    second = counters.self_drain_ms()
+    return None if second is None else max(0.0, first - second)
+
+
 @dataclass
 class ProbeBox:
     """Where the region wrapper leaves the probe's result (the last attempt's)."""
 
     calls: list[ProbeCall] = field(default_factory=list)
+    bursts: list[Burst] = field(default_factory=list)
     error: str | None = None
     regions: int = 0
 
 
-def probing_region(inner: Callable[..., Any], run_probe: Callable[[], list[ProbeCall]],
+def run(sides: list[Calls], timer: Any, threads: counters.ThreadCpu, box: ProbeBox) -> None:
+    """The whole return probe: single calls watched, then a burst per side."""
+    box.calls = return_probe(sides, timer, threads)
+    box.bursts = []
+    for calls in sides:
+        per_call = [c.synced_ms for c in box.calls if c.side == calls.side]
+        box.bursts.append(burst(calls, timer, sorted(per_call)[len(per_call) // 2]))
+
+
+def probing_region(inner: Callable[..., Any], run_probe: Callable[[], None],
                    box: ProbeBox) -> Callable[..., Any]:
     """A region factory that runs ``run_probe`` at the end of each region, still inside it."""
 
@@ -222,7 +264,7 @@ def probing_region(inner: Callable[..., Any], run_probe: Callable[[], list[Probe
             yield region
             box.regions += 1
             try:
-                box.calls = run_probe()
+                run_probe()
             except Exception as exc:  # noqa: BLE001  (the candidate raised: reported, not lost)
                 box.error = f"{type(exc).__name__}: {exc}"
 

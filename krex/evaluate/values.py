@@ -132,12 +132,19 @@ def tree_digest(tree: Any) -> str:
 # -- files -----------------------------------------------------------------------------
 
 
-def save(path: str, cases: dict[str, Any]) -> None:
-    """Write ``{case: tree}`` as ``path.json`` (structures) and ``path.npz`` (arrays)."""
+def save(path: str, cases: dict[str, Any],
+         flattened: dict[str, tuple[dict[str, Any], dict[str, Any]]] | None = None) -> None:
+    """Write ``{case: tree}`` as ``path.json`` (structures) and ``path.npz`` (arrays).
+
+    ``flattened`` adds cases already flattened (``(structure, arrays)``).
+    """
     import numpy as np
 
     arrays: dict[str, Any] = {}
     structures = {case: flatten(tree, arrays, case) for case, tree in cases.items()}
+    for case, (structure, more) in (flattened or {}).items():
+        structures[case] = structure
+        arrays.update(more)
     np.savez(path + ".npz", **arrays)
     tmp = path + ".json.tmp"
     with open(tmp, "w") as f:

@@ -2,9 +2,9 @@
 
 import numpy as np
 
-SHAPES = [(128, 256), (96, 200)]
+SHAPES = [(256, 512), (96, 200)]
 
 
-def make(seed, shape=(128, 256)):
+def make(seed, shape=(256, 512)):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(shape).astype(np.float32),)
