@@ -33,8 +33,8 @@ def _launcher(ctx):
     while True:
         _jobs.get()
         time.sleep(0.0003)  # the call has returned by now
-        spin(UNIT_US)
-        spin(UNIT_US)
+        spin(SIDE_US)
+        spin(SIDE_US)
 
 
 _started = []
