@@ -5,6 +5,9 @@ has the device to itself, everything else runs concurrently.  The map of the
 code is docs/architecture.md.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from krex.client import Client, Region, region
 from krex.errors import KrexError
 from krex.measure import (
@@ -16,9 +19,6 @@ from krex.measure import (
     compare,
     measure,
 )
-
-import importlib
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported on first use: the CLI's start-up path stays as it was
     from krex.evaluate import Evaluation, evaluate

@@ -148,7 +148,7 @@ class EvaluationFailed(KrexError):
     """``krex.evaluate`` could not judge the candidate: the reference or the inputs failed."""
 
     code = "evaluation_failed"
-    default_hint = "run the reference and the inputs builder alone; fix them first (docs/evaluate.md)"
+    default_hint = "run the reference and the inputs builder alone and fix them (docs/evaluate.md)"
 
 
 class RecordsError(KrexError):

@@ -11,7 +11,7 @@ from krex.errors import BadRequest
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="is a candidate kernel correct and faster? (docs/evaluate.md)",
+    p = sub.add_parser("evaluate", help="is a candidate kernel correct and faster?",
                        description="Check a candidate against a reference on several seeds and "
                                    "shapes, time both A/B in one region, and report the verdict, "
                                    "the speedup and every integrity finding.  The result is "

@@ -49,7 +49,7 @@ class Code(Enum):
     # integrity of the timing
     WORK_AFTER_RETURN = (INVALID, "work ran after a timed call returned (side stream, second "
                          "context or background thread): the timer missed it",
-                         "finish all work (synchronise your streams, join threads) before returning")
+                         "finish all work (sync your streams, join threads) before returning")
     NO_DEVICE_WORK = (INVALID, "the candidate launched no device work in its timed calls",
                       "run the kernel on the device being timed")
     LAUNCH_COUNT_VARIES = (INVALID, "device launches per call varied wildly between calls",

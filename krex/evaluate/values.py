@@ -34,7 +34,8 @@ EXACT = (0.0, 0.0)  # integers, booleans, everything else
 MAX_REPORTED = 3  # mismatching elements quoted as evidence
 
 
-def tolerance(dtype: str, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+def tolerance(dtype: str, atol: float | None = None,
+              rtol: float | None = None) -> tuple[float, float]:
     """(atol, rtol) for a dtype name: the defaults above unless overridden."""
     default = TOLERANCES.get(dtype, EXACT)
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
@@ -92,7 +93,8 @@ def flatten(tree: Any, arrays: dict[str, Any], prefix: str) -> dict[str, Any]:
                 "items": [flatten(item, arrays, prefix) for item in tree]}
     if isinstance(tree, dict):
         keys = [str(k) for k in tree]
-        return {"t": "map", "keys": keys, "items": [flatten(v, arrays, prefix) for v in tree.values()]}
+        items = [flatten(v, arrays, prefix) for v in tree.values()]
+        return {"t": "map", "keys": keys, "items": items}
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return {"t": "value", "value": tree, "type": type(tree).__name__}
     if hasattr(tree, "item") and hasattr(tree, "dtype"):  # a numpy scalar
@@ -188,7 +190,8 @@ def _span(x: Any) -> tuple[int, int] | None:
             return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
         import numpy as np
 
-        low, high = np.byte_bounds(x) if hasattr(np, "byte_bounds") else np.lib.array_utils.byte_bounds(x)
+        bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
+        low, high = bounds(x)
         return int(low), int(high)
     except Exception:  # noqa: BLE001  (an exotic array: no aliasing evidence)
         return None

@@ -10,7 +10,6 @@ import time
 import numpy as np
 from kernels import once, work
 
-
 # -- work that outlives the call: a background thread fills the output later --------------
 _jobs: queue.Queue = queue.Queue()
 

@@ -6,7 +6,7 @@ import threading
 import time
 
 from fg import lib, new_context, spin
-from kernels import UNIT_US, result
+from kernels import result
 
 _side = []
 SIDE_US = 100
