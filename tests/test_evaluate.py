@@ -160,3 +160,20 @@ def test_other_commands_do_not_import_evaluate_or_records():
             "print([n for n in sys.modules if n.startswith(('krex.evaluate', 'krex.records'))])")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_torch_tensors_and_nested_outputs(tmp_path_factory):
+    """torch cannot be imported twice in one process: the workers preload it."""
+    pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0)")
+    for _daemon in module_daemon(tmp_path_factory, "--preload", "numpy,torch"):
+        _torch_checks(os.path.join(os.path.dirname(CPU), "torch_cpu"))
+
+
+def _torch_checks(folder: str) -> None:
+    good = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:candidate",
+                         f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert good.correct and good.verdict != "invalid", good.summary()
+    assert good.provenance.get("torch")
+    low = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:bf16",
+                        f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert "WRONG_OUTPUT" in low.codes(), low.summary()

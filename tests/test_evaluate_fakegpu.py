@@ -54,6 +54,17 @@ def test_device_hacks(daemon_m, hack, code):
         assert code in ev.codes() and ev.verdict == "invalid", ev.summary()
 
 
+def test_a_sticky_device_error_is_contained_and_the_worker_recycled(tmp_path_factory):
+    for daemon in module_daemon(tmp_path_factory):
+        ev = evaluate("hacks.py:sticky_error")
+        assert ev.status == "device_error" and "DEVICE_ERROR" in ev.codes(), ev.summary()
+        assert ev.verdict == "invalid"
+        with daemon.client() as c:
+            assert c.status()["pools"]["fakegpu:0"]["recycles"].get("device_error", 0) >= 1
+        after = evaluate("kernels.py:slower")
+        assert after.verdict == "slower" and after.ok, after.summary()
+
+
 def test_work_on_a_second_context_outlives_the_call(tmp_path_factory):
     for _daemon in module_daemon(tmp_path_factory):
         for _ in range(2):

@@ -181,8 +181,8 @@ class CandidateRun:
             self.out["probe"] = [c.to_dict() for c in box.calls]
             self.out["bursts"] = [x.to_dict() for x in box.bursts]
             self.out["probe_error"] = box.error
-            if any((c.pending_ms or 0) >= counters.DRAIN_TIMEOUT_S * 1e3
-                   for c in [*box.calls, *box.bursts]):
+            pending = [c.pending_ms for c in box.calls] + [b.pending_ms for b in box.bursts]
+            if any((p or 0) >= counters.DRAIN_TIMEOUT_S * 1e3 for p in pending):
                 _request_recycle("device_work_pending: queued work did not drain")
         self.out["clocks"] = {"before": clocks_before, "after": sample(self.device)}
         self.out["comparison"] = readings.comparison(result)

@@ -54,3 +54,13 @@ def background_launches(x):
 def no_device_work(x):
     """Right answer, no kernel: nothing for the device timer to see."""
     return result(x)
+
+
+def sticky_error(x):
+    """A kernel that poisons the context: every later driver call fails (sticky)."""
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    lib().cuModuleLoadData(ctypes.byref(mod), b"gallery")
+    lib().cuModuleGetFunction(ctypes.byref(fn), mod, b"poison")
+    lib().cuLaunchKernel(fn, *(ctypes.c_uint(1),) * 6, ctypes.c_uint(0), None, None, None)
+    lib().cuCtxSynchronize()
+    return result(x)
