@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import md_table, private_daemon, write_results  # noqa: E402
+from common import md_table, private_daemon, stop_process, write_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REF_K = 4
@@ -45,19 +45,9 @@ KINDS: list[tuple[str, int]] = [("work", 1), ("work", 2), ("work", 3), ("work", 
 ROWS, COLS, SEEDS, PAIRS = 256, 512, 3, 30
 UNIT_US = 400  # fakegpu: one unit of work
 
-KERNELS_CPU = """import numpy as np
-
-
-def once(x):
-    return x * np.sqrt(x * x + np.float32(1.0))
-
-
-def work(x, times):
-    out = None
-    for _ in range(times):
-        out = once(x)
-    return out
-
+GALLERY_KERNELS = os.path.join(os.path.dirname(HERE), "tests", "evaluate_gallery", "cpu",
+                               "kernels.py")  # once(x), work(x, times)
+HALF = """
 
 def half(x):
     h = x.astype(np.float16)
@@ -121,7 +111,11 @@ def workload(agents: int, candidates: int) -> list[list[dict[str, Any]]]:
 
 
 def write_task(folder: str, device: str, work: list[list[dict[str, Any]]]) -> None:
-    kernels = KERNELS_FAKEGPU if device.startswith("fakegpu") else KERNELS_CPU
+    if device.startswith("fakegpu"):
+        kernels = KERNELS_FAKEGPU
+    else:
+        with open(GALLERY_KERNELS) as f:
+            kernels = f.read() + HALF
     files = {"kernels.py": kernels, "inputs.py": INPUTS,
              "ref.py": f"from kernels import work\n\n\ndef fn(x):\n    return work(x, {REF_K})\n"}
     for row in work:
@@ -202,12 +196,7 @@ def run_kcoral(python: str, work: list[list[dict[str, Any]]]) -> dict[str, Any]:
                                "--params", json.dumps(params)], check=True, capture_output=True,
                               text=True, timeout=1800)
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
     data = json.loads(done.stdout)
     return summarize("kcoral", "cpu", data["wall_s"], data["results"])
 

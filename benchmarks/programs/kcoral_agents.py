@@ -1,6 +1,8 @@
 """KCoral side of bench_evaluate.py: N agents, each evaluating its candidates remotely.
 
-Run with the Python of a venv that has kcoral (not krex's).  Each evaluation
+Run with the Python of a venv that has kcoral (not krex's).  The kernels are
+written out inside ``kc_evaluate``: a KCoral remote function must be
+self-contained (no globals, no imports of local files).  Each evaluation
 is one ``Client(url).function(cpu_only=True)`` call doing what an agent's
 harness does on a plain execution service: correctness on the seeds (fresh
 inputs per call, allclose at fp32 tolerances), then interleaved A/B timing
