@@ -74,9 +74,6 @@ def of(value: str | Callable[..., Any], role: str) -> FnSpec:
     return FnSpec(os.path.abspath(path), qualname, file_sha256(path))
 
 
-_loaded: dict[tuple[str, str], Any] = {}
-
-
 def load(spec: FnSpec, role: str) -> Callable[..., Any]:
     """Import the spec's file under a private module name and return the function.
 

@@ -159,6 +159,7 @@ class CandidateRun:
         rotation = job["cases"]["rotation"]
         a = probe.Calls(self.ref, [build(self.make, c) for c in rotation], "reference")
         b = probe.Calls(self.cand, [build(self.make, c) for c in rotation], "candidate")
+        digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
         factory = probe.probing_region(
@@ -186,6 +187,8 @@ class CandidateRun:
                 _request_recycle("device_work_pending: queued work did not drain")
         self.out["clocks"] = {"before": clocks_before, "after": sample(self.device)}
         self.out["comparison"] = readings.comparison(result)
+        self.out["mutated"] += [f"timed/{i}" for i, args in enumerate(b.input_sets)
+                                if values.tree_digest(args) != digests[i]]
         self.out["threads_started"] = max(self.threads.most_alive, len(self.threads.new_threads()))
         self._timed_outputs(b)
 
