@@ -204,9 +204,13 @@ def test_probe_evidence_with_controls():
     assert integrity_codes(counters(), probe=quiet) == []
     assert integrity_codes(counters(), probe=[call("reference"), call("candidate", cpu=2.0)] * 4)
     assert integrity_codes(counters(), probe=[call("reference"), call("candidate", launches=2)] * 4)
-    burst = {"side": "candidate", "calls": 50, "host_ms": 5, "synced_ms": 5, "pending_ms": 9.0}
+    burst = {"side": "candidate", "calls": 50, "host_ms": 5, "synced_ms": 5, "pending_ms": 40.0}
     assert integrity_codes(counters(), probe=quiet, bursts=[burst]) == ["WORK_AFTER_RETURN"]
-    assert integrity_codes(counters(), probe=quiet, bursts=[{**burst, "pending_ms": 0.2}]) == []
+    assert integrity_codes(counters(), probe=quiet, bursts=[{**burst, "pending_ms": 5.0}]) == []
+    long_burst = {**burst, "synced_ms": 100.0}  # 40 ms queued after 100 ms of calls: noise
+    assert integrity_codes(counters(), probe=quiet, bursts=[long_burst]) == []
+    timed_out = {**burst, "pending_ms": 1000.0, "synced_ms": 100.0}
+    assert integrity_codes(counters(), probe=quiet, bursts=[timed_out]) == ["WORK_AFTER_RETURN"]
     slow_host = [call("reference"), call("candidate", call_ms=2.0)] * 4
     s = {"counters": {"candidate": counters(), "reference": counters()}, "probe": slow_host,
          "comparison": comparison(2.0, 1.9, 2.1, timer="fakegpu", candidate={"median_ms": 0.01})}

@@ -28,7 +28,9 @@ PROBE_CPU_MIN_MS = 0.5  # the candidate's threads' CPU in the quiet windows afte
 PROBE_CPU_PER_CALL = 0.5  # beyond this floor and this share of the calls' own wall time
 HOST_MIN_MS = 0.05  # a device timer reading below a quarter of the call's host time ...
 TIMER_HOST_RATIO = 0.25  # ... (for calls of at least this much host time) missed work
-BURST_PENDING_MIN_MS = 2.0  # work still queued after a burst of calls and a context sync
+BURST_PENDING_MIN_MS = 10.0  # work still queued after a burst of calls and a context sync,
+BURST_PENDING_SHARE = 0.5  # beyond this floor and this share of the burst's own time (a drain's
+# latency alone reaches a few ms when the machine is busy)
 DRAIN_TIMEOUT_MS = 1000.0  # counters.DRAIN_TIMEOUT_S: a drain that never finished
 LAUNCH_RATIO = 4.0  # max/min launches per call beyond this varies "wildly"
 TIMING_FLAGS = ("REGION_NOT_CLEAN", "ENFORCEMENT_IMPOSSIBLE", "REGION_REVOKED", "THROTTLED")
@@ -299,7 +301,8 @@ def _pending(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -> dict[
     drains = [x["pending_ms"] for x in [*calls, *bursts] if x["pending_ms"] is not None]
     mine = [b for b in bursts if b["side"] == "candidate" and b["pending_ms"] is not None]
     if (drains and max(drains) >= DRAIN_TIMEOUT_MS) or \
-            (mine and mine[0]["pending_ms"] > BURST_PENDING_MIN_MS):
+            (mine and mine[0]["pending_ms"] > max(BURST_PENDING_MIN_MS,
+                                                  BURST_PENDING_SHARE * mine[0]["synced_ms"])):
         return {"pending_after_sync_ms": [round(d, 3) for d in drains],
                 "candidate_burst": mine[0] if mine else None}
     return {}
