@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.evaluate import readings, values
+from krex.evaluate import values
 from krex.evaluate.findings import Code, Finding, invalidating
 
 Tree = tuple[dict[str, Any], dict[str, Any]]  # (structure, arrays)
@@ -134,6 +134,11 @@ def _correctness(j: Judgement, plan: dict[str, Any], ref: Tree, cand: Tree,
     wrong = any(f.code in KIND_CODES.values() for f in j.findings)
     if checked and not wrong:
         _staged(j, plan, ref, cand, options)
+        if summary.get("precheck_wrong"):  # wrong when checked after the call, right later
+            j.findings.append(Finding(Code.WORK_AFTER_RETURN, "outputs of "
+                                      f"{', '.join(summary['precheck_wrong'])} were still being "
+                                      "written after the call returned",
+                                      {"changed_after_return": summary["precheck_wrong"]}))
     j.correctness = _correctness_summary(plan, checked, cand, options)
     j.correct = bool(checked) and not any(f.code in CORRECTNESS_CODES for f in j.findings) \
         and _complete(plan, cand, summary)

@@ -200,7 +200,8 @@ def _jobs(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "dir": workdir, "device": device}
     ref_cases = cases["correctness"] + cases["rotation"] + cases["identity"][1:] \
         + cases["held_out"]
-    timing = {"cache": options["cache"], "same_within": options["same_within"],
+    # compare stops once its interval is within ±2w (our "same") or outside it with 1 excluded
+    timing = {"cache": options["cache"], "same_within": 2 * options["same_within"],
               "confidence": options["confidence"], "max_time_s": options["max_time_s"],
               "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
@@ -209,7 +210,8 @@ def _jobs(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
     return {
         "reference": {**common, "cases": ref_cases},
         "candidate": {**common, "candidate": specs["candidate"].to_dict(), "cases": cases,
-                      "timing": timing, "label": label},
+                      "timing": timing, "label": label, "atol": options["atol"],
+                      "rtol": options["rtol"]},
     }
 
 
@@ -300,8 +302,8 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("counters", "probe", "bursts", "probe_error", "tampered", "threads_started",
-            "identity_refilled", "mutated", "aliases", "worker_recycled",
-            "stage_s", "timing_error")
+            "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
+            "worker_recycled", "stage_s", "timing_error")
     return {k: summary[k] for k in keys if k in summary}
 
 

@@ -90,6 +90,8 @@ class CandidateRun:
         self.device: str = job["device"]
         self.outputs: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}  # host copies taken right after the call
+        self.expected: dict[str, Any] = {}  # reference outputs of the correctness cases
+        self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
         self.fingerprint: dict[str, tuple[int, ...]] = {}
@@ -107,7 +109,10 @@ class CandidateRun:
         self.timer = make_timer(self.device)
         self.region_factory = get_region_factory()
         counters.device_launches()
-        self.ref(*build(self.make, job["cases"]["correctness"][0]))  # lazy pools of the reference
+        for case in job["cases"]["correctness"]:  # also warms the reference's lazy pools
+            arrays: dict[str, Any] = {}
+            result = values.flatten(self.ref(*build(self.make, case)), arrays, case["id"])
+            self.expected[case["id"]] = (result, arrays)
         self.timer.synchronize()
         self.out["provenance"] = _provenance(self.device, self.timer)
         self.threads = counters.ThreadCpu()
@@ -124,6 +129,7 @@ class CandidateRun:
     def stages(self) -> None:
         cases = self.job["cases"]
         for name, fn in (("correctness", lambda: self._checked(cases["correctness"])),
+                         ("precheck", self._precheck),
                          ("determinism", self._determinism),
                          ("identity", self._identity),
                          ("timing", self._timing),
@@ -142,6 +148,22 @@ class CandidateRun:
                 self.out["mutated"].append(case["id"])
             self.outputs[label or case["id"]] = result
 
+    def _precheck(self) -> None:
+        """A wrong candidate is not timed: its verdict is invalid whatever the timing says.
+
+        Only a shortcut: the evaluator judges again from the files, so a
+        candidate that fools this check is timed and then found out.
+        """
+        wrong = []
+        for case_id, (reference, ref_arrays) in self.expected.items():
+            mine: dict[str, Any] = {}
+            got = values.flatten(self.outputs[case_id], mine, case_id)
+            if values.compare((reference, ref_arrays), (got, mine),
+                              self.job.get("atol"), self.job.get("rtol")):
+                wrong.append(case_id)
+        self.out["precheck_wrong"] = wrong
+        self.skip_timing = bool(wrong)
+
     def _determinism(self) -> None:
         self._checked([self.job["cases"]["correctness"][0]], label="determinism")
 
@@ -155,6 +177,10 @@ class CandidateRun:
             self.outputs["identity"] = _call("identity", self.cand, *args)
 
     def _timing(self) -> None:
+        if self.skip_timing:
+            self.out["timing_skipped"] = "outputs already wrong: " + ", ".join(
+                self.out["precheck_wrong"])
+            return
         job, opts = self.job, self.job["timing"]
         rotation = job["cases"]["rotation"]
         a = probe.Calls(self.ref, [build(self.make, c) for c in rotation], "reference")
