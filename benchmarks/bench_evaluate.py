@@ -240,7 +240,10 @@ def main() -> int:
     p.add_argument("--devices", default="cpu,fakegpu:0")
     p.add_argument("--kcoral-python", help="Python of a venv with kcoral[server] deps; "
                                            "omitted: krex alone")
+    p.add_argument("--quick", action="store_true", help="2 agents x 5 candidates")
     args = p.parse_args()
+    if args.quick:
+        args.agents, args.candidates = 2, 5
     work = workload(args.agents, args.candidates)
     runs = []
     if args.kcoral_python:
