@@ -22,19 +22,6 @@ def report_dict(report: Any) -> dict[str, Any]:
     return dict(report)
 
 
-def report_clean(report: Any) -> bool:
-    clean = getattr(report, "clean", None)
-    if isinstance(clean, bool):
-        return clean
-    return bool(report_dict(report).get("clean", False))
-
-
-def median(values: list[float]) -> float:
-    from krex.measure import stats
-
-    return float(stats.median(values)) if values else float("nan")
-
-
 def comparison(c: Any) -> dict[str, Any]:
     """What an evaluation keeps of a comparison: verdict, interval, summaries, samples, warnings."""
     warnings = [{"warning": w.name, "detail": c.warning_details.get(w.name, ""),
