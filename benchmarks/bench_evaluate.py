@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -164,6 +165,7 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
+    shutil.rmtree(folder, ignore_errors=True)
     return summarize("krex", device, wall, results)
 
 
@@ -197,6 +199,7 @@ def run_kcoral(python: str, work: list[list[dict[str, Any]]]) -> dict[str, Any]:
                               text=True, timeout=1800)
     finally:
         stop_process(server)
+        shutil.rmtree(cwd, ignore_errors=True)
     data = json.loads(done.stdout)
     return summarize("kcoral", "cpu", data["wall_s"], data["results"])
 
