@@ -54,12 +54,17 @@ def private_daemon(*args: str) -> Iterator[str]:
             else:
                 os.environ["KREX_SOCKET"] = old
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
+    """Terminate, then kill after ``timeout_s``; always reaped."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def md_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

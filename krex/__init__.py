@@ -8,6 +8,9 @@ code is docs/architecture.md.
 function ``krex.measure(fn, ...)`` (the package is callable).
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from krex import measure
 from krex.client import Client, Region, region
 from krex.errors import KrexError
@@ -22,10 +25,23 @@ from krex.measure import (
 from krex.protocol.report import RegionReport
 from krex.version import __version__
 
+if TYPE_CHECKING:  # imported on first use: the CLI's start-up path stays as it was
+    from krex.evaluate import Evaluation, evaluate
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("evaluate", "Evaluation"):
+        value = getattr(importlib.import_module("krex.evaluate"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'krex' has no attribute {name!r}")
+
+
 __all__ = [
     "BenchWarning",
     "Client",
     "Comparison",
+    "Evaluation",
     "KrexError",
     "MeasureWarning",
     "Measurement",
@@ -34,6 +50,7 @@ __all__ = [
     "__version__",
     "bench",
     "compare",
+    "evaluate",
     "measure",
     "region",
 ]

@@ -257,6 +257,22 @@ def command_error(argv0: str, exc: OSError) -> CommandNotFound:
     return cls(f"cannot run {argv0!r}: {why}")
 
 
+# -- evaluate and records --------------------------------------------------------------
+
+
+class EvaluationFailed(KrexError):
+    """``krex.evaluate`` could not judge the candidate: the reference or the inputs failed."""
+
+    code = "evaluation_failed"
+    default_hint = "run the reference and the inputs builder alone and fix them (docs/evaluate.md)"
+
+
+class RecordsError(KrexError):
+    """The records database cannot be opened or has another schema version."""
+
+    code = "records_error"
+    default_hint = "point KREX_RECORDS_DB (or records=) at another file, or move this one away"
+
 
 # -- the Ray integration -----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ _RUNTIME = tempfile.mkdtemp(prefix="krex-test-")
 os.chmod(_RUNTIME, 0o700)
 os.environ["KREX_RUNTIME_DIR"] = _RUNTIME
 os.environ.setdefault("KREX_IDLE_EXIT_S", "120")
+os.environ["KREX_RECORDS_DB"] = os.path.join(_RUNTIME, "records.sqlite3")  # never the user's
 
 from helpers import (  # noqa: E402  (the environment must be set first)
     INFRASTRUCTURE,

@@ -34,14 +34,13 @@ ALLOWED: dict[str, set[str]] = {
     "daemon": {"workers", "enforce", "devices", "protocol"},
     "eval": {"measure", "client", "workers", "devices", "protocol"},
     "integrations": {"measure", "client", "workers", "devices", "protocol"},
-    # Planned in DESIGN.md; their streams add the packages.
     "records": {"protocol"},
-    "evaluate": {"records", "measure", "client", "workers", "devices", "protocol"},
+    "evaluate": {"records", "measure", "client", "workers", "enforce", "devices", "protocol"},
     "service": {"evaluate", "records", "measure", "client", "workers", "devices", "protocol"},
     # The front ends: nothing imports them.
-    "krex": {"client", "measure", "protocol"},  # the package root: the public names
-    "cli": {"eval", "integrations", "daemon", "measure", "client", "workers", "enforce",
-            "devices", "protocol"},
+    "krex": {"evaluate", "client", "measure", "protocol"},  # the package root: public names
+    "cli": {"evaluate", "records", "eval", "integrations", "daemon", "measure", "client",
+            "workers", "enforce", "devices", "protocol"},
     "ray": {"integrations"},  # krex.ray: the public alias of krex.integrations.ray
     "__main__": {"cli"},
     "_native": set(),

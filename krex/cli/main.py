@@ -6,7 +6,15 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from krex.cli import bench_cmds, cluster_cmds, daemon_cmds, demo, eval_cmds, job_cmds
+from krex.cli import (
+    bench_cmds,
+    cluster_cmds,
+    daemon_cmds,
+    demo,
+    eval_cmds,
+    evaluate_cmds,
+    job_cmds,
+)
 from krex.cli.output import error
 from krex.errors import (
     CommandNotFound,
@@ -19,7 +27,8 @@ from krex.errors import (
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     daemon_cmds.add_stop, daemon_cmds.add_status, daemon_cmds.add_doctor,
     job_cmds.add_run, job_cmds.add_region, job_cmds.add_exec, bench_cmds.add_bench, demo.add_demo,
-    eval_cmds.add_eval, cluster_cmds.add_cluster,
+    eval_cmds.add_eval, cluster_cmds.add_cluster, evaluate_cmds.add_evaluate,
+    evaluate_cmds.add_history,
 ]
 
 

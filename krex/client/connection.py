@@ -162,6 +162,11 @@ class Client:
         req.timeout_s = timeout_s
         return self._exec(req, device, None)
 
+    def execute(self, req: ExecRequest, *, device: str | None = None,
+                on_output: Callable[[str, str], None] | None = None) -> ExecResult:
+        """Run a prepared :class:`ExecRequest`; its output goes to ``on_output`` (default: ours)."""
+        return self._exec(req, device, on_output)
+
     def _exec(self, req: ExecRequest, device: str | None,
               on_output: OutputSink | None) -> ExecResult:
         sink = on_output or _echo

@@ -39,9 +39,24 @@ class Canary:
                    process=process_fingerprint(), memory_mb=context.memory_mb())
 
 
+_requested: list[str] = []  # reasons a program's trusted code gave (krex.evaluate's tamper check)
+
+
+def request_recycle(reason: str) -> None:
+    """Ask that this worker be recycled after the current program (e.g. state was tampered with)."""
+    _requested.append(reason)
+
+
+def _take_request() -> str | None:
+    reason = _requested[0] if _requested else None
+    _requested.clear()
+    return reason
+
+
 def verdict(before: Canary, context: Any, limit_mb: float, check_libraries: bool) -> str | None:
     """The first reason this worker must be recycled, or None."""
     checks = (
+        _take_request,
         lambda: _leaked_threads(before.threads),
         _leaked_children,
         lambda: _device_error(context),

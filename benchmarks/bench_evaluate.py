@@ -1,0 +1,271 @@
+"""8 agents each evaluating 20 candidates: krex.evaluate and KCoral side by side in one run.
+
+The workload: a reference that does an elementwise float32 kernel 4 times;
+candidates that do it k times (true speedup 4/k: k < 4 faster, k = 4 same,
+k > 4 slower) or are wrong (zeros; fp16 arithmetic: expected ``invalid``).
+Each agent evaluates its candidates one after the other; all agents at once.
+
+- krex: ``krex.evaluate`` (fresh each time) through a private daemon with its
+  default settings; on ``cpu`` and on ``fakegpu:0`` (spin kernels of known
+  duration, k x 400 us against 2 x 400 us).
+- KCoral (cpu only): the same workload as remote functions
+  (``Client(url).function(cpu_only=True)``) on ``kcoral server --device cpu
+  --max-requests-per-worker 0 --sandbox none``, each call doing an agent's
+  usual harness: correctness on the seeds, interleaved A/B timing over
+  rotating inputs, the median ratio, the same ±3 % band (programs/kcoral_agents.py).
+
+Reports evaluations per minute and verdict accuracy (against the known
+truth) for each, in results/bench_evaluate.json.
+
+    python benchmarks/bench_evaluate.py [--agents 8] [--candidates 20] [--cache hot]
+        [--kcoral-python /path/to/kcoral-venv/bin/python] [--devices cpu,fakegpu:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import md_table, private_daemon, stop_process, write_results
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REF_K = 4
+KINDS: list[tuple[str, int]] = [("work", 1), ("work", 2), ("work", 3), ("work", 4), ("work", 5),
+                                ("work", 6), ("work", 8), ("zeros", 4), ("work", 4),
+                                ("half", 4)]
+ROWS, COLS, SEEDS, PAIRS = 256, 512, 3, 30
+UNIT_US = 400  # fakegpu: one unit of work
+
+GALLERY_KERNELS = os.path.join(os.path.dirname(HERE), "tests", "evaluate_gallery", "cpu",
+                               "kernels.py")  # once(x), work(x, times)
+HALF = """
+
+def half(x):
+    h = x.astype(np.float16)
+    return (h * np.sqrt(h * h + np.float16(1.0))).astype(np.float32)
+"""
+
+KERNELS_FAKEGPU = """import ctypes, os
+import numpy as np
+
+_lib, _fn = [], []
+ARGS = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
+
+
+def _spin():
+    if not _lib:
+        _lib.append(ctypes.CDLL(os.environ.get("KREX_FAKEGPU_LIB", "libcuda.so.1")))
+        mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        _lib[0].cuModuleLoadData(ctypes.byref(mod), b"bench")
+        _lib[0].cuModuleGetFunction(ctypes.byref(fn), mod, b"spin_us_@US@")
+        _fn.append(fn)
+    assert _lib[0].cuLaunchKernel(_fn[0], *ARGS) == 0
+
+
+def work(x, times):
+    for _ in range(times):
+        _spin()
+    return x * np.float32(2.0) + np.float32(1.0)
+
+
+def half(x):
+    _spin()
+    return (x.astype(np.float16) * np.float16(2.0) + np.float16(1.0)).astype(np.float32)
+""".replace("@US@", str(UNIT_US))
+
+INPUTS = f"""import numpy as np
+
+SHAPES = [({ROWS}, {COLS}), (96, 200)]
+
+
+def make(seed, shape=({ROWS}, {COLS})):
+    return (np.random.default_rng(seed).standard_normal(shape).astype(np.float32),)
+"""
+
+
+def expected(kind: str, k: int) -> str:
+    if kind != "work":
+        return "invalid"
+    return "faster" if k < REF_K else "same" if k == REF_K else "slower"
+
+
+def workload(agents: int, candidates: int) -> list[list[dict[str, Any]]]:
+    out = []
+    for a in range(agents):
+        row = []
+        for j in range(candidates):
+            kind, k = KINDS[(a * 3 + j) % len(KINDS)]
+            row.append({"agent": a, "index": j, "kind": kind, "k": k,
+                        "expected": expected(kind, k)})
+        out.append(row)
+    return out
+
+
+def write_task(folder: str, device: str, work: list[list[dict[str, Any]]]) -> None:
+    if device.startswith("fakegpu"):
+        kernels = KERNELS_FAKEGPU
+    else:
+        with open(GALLERY_KERNELS) as f:
+            kernels = f.read() + HALF
+    files = {"kernels.py": kernels, "inputs.py": INPUTS,
+             "ref.py": f"from kernels import work\n\n\ndef fn(x):\n    return work(x, {REF_K})\n"}
+    for row in work:
+        for c in row:
+            body = {"work": f"work(x, {c['k']})", "zeros": "np.zeros_like(x)",
+                    "half": "half(x)"}[c["kind"]]
+            files[f"cand_{c['agent']}_{c['index']}.py"] = (
+                f"# agent {c['agent']} candidate {c['index']}\nimport numpy as np\n"
+                f"from kernels import half, work\n\n\ndef fn(x):\n    return {body}\n")
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+
+
+# -- krex ----------------------------------------------------------------------------------
+
+
+def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[str, Any]:
+    import krex
+
+    folder = tempfile.mkdtemp(prefix="krex-bench-evaluate-")
+    write_task(folder, device, work)
+    db = os.path.join(folder, "records.sqlite3")
+    results: list[list[dict[str, Any]]] = [[] for _ in work]
+
+    def agent(i: int) -> None:
+        for c in work[i]:
+            t0 = time.monotonic()
+            try:
+                ev = krex.evaluate(f"{folder}/ref.py:fn", f"{folder}/cand_{c['agent']}_"
+                                   f"{c['index']}.py:fn", f"{folder}/inputs.py:make",
+                                   device=device, cache=cache, fresh=True, records=db)
+                out = {"verdict": ev.verdict, "correct": ev.correct, "speedup": ev.speedup,
+                       "findings": ev.codes()}
+            except Exception as exc:  # noqa: BLE001  (a failed evaluation is counted as one)
+                out = {"verdict": "error", "error": repr(exc)[:300]}
+            results[i].append({**c, **out, "seconds": time.monotonic() - t0})
+
+    with private_daemon():
+        krex.evaluate(f"{folder}/ref.py:fn", f"{folder}/ref.py:fn", f"{folder}/inputs.py:make",
+                      device=device, cache=cache, save=False)  # pool and device up: not timed
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=agent, args=(i,)) for i in range(len(work))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+    shutil.rmtree(folder, ignore_errors=True)
+    return summarize("krex", device, wall, results)
+
+
+# -- KCoral --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_kcoral(python: str, work: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    port = free_port()
+    cwd = tempfile.mkdtemp(prefix="kcoral-bench-")
+    kcoral = os.path.join(os.path.dirname(python), "kcoral")
+    server = subprocess.Popen([kcoral, "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--device", "cpu", "--max-requests-per-worker", "0",
+                               "--sandbox", "none"], cwd=cwd, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    params = {"seeds": SEEDS, "pairs": PAIRS, "rows": ROWS, "cols": COLS, "ref_k": REF_K}
+    prog = os.path.join(HERE, "programs", "kcoral_agents.py")
+    try:
+        _wait_port(port, server)
+        warm = [[{"agent": 0, "index": -1, "kind": "work", "k": REF_K}]]
+        subprocess.run([python, prog, "--url", url, "--workload", json.dumps(warm), "--params",
+                        json.dumps(params)], check=True, capture_output=True, timeout=300)
+        done = subprocess.run([python, prog, "--url", url, "--workload", json.dumps(work),
+                               "--params", json.dumps(params)], check=True, capture_output=True,
+                              text=True, timeout=1800)
+    finally:
+        stop_process(server)
+        shutil.rmtree(cwd, ignore_errors=True)
+    data = json.loads(done.stdout)
+    return summarize("kcoral", "cpu", data["wall_s"], data["results"])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"kcoral server exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError("kcoral server did not listen")
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+def summarize(system: str, device: str, wall_s: float,
+              results: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    flat = [r for row in results for r in row]
+    right = [r for r in flat if r["verdict"] == r["expected"]]
+    by_expected: dict[str, list[int]] = {}
+    for r in flat:
+        counts = by_expected.setdefault(r["expected"], [0, 0])
+        counts[0] += r["verdict"] == r["expected"]
+        counts[1] += 1
+    return {"system": system, "device": device, "evaluations": len(flat), "wall_s": wall_s,
+            "per_minute": len(flat) / wall_s * 60, "accuracy": len(right) / max(len(flat), 1),
+            "by_expected": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_expected.items())},
+            "errors": sum(r["verdict"] == "error" for r in flat), "results": flat}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--agents", type=int, default=8)
+    p.add_argument("--candidates", type=int, default=20)
+    p.add_argument("--cache", default="hot", choices=("hot", "cold"),
+                   help="krex's cache setting (KCoral's harness does not flush)")
+    p.add_argument("--devices", default="cpu,fakegpu:0")
+    p.add_argument("--kcoral-python", help="Python of a venv with kcoral[server] deps; "
+                                           "omitted: krex alone")
+    p.add_argument("--quick", action="store_true", help="2 agents x 5 candidates")
+    args = p.parse_args()
+    if args.quick:
+        args.agents, args.candidates = 2, 5
+    work = workload(args.agents, args.candidates)
+    runs = []
+    if args.kcoral_python:
+        runs.append(run_kcoral(args.kcoral_python, work))
+    for device in args.devices.split(","):
+        runs.append(run_krex(device, work, args.cache))
+    rows = [(r["system"], r["device"], r["evaluations"], f"{r['wall_s']:.1f}",
+             f"{r['per_minute']:.1f}", f"{r['accuracy']:.1%}",
+             " ".join(f"{k} {v}" for k, v in r["by_expected"].items()), r["errors"])
+            for r in runs]
+    table = md_table(["system", "device", "evaluations", "wall s", "per minute", "accuracy",
+                      "right by truth", "errors"], rows)
+    path = write_results("bench_evaluate", {"agents": args.agents,
+                                            "candidates": args.candidates, "cache": args.cache,
+                                            "runs": runs, "table": table})
+    print(table)
+    print(f"\nresults: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,315 @@
+"""``krex.evaluate``: plan the cases, run the two programs in warm workers, judge, record.
+
+A pure pipeline over ``workers`` (through the daemon's pool, the same one
+``krex exec`` uses) and ``measure`` (``compare``, run inside the candidate's
+worker): no transport code here.  The reference and the candidate run as two
+programs at once, each in its own worker process; their outputs come back
+as files in a private directory and are judged in this process, where no
+candidate code runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from krex.errors import EvaluationFailed
+from krex.evaluate import judge as judging
+from krex.evaluate import spec, values
+from krex.evaluate.findings import Code, Finding
+from krex.evaluate.result import Evaluation
+
+OUTPUT_TAIL_CHARS = 4000
+ROTATION_SEED, HELD_OUT_SEED, IDENTITY_SEED = 1000, 2000, 3000
+MIN_PAIRS = 30  # compare's floor before it may stop on a clear verdict
+MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
+
+
+def evaluate(
+    reference: str | Callable[..., Any],
+    candidate: str | Callable[..., Any],
+    inputs: str | Callable[..., Any],
+    *,
+    device: str | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seeds: int = 3,
+    shapes: list[Any] | None = None,
+    cache: str = "cold",
+    rotation: int = 4,
+    same_within: float = 0.03,
+    confidence: float = 0.99,
+    max_time_s: float = 1.0,
+    timing_timeout_s: float = 3.0,
+    timeout_s: float = 120.0,
+    plausible_speedup: float | None = 50.0,
+    fresh: bool = False,
+    records: str | None = None,
+    save: bool = True,
+    label: str | None = None,
+) -> Evaluation:
+    """Is ``candidate`` correct against ``reference``, and faster?  See docs/evaluate.md.
+
+    ``reference`` and ``candidate`` take the positional arguments that
+    ``inputs(seed)`` — or ``inputs(seed, shape)`` — returns (a tuple, or one
+    value).  ``shapes[0]`` is timed; the other shapes are held out (checked
+    only after the timing).  ``atol``/``rtol`` override the dtype defaults
+    (fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7; integers exact).  An identical
+    request (same code, inputs builder and options) returns the stored
+    record unless ``fresh=True``.
+    """
+    if seeds < 1 or rotation < 2:
+        raise ValueError("need seeds >= 1 and rotation >= 2")
+    specs = {"reference": spec.of(reference, "reference"),
+             "candidate": spec.of(candidate, "candidate"), "inputs": spec.of(inputs, "inputs")}
+    device = device or os.environ.get("KREX_DEVICE") or "cpu"
+    shape_list = _jsonable(shapes if shapes is not None else _declared_shapes(inputs, specs))
+    options = {"atol": atol, "rtol": rtol, "seeds": seeds, "shapes": shape_list, "cache": cache,
+               "rotation": rotation, "same_within": same_within, "confidence": confidence,
+               "max_time_s": max_time_s, "timing_timeout_s": timing_timeout_s,
+               "plausible_speedup": plausible_speedup}
+    key = request_key(specs, device, options)
+    if not fresh and save:
+        stored = _stored(records, key)
+        if stored is not None:
+            return stored
+    evaluation = _run(specs, device, options, key, timeout_s, label)
+    if save:
+        from krex.records import RecordStore
+
+        with RecordStore(records) as store:
+            store.save(evaluation.to_dict())
+    return evaluation
+
+
+def request_key(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any]) -> str:
+    from krex.version import __version__
+
+    data = {"specs": {k: [s.name, s.sha256] for k, s in specs.items()}, "device": device,
+            "options": options, "krex": __version__}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stored(records: str | None, key: str) -> Evaluation | None:
+    from krex.records import RecordStore
+
+    with RecordStore(records) as store:
+        found = store.latest_for(key)
+    if found is None:
+        return None
+    evaluation = Evaluation.from_dict(found)
+    evaluation.reused = True
+    return evaluation
+
+
+def _declared_shapes(inputs: Any, specs: dict[str, spec.FnSpec]) -> list[Any]:
+    """``SHAPES = [...]`` beside the inputs builder (read with ast, never executed)."""
+    declared = getattr(inputs, "shapes", None) if callable(inputs) else None
+    if declared is not None:
+        return list(declared)
+    with open(specs["inputs"].path) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHAPES"
+                                                for t in node.targets):
+            try:
+                return list(ast.literal_eval(node.value))
+            except ValueError:
+                break
+    return [None]
+
+
+def _jsonable(shapes: list[Any]) -> list[Any]:
+    shapes = list(shapes) or [None]
+    return json.loads(json.dumps(shapes))
+
+
+def plan(options: dict[str, Any]) -> dict[str, Any]:
+    """Every case of one evaluation: ids, seeds, shapes, stages."""
+    shapes = options["shapes"]
+    timed = shapes[0]
+
+    def case(cid: str, seed: int, shape: Any, stage: str) -> dict[str, Any]:
+        return {"id": cid, "seed": seed, "shape": shape, "stage": stage}
+
+    held = [case(f"h{j}", HELD_OUT_SEED + j, s, "held_out") for j, s in enumerate(shapes[1:])]
+    return {
+        "shapes": shapes,
+        "correctness": [case(f"c{i}", i, timed, "correctness") for i in range(options["seeds"])],
+        "rotation": [case(f"r{i}", ROTATION_SEED + i, timed, "timing")
+                     for i in range(options["rotation"])],
+        "identity": [case("i0", IDENTITY_SEED, timed, "identity"),
+                     case("i1", IDENTITY_SEED + 1, timed, "identity")],
+        "held_out": held or [case("h0", HELD_OUT_SEED, timed, "held_out")],
+    }
+
+
+def _new_id() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"ev-{stamp}-{secrets.token_hex(3)}"
+
+
+def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], key: str,
+         timeout_s: float, label: str | None) -> Evaluation:
+    evaluation_id, t0 = _new_id(), time.monotonic()
+    cases = plan(options)
+    workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
+    try:
+        jobs = _jobs(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
+        ref_result, cand_result, tail = _programs(jobs, device, timeout_s)
+        ref_meta = _reference_meta(ref_result, tail)
+        ref_tree = values.load(os.path.join(workdir, "reference"))
+        cand_tree = _load_if_there(os.path.join(workdir, "candidate"))
+        summary, status, early = _candidate_outcome(cand_result, timeout_s)
+        verdict_of = judging.judge(cases, ref_tree, cand_tree, summary, options)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    findings = early + verdict_of.findings
+    comparison = summary.get("comparison") or {}
+    return Evaluation(
+        id=evaluation_id, created_at=_now(), request_key=key, device=device, status=status,
+        verdict="invalid" if early else verdict_of.verdict,
+        correct=False if early and verdict_of.correct is None else verdict_of.correct,
+        speedup=comparison.get("speedup"), ci_low=comparison.get("ci_low"),
+        ci_high=comparison.get("ci_high"), findings=findings,
+        reference=specs["reference"].to_dict(), candidate=specs["candidate"].to_dict(),
+        inputs=specs["inputs"].to_dict(), options={**options, "timeout_s": timeout_s},
+        correctness=verdict_of.correctness, timing=comparison,
+        integrity=_integrity(summary), provenance=_provenance(summary, ref_meta, cand_result),
+        elapsed_s=time.monotonic() - t0, output_tail=tail[-1][-OUTPUT_TAIL_CHARS:],
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _jobs(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
+          cases: dict[str, Any], workdir: str, label: str) -> dict[str, dict[str, Any]]:
+    common = {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
+              "dir": workdir, "device": device}
+    ref_cases = cases["correctness"] + cases["rotation"] + cases["identity"][1:] \
+        + cases["held_out"]
+    # compare stops once its interval is within ±2w (our "same") or outside it with 1 excluded
+    timing = {"cache": options["cache"], "same_within": 2 * options["same_within"],
+              "confidence": options["confidence"], "max_time_s": options["max_time_s"],
+              "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
+              "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
+              # between blocks, just before every block's first A sample
+              "min_time_s": MIN_MEASURED_S}
+    return {
+        "reference": {**common, "cases": ref_cases},
+        "candidate": {**common, "candidate": specs["candidate"].to_dict(), "cases": cases,
+                      "timing": timing, "label": label, "atol": options["atol"],
+                      "rtol": options["rtol"]},
+    }
+
+
+def _programs(jobs: dict[str, dict[str, Any]], device: str,
+              timeout_s: float) -> tuple[Any, Any, list[str]]:
+    """Both programs at once, each through its own connection (so each in its own worker)."""
+    from krex.evaluate import worker
+
+    outputs: dict[str, list[str]] = {"reference": [], "candidate": []}
+    box: dict[str, Any] = {}
+
+    def reference() -> None:
+        try:
+            box["result"] = _submit(worker.run_reference, jobs["reference"], device, timeout_s,
+                                    outputs["reference"])
+        except BaseException as exc:  # noqa: BLE001  (re-raised on the caller's thread)
+            box["error"] = exc
+
+    thread = threading.Thread(target=reference, name="krex-evaluate-reference", daemon=True)
+    thread.start()
+    try:
+        cand = _submit(worker.run_candidate, jobs["candidate"], device, timeout_s,
+                       outputs["candidate"])
+    finally:
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"], cand, ["".join(outputs["reference"]), "".join(outputs["candidate"])]
+
+
+def _submit(fn: Callable[..., Any], job: dict[str, Any], device: str, timeout_s: float,
+            sink: list[str]) -> Any:
+    from krex.client import Client
+    from krex.workers import ExecRequest
+
+    def keep(stream: str, text: str) -> None:
+        sink.append(text)
+        if len(sink) > 256:
+            del sink[:128]
+
+    req = ExecRequest.for_callable(fn, job)
+    req.timeout_s = timeout_s
+    with Client() as client:
+        return client.execute(req, device=device, on_output=keep)
+
+
+def _reference_meta(result: Any, tail: list[str]) -> dict[str, Any]:
+    if not result.ok:
+        why = result.exception or f"{result.status} (exit code {result.exit_code})"
+        raise EvaluationFailed(f"the reference or the inputs builder failed: {why}\n"
+                               f"{(result.traceback or tail[0])[-2000:]}")
+    return dict(result.returned())
+
+
+def _load_if_there(path: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    if not os.path.exists(path + ".json"):
+        return None
+    try:
+        return values.load(path)
+    except (OSError, ValueError) as exc:
+        raise EvaluationFailed(f"the candidate's outputs could not be read: {exc}") from None
+
+
+def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], str, list[Finding]]:
+    """(summary, status, findings about how the program ended)."""
+    early: list[Finding] = []
+    if result.status == "ok":
+        summary = dict(result.returned())
+        status = "ok" if summary.get("status") == "ok" else "error"
+    elif result.status == "timeout":
+        summary, status = {}, "timeout"
+        early.append(Finding(Code.TIMEOUT, f"no result within {timeout_s:g} s; the worker was "
+                             "killed", {"timeout_s": timeout_s}))
+    elif result.status == "crashed":
+        summary, status = {}, "crashed"
+        early.append(Finding(Code.CRASHED, f"exit code {result.exit_code}",
+                             {"exit_code": result.exit_code,
+                              "traceback": (result.traceback or "")[-4000:]}))
+    else:
+        raise EvaluationFailed(f"the candidate's program ended {result.status}: "
+                               f"{result.exception}\n{(result.traceback or '')[-2000:]}")
+    if (result.recycle_reason or "").startswith("device_error"):
+        status = "device_error"
+        early.append(Finding(Code.DEVICE_ERROR, result.recycle_reason, {}))
+    summary["worker_recycled"] = result.recycle_reason
+    return summary, status, early
+
+
+def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("counters", "probe", "bursts", "probe_error", "tampered", "threads_started",
+            "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
+            "worker_recycled", "stage_s", "timing_error")
+    return {k: summary[k] for k in keys if k in summary}
+
+
+def _provenance(summary: dict[str, Any], ref_meta: dict[str, Any], cand: Any) -> dict[str, Any]:
+    from krex.version import __version__
+
+    return {**summary.get("provenance", {}), "krex_version": __version__,
+            "input_hashes": ref_meta.get("input_hashes", {}), "clocks": summary.get("clocks"),
+            "reference_worker_pid": ref_meta.get("pid"), "candidate_worker_pid": cand.worker_pid}

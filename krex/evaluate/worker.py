@@ -1,0 +1,283 @@
+"""The two programs an evaluation runs in warm workers.
+
+:func:`run_reference` (its own program, often its own worker) builds every
+input case from its seed, calls the reference and writes the outputs and the
+inputs' hashes.  :func:`run_candidate` runs everything that touches the
+candidate, in this order: load inputs builder and reference, warm the
+measuring machinery, take the thread baseline and the fingerprint of trusted
+modules, *then* import the candidate; correctness cases (fresh inputs per
+call, mutation and aliasing checked), the determinism re-run, the identity
+probe (same input objects, new contents), the A/B timing through
+``krex.compare`` with input rotation and counters around every sample, the
+return probe at the end of the region, the held-out cases, and the
+fingerprint again.  Outputs go to files (``values.save``); the returned dict
+is small and JSON-able.  Judging happens in the evaluator, never here: this
+process ran the candidate's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from krex.errors import KrexError
+from krex.evaluate import counters, guard, probe, readings, spec, values
+
+
+def build(make: Callable[..., Any], case: dict[str, Any]) -> tuple[Any, ...]:
+    """The positional arguments of one case: ``make(seed)`` or ``make(seed, shape)``."""
+    shape = _tuples(case.get("shape"))
+    args = make(case["seed"]) if shape is None else make(case["seed"], shape)
+    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+def _tuples(shape: Any) -> Any:
+    """Shapes travel as JSON lists; builders get tuples back."""
+    return tuple(_tuples(s) for s in shape) if isinstance(shape, list) else shape
+
+
+def run_reference(job: dict[str, Any]) -> dict[str, Any]:
+    make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
+    ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
+    outputs, hashes, t0 = {}, {}, time.monotonic()
+    for case in job["cases"]:
+        args = build(make, case)
+        hashes[case["id"]] = values.tree_digest(args)
+        outputs[case["id"]] = ref(*args)
+    values.save(os.path.join(job["dir"], "reference"), outputs)
+    return {"input_hashes": hashes, "seconds": time.monotonic() - t0, "pid": os.getpid()}
+
+
+PROBE_HOLD_S = 20.0  # the region's maximum hold beyond the timing loop: the return probe
+
+
+class Stage(Exception):
+    """The candidate failed in one stage; carries what was gathered so far."""
+
+    def __init__(self, stage: str, exc: BaseException) -> None:
+        super().__init__(stage)
+        self.stage = stage
+        self.text = f"{type(exc).__name__}: {exc}"
+        self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _call(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001  (SystemExit too: the candidate's failure)
+        raise Stage(stage, exc) from None
+
+
+def run_candidate(job: dict[str, Any]) -> dict[str, Any]:
+    run = CandidateRun(job)
+    try:
+        run.prepare()
+        run.stages()
+    except Stage as failed:
+        run.out.update({"status": "error", "stage": failed.stage, "exception": failed.text,
+                        "traceback": failed.trace[-8000:]})
+    run.finish()
+    return run.out
+
+
+class CandidateRun:
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.device: str = job["device"]
+        self.outputs: dict[str, Any] = {}
+        self.copies: dict[str, Any] = {}  # host copies taken right after the call
+        self.expected: dict[str, Any] = {}  # reference outputs of the correctness cases
+        self.skip_timing = False
+        self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
+                                    "aliases": [], "stage_s": {}}
+        self.fingerprint: dict[str, tuple[int, ...]] = {}
+        self.trusted: list[str] = []
+
+    # -- before the candidate exists -------------------------------------------------
+
+    def prepare(self) -> None:
+        job = self.job
+        self.make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
+        self.ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
+        from krex.measure import make_timer
+        from krex.measure.regions import get_region_factory
+
+        self.timer = make_timer(self.device)
+        self.region_factory = get_region_factory()
+        counters.device_launches()
+        for case in job["cases"]["correctness"]:  # also warms the reference's lazy pools
+            arrays: dict[str, Any] = {}
+            result = values.flatten(self.ref(*build(self.make, case)), arrays, case["id"])
+            self.expected[case["id"]] = (result, arrays)
+        self.timer.synchronize()
+        self.out["provenance"] = _provenance(self.device, self.timer)
+        self.threads = counters.ThreadCpu()
+        modules = tuple(getattr(f, "__module__", "") for f in (self.make, self.ref))
+        self.trusted = guard.trusted_modules(modules)
+        self.fingerprint = guard.fingerprint(self.trusted)
+        t0 = time.monotonic()
+        self.cand = _call("import", spec.load, spec.FnSpec.from_dict(job["candidate"]),
+                          "candidate")
+        self.out["stage_s"]["import"] = time.monotonic() - t0
+
+    # -- the stages ------------------------------------------------------------------
+
+    def stages(self) -> None:
+        cases = self.job["cases"]
+        for name, fn in (("correctness", lambda: self._checked(cases["correctness"])),
+                         ("precheck", self._precheck),
+                         ("determinism", self._determinism),
+                         ("identity", self._identity),
+                         ("timing", self._timing),
+                         ("held_out", lambda: self._checked(cases["held_out"]))):
+            t0 = time.monotonic()
+            fn()
+            self.out["stage_s"][name] = time.monotonic() - t0
+
+    def _checked(self, cases: list[dict[str, Any]], label: str | None = None) -> None:
+        for case in cases:
+            args = build(self.make, case)
+            before = values.tree_digest(args)
+            result = _call(case["stage"], self.cand, *args)
+            self.out["aliases"] += [{**a, "case": case["id"]} for a in values.aliases(result, args)]
+            if values.tree_digest(args) != before:
+                self.out["mutated"].append(case["id"])
+            self.outputs[label or case["id"]] = result
+
+    def _precheck(self) -> None:
+        """A wrong candidate is not timed: its verdict is invalid whatever the timing says.
+
+        Only a shortcut: the evaluator judges again from the files, so a
+        candidate that fools this check is timed and then found out.
+        """
+        wrong = []
+        for case_id, (reference, ref_arrays) in self.expected.items():
+            mine: dict[str, Any] = {}
+            got = values.flatten(self.outputs[case_id], mine, case_id)
+            if values.compare((reference, ref_arrays), (got, mine),
+                              self.job.get("atol"), self.job.get("rtol")):
+                wrong.append(case_id)
+        self.out["precheck_wrong"] = wrong
+        self.skip_timing = bool(wrong)
+
+    def _determinism(self) -> None:
+        self._checked([self.job["cases"]["correctness"][0]], label="determinism")
+
+    def _identity(self) -> None:
+        first, second = self.job["cases"]["identity"]
+        args = build(self.make, first)
+        _call("identity", self.cand, *args)
+        refilled = values.refill(args, build(self.make, second))
+        self.out["identity_refilled"] = refilled
+        if refilled:
+            self.outputs["identity"] = _call("identity", self.cand, *args)
+
+    def _timing(self) -> None:
+        if self.skip_timing:
+            self.out["timing_skipped"] = "outputs already wrong: " + ", ".join(
+                self.out["precheck_wrong"])
+            return
+        job, opts = self.job, self.job["timing"]
+        rotation = job["cases"]["rotation"]
+        a = probe.Calls(self.ref, [build(self.make, c) for c in rotation], "reference")
+        b = probe.Calls(self.cand, [build(self.make, c) for c in rotation], "candidate")
+        digests = [values.tree_digest(args) for args in b.input_sets]
+        timer = probe.CountingTimer(self.timer, a, b, self.threads)
+        box = probe.ProbeBox()
+        factory = probe.probing_region(
+            self.region_factory, lambda: probe.run([a, b], self.timer, self.threads, box), box)
+        from krex.measure import compare
+        from krex.measure.clocks import sample
+
+        clocks_before = sample(self.device)
+        try:
+            result = compare(a, b, device=self.device, timer=timer, region=factory,
+                             label=job.get("label"), retries=1,
+                             max_hold_s=opts["timeout_s"] + PROBE_HOLD_S, **opts)
+        except KrexError as exc:  # the region, not the candidate: no verdict, not a failure
+            self.out["timing_error"] = f"{type(exc).__name__}: {exc}"
+            return
+        except BaseException as exc:  # noqa: BLE001  (the candidate raised while timed)
+            raise Stage("timing", exc) from None
+        finally:
+            self.out["counters"] = {side: s.to_dict() for side, s in timer.stats.items()}
+            self.out["probe"] = [c.to_dict() for c in box.calls]
+            self.out["bursts"] = [x.to_dict() for x in box.bursts]
+            self.out["probe_error"] = box.error
+            pending = [c.pending_ms for c in box.calls] + [b.pending_ms for b in box.bursts]
+            if any((p or 0) >= counters.DRAIN_TIMEOUT_S * 1e3 for p in pending):
+                _request_recycle("device_work_pending: queued work did not drain")
+        self.out["clocks"] = {"before": clocks_before, "after": sample(self.device)}
+        self.out["comparison"] = readings.comparison(result)
+        self.out["mutated"] += [f"timed/{i}" for i, args in enumerate(b.input_sets)
+                                if values.tree_digest(args) != digests[i]]
+        self.out["threads_started"] = max(self.threads.most_alive, len(self.threads.new_threads()))
+        self._timed_outputs(b)
+
+    def _timed_outputs(self, b: probe.Calls) -> None:
+        """Call the timed candidate once more on each input set and copy each output at once.
+
+        The candidate is in whatever state the timing left it (an "early return
+        once timed" hack still is); copying right away keeps a legitimately
+        reused output buffer from reading as the last call's result.
+        """
+        for slot, args in enumerate(b.input_sets):
+            result = _call("timing", self.cand, *args)
+            arrays: dict[str, Any] = {}
+            self.copies[f"timed/{slot}"] = (values.flatten(result, arrays, f"timed/{slot}"), arrays)
+
+    # -- after ------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        if self.fingerprint:
+            after = guard.fingerprint(self.trusted)
+            self.out["tampered"] = guard.changes(self.fingerprint, after)
+            if self.out["tampered"]:
+                _request_recycle("krex_tampered: " + ", ".join(self.out["tampered"][:3]))
+        try:
+            values.save(os.path.join(self.job["dir"], "candidate"), self.outputs, self.copies)
+        except Exception as exc:  # noqa: BLE001  (an output krex cannot copy is the candidate's)
+            self.out.update({"status": "error", "stage": "outputs",
+                             "exception": f"{type(exc).__name__}: {exc}"})
+
+
+def _request_recycle(reason: str) -> None:
+    try:
+        from krex.workers.canary import request_recycle
+    except ImportError:
+        return
+    request_recycle(reason)
+
+
+def _provenance(device: str, timer: Any) -> dict[str, Any]:
+    import platform
+
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node(),
+                            "timer": timer.name, "device": device}
+    for name in ("numpy", "torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            info[name] = getattr(module, "__version__", "?")
+    lib = getattr(getattr(timer, "api", None), "lib", None)
+    if lib is not None:
+        info.update(_driver(lib))
+    return info
+
+
+def _driver(lib: Any) -> dict[str, Any]:
+    import ctypes
+
+    out: dict[str, Any] = {"driver_library": getattr(lib, "_name", None)}
+    version = ctypes.c_int()
+    fn = getattr(lib, "cuDriverGetVersion", None)
+    if fn is not None and fn(ctypes.byref(version)) == 0:
+        out["driver_version"] = version.value
+    name = ctypes.create_string_buffer(128)
+    fn = getattr(lib, "cuDeviceGetName", None)
+    if fn is not None and fn(name, 128, 0) == 0:
+        out["device_name"] = name.value.decode(errors="replace")
+    return out

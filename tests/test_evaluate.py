@@ -1,0 +1,179 @@
+"""``krex.evaluate`` on ``cpu`` through a real daemon and its warm workers: the gallery of hacks.
+
+Every hack in tests/evaluate_gallery/cpu/hacks.py must be caught with its own
+finding, in repeated runs; the honest candidates beside them are the negative
+control (no finding, the right verdict).  The 40-run false-alarm test is in
+test_evaluate_honest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+from evaluate_helpers import CPU, module_daemon, spec
+from helpers import PY, run_krex
+
+import krex
+from krex.errors import BadRequest, EvaluationFailed
+
+pytestmark = pytest.mark.slow
+
+REF, INPUTS = spec(CPU, "kernels.py:reference"), spec(CPU, "inputs.py:make")
+REPEATS = 2
+
+
+@pytest.fixture(scope="module")
+def daemon_m(tmp_path_factory):
+    yield from module_daemon(tmp_path_factory)
+
+
+def evaluate(cand: str, **kw):
+    kw.setdefault("cache", "hot")
+    return krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False, **kw)
+
+
+# hack -> the finding that must name it (others may come along)
+HACKS = {
+    "hacks.py:background_thread": "WORK_AFTER_RETURN",
+    "hacks.py:cache_by_identity": "STALE_OUTPUT",
+    "hacks.py:mutate_input": "INPUT_MUTATED",
+    "hacks.py:in_place": "OUTPUT_ALIASES_INPUT",
+    "hacks.py:early_return": "WRONG_DURING_TIMING",
+    "hacks.py:patch_perf_counter": "KREX_TAMPERED",
+    "hacks.py:patch_krex_timer": "KREX_TAMPERED",
+    "hacks.py:zeros_only": "WRONG_OUTPUT",
+    "hacks.py:half_precision": "WRONG_OUTPUT",
+    "hacks.py:segfault": "CRASHED",
+}
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_each_hack_is_caught_with_its_finding(daemon_m, hack):
+    for _ in range(REPEATS):
+        ev = evaluate(hack)
+        assert HACKS[hack] in ev.codes(), ev.summary()
+        assert ev.verdict == "invalid" and not ev.ok, ev.summary()
+
+
+def test_background_thread_is_caught_with_a_cold_cache_too(daemon_m):
+    ev = evaluate("hacks.py:background_thread", cache="cold")
+    assert "WORK_AFTER_RETURN" in ev.codes(), ev.summary()
+
+
+def test_a_hang_is_a_timeout_and_the_next_evaluation_still_works(daemon_m):
+    ev = evaluate("hacks.py:hang", timeout_s=4)
+    assert ev.status == "timeout" and ev.codes() == ["TIMEOUT"], ev.summary()
+    assert ev.verdict == "invalid" and ev.correct is False
+    after = evaluate("honest.py:faster")
+    assert after.verdict == "faster" and after.ok, after.summary()
+
+
+def test_a_crash_is_reported_and_the_worker_replaced(daemon_m):
+    ev = evaluate("hacks.py:crash")
+    assert ev.status == "crashed" and "CRASHED" in ev.codes()
+    assert "139" in ev.findings[0].message or "SIGSEGV" in json.dumps(ev.findings[0].evidence)
+    assert evaluate("honest.py:slower").verdict == "slower"
+
+
+@pytest.mark.parametrize("cand,verdict", [("honest.py:faster", "faster"),
+                                          ("honest.py:slower", "slower")])
+def test_honest_candidates_with_the_default_cold_cache(daemon_m, cand, verdict):
+    ev = krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False)
+    assert ev.verdict == verdict and ev.ok, ev.summary()
+    assert not [f for f in ev.findings if f.severity == "invalid"]
+    assert ev.correctness["seeds"] == [0, 1, 2] and ev.correctness["held_out"] == ["h0"]
+    assert ev.timing["region"]["mode"] == "region"
+
+
+def test_records_provenance_and_identical_requests(daemon_m, tmp_path):
+    db = str(tmp_path / "records.sqlite3")
+    first = krex.evaluate(REF, spec(CPU, "honest.py:faster"), INPUTS, records=db, cache="hot")
+    again = krex.evaluate(REF, spec(CPU, "honest.py:faster"), INPUTS, records=db, cache="hot")
+    fresh = krex.evaluate(REF, spec(CPU, "honest.py:faster"), INPUTS, records=db, cache="hot",
+                          fresh=True)
+    other = krex.evaluate(REF, spec(CPU, "honest.py:slower"), INPUTS, records=db, cache="hot")
+    assert not first.reused and again.reused and again.id == first.id
+    assert again.speedup == first.speedup
+    assert not fresh.reused and fresh.id != first.id
+    assert not other.reused and other.request_key != first.request_key
+    p = first.provenance
+    assert p["krex_version"] == krex.__version__ and p["numpy"]
+    assert len(p["input_hashes"]) >= 9 and len(first.candidate["sha256"]) == 64
+    assert p["clocks"]["before"] is not None and p["candidate_worker_pid"] > 0
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM evaluations").fetchone()[0] == 3
+        assert con.execute("SELECT count(*) FROM regions WHERE accepted = 1").fetchone()[0] == 3
+
+
+def test_a_changed_candidate_file_is_a_new_request(daemon_m, tmp_path):
+    cand = tmp_path / "cand.py"
+    cand.write_text(f"import sys\nsys.path.insert(0, {CPU!r})\nfrom kernels import work\n\n"
+                    "def fn(x):\n    return work(x, 1)\n")
+    db = str(tmp_path / "r.sqlite3")
+    first = krex.evaluate(REF, f"{cand}:fn", INPUTS, records=db, cache="hot")
+    cand.write_text(cand.read_text() + "\n# edited\n")
+    second = krex.evaluate(REF, f"{cand}:fn", INPUTS, records=db, cache="hot")
+    assert not second.reused and second.candidate["sha256"] != first.candidate["sha256"]
+
+
+def test_bad_specs_and_a_failing_reference_are_errors_not_verdicts(daemon_m, tmp_path):
+    with pytest.raises(BadRequest):
+        krex.evaluate(REF, "nope.py:fn", INPUTS)
+    with pytest.raises(BadRequest):
+        krex.evaluate(REF, lambda x: x, INPUTS)
+    broken = tmp_path / "ref.py"
+    broken.write_text("def ref(x):\n    raise ValueError('reference is broken')\n")
+    with pytest.raises(EvaluationFailed, match="reference is broken"):
+        krex.evaluate(f"{broken}:ref", spec(CPU, "honest.py:faster"), INPUTS, save=False)
+    missing = krex.evaluate(REF, spec(CPU, "honest.py:no_such"), INPUTS, save=False)
+    assert missing.status == "error" and missing.codes() == ["CANDIDATE_ERROR"]
+
+
+def test_cli_evaluate_json_and_history(daemon_m, tmp_path):
+    env = {**os.environ, "KREX_RECORDS_DB": str(tmp_path / "cli.sqlite3")}
+    done = run_krex("evaluate", "--ref", REF, "--cand", spec(CPU, "hacks.py:cache_by_identity"),
+                    "--inputs", INPUTS, "--cache", "hot", "--json", env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ev = json.loads(done.stdout)
+    assert ev["verdict"] == "invalid" and "STALE_OUTPUT" in [f["code"] for f in ev["findings"]]
+    listed = run_krex("history", "--json", env=env)
+    assert [r["id"] for r in json.loads(listed.stdout)] == [ev["id"]]
+    shown = run_krex("history", "show", ev["id"][:12], "--json", env=env)
+    assert json.loads(shown.stdout)["regions"][0]["report"]["mode"] == "region"
+    csv_out = tmp_path / "out.csv"
+    run_krex("history", "export", "--format", "csv", "--out", str(csv_out), env=env)
+    assert csv_out.read_text().splitlines()[1].startswith(ev["id"])
+    table = run_krex("history", env=env)
+    assert ev["id"][:12] in table.stdout
+    bad = run_krex("evaluate", "--ref", "x", "--cand", "y", "--inputs", "z", env=env)
+    assert bad.returncode == 1 and "krex: error:" in bad.stderr and "hint:" in bad.stderr
+
+
+def test_other_commands_do_not_import_evaluate_or_records():
+    import subprocess
+
+    code = ("import sys, krex.cli.main as m\n"
+            "try:\n    m.main(['status', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print([n for n in sys.modules if n.startswith(('krex.evaluate', 'krex.records'))])")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_torch_tensors_and_nested_outputs(tmp_path_factory):
+    """torch cannot be imported twice in one process: the workers preload it."""
+    pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0)")
+    for _daemon in module_daemon(tmp_path_factory, "--preload", "numpy,torch"):
+        _torch_checks(os.path.join(os.path.dirname(CPU), "torch_cpu"))
+
+
+def _torch_checks(folder: str) -> None:
+    good = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:candidate",
+                         f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert good.correct and good.verdict != "invalid", good.summary()
+    assert good.provenance.get("torch")
+    low = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:bf16",
+                        f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert "WRONG_OUTPUT" in low.codes(), low.summary()

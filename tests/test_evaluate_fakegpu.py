@@ -1,0 +1,75 @@
+"""``krex.evaluate`` on fakegpu: device hacks the host cannot see, caught by the interposer.
+
+Work on a second context (the fakegpu form of a non-blocking side stream) is
+seen by the drain of every context the process launched on; launches from a
+background thread after the call returned by the interposer's per-process
+launch counters; a candidate with no device work by its zero launches.  The
+honest kernels beside them are the negative control.  The side-context hack
+leaves work queued in the fake device server after its worker is recycled,
+so it gets a daemon (and a device server) of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+from evaluate_helpers import FAKEGPU, module_daemon, spec
+
+import krex
+
+fakegpu = pytest.importorskip("krex.devices.fakegpu")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not fakegpu.available(), reason="fakegpu was not built")]
+
+REF, INPUTS = spec(FAKEGPU, "kernels.py:reference"), spec(FAKEGPU, "inputs.py:make")
+
+
+@pytest.fixture(scope="module")
+def daemon_m(tmp_path_factory):
+    yield from module_daemon(tmp_path_factory)
+
+
+def evaluate(cand: str, **kw):
+    return krex.evaluate(REF, spec(FAKEGPU, cand), INPUTS, device="fakegpu:0", fresh=True,
+                         save=False, **kw)
+
+
+@pytest.mark.parametrize("cand,verdict", [("kernels.py:faster", "faster"),
+                                          ("kernels.py:slower", "slower")])
+def test_honest_device_kernels(daemon_m, cand, verdict):
+    for _ in range(2):
+        ev = evaluate(cand)
+        assert ev.verdict == verdict and ev.ok, ev.summary()
+        assert not ev.findings or {f.severity for f in ev.findings} == {"note"}, ev.summary()
+        counts = ev.integrity["counters"]["candidate"]["launches_in_call"]
+        assert set(counts) == {1 if cand.endswith("faster") else 4}
+        assert ev.provenance["driver_version"] == 13000
+        assert all(p["pending_ms"] is not None for p in ev.integrity["probe"])
+
+
+@pytest.mark.parametrize("hack,code", [("hacks.py:background_launches", "WORK_AFTER_RETURN"),
+                                       ("hacks.py:no_device_work", "NO_DEVICE_WORK")])
+def test_device_hacks(daemon_m, hack, code):
+    for _ in range(2):
+        ev = evaluate(hack)
+        assert code in ev.codes() and ev.verdict == "invalid", ev.summary()
+
+
+def test_a_sticky_device_error_is_contained_and_the_worker_recycled(tmp_path_factory):
+    for daemon in module_daemon(tmp_path_factory):
+        ev = evaluate("hacks.py:sticky_error")
+        assert ev.status == "device_error" and "DEVICE_ERROR" in ev.codes(), ev.summary()
+        assert ev.verdict == "invalid"
+        with daemon.client() as c:
+            assert c.status()["pools"]["fakegpu:0"]["recycles"].get("device_error", 0) >= 1
+        after = evaluate("kernels.py:slower")
+        assert after.verdict == "slower" and after.ok, after.summary()
+
+
+def test_work_on_a_second_context_outlives_the_call(tmp_path_factory):
+    for _daemon in module_daemon(tmp_path_factory):
+        for _ in range(2):
+            ev = evaluate("hacks.py:side_context")
+            assert "WORK_AFTER_RETURN" in ev.codes() and ev.verdict == "invalid", ev.summary()
+            evidence = ev.findings[ev.codes().index("WORK_AFTER_RETURN")].evidence
+            # the events saw less than the call's host time, or work was still queued
+            assert {"timed_median_ms", "pending_after_sync_ms"} & set(evidence), evidence

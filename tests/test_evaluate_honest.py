@@ -1,0 +1,50 @@
+"""No false alarms: honest candidates get the right verdict and no integrity finding.
+
+40 evaluations each of a correct faster (true 2x), a correct same-speed
+(identical code) and a correct slower (true 0.5x) candidate on ``cpu``,
+through one daemon, interleaved so that the machine's drift hits all three
+alike.  At least 95 % (38 of 40) of each must be right and clean.  The
+timing uses ``cache="hot"`` to keep the test affordable: a cold-cache sample
+on this machine costs a 210 MiB flush (~25 ms), and "same" needs ~300 pairs
+to fit its interval in the ±4 % band (docs/evaluate.md).  The negative
+control is test_evaluate.py: the same pipeline finds every hack.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from evaluate_helpers import CPU, module_daemon, spec
+
+import krex
+
+pytestmark = pytest.mark.slow
+
+RUNS = 40
+REQUIRED = 38  # 95 %
+CANDIDATES = {"honest.py:faster": "faster", "honest.py:same": "same",
+              "honest.py:slower": "slower"}
+# findings an honest candidate may carry: notes, and the machine's own timing caveats
+ALLOWED = {"NO_HELD_OUT_SHAPE", "NOT_BITWISE_DETERMINISTIC", "TIMING_UNTRUSTED"}
+
+
+@pytest.fixture(scope="module")
+def daemon_m(tmp_path_factory):
+    yield from module_daemon(tmp_path_factory)
+
+
+def test_honest_candidates_get_the_right_verdict_without_false_alarms(daemon_m):
+    right: collections.Counter[str] = collections.Counter()
+    wrong: dict[str, list[str]] = collections.defaultdict(list)
+    for _ in range(RUNS):
+        for cand, expected in CANDIDATES.items():
+            ev = krex.evaluate(spec(CPU, "kernels.py:reference"), spec(CPU, cand),
+                               spec(CPU, "inputs.py:make"), cache="hot", fresh=True, save=False)
+            alarms = [c for c in ev.codes() if c not in ALLOWED]
+            if ev.verdict == expected and ev.correct and not alarms:
+                right[cand] += 1
+            else:
+                wrong[cand].append(ev.summary())
+    for cand in CANDIDATES:
+        assert right[cand] >= REQUIRED, f"{cand}: {right[cand]}/{RUNS} right; {wrong[cand][:5]}"

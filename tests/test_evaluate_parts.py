@@ -1,0 +1,314 @@
+"""The pure parts of krex.evaluate and krex.records, without a daemon.
+
+Trees and tolerances (``values``), the fingerprint (``guard``), the verdict
+and the findings from synthetic evidence (``judge``), specs, and the SQLite
+store — each claim with its negative control.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from krex.errors import BadRequest, RecordsError
+from krex.evaluate import guard, judge, spec, values
+from krex.evaluate.findings import Code, Finding
+from krex.evaluate.pipeline import plan
+from krex.evaluate.result import Evaluation
+from krex.records import SCHEMA_VERSION, RecordStore
+
+
+def tree(x):
+    arrays: dict = {}
+    return values.flatten(x, arrays, "t"), arrays
+
+
+def kinds(ref, cand, **kw):
+    return [p["kind"] for p in values.compare(tree(ref), tree(cand), **kw)]
+
+
+# -- values --------------------------------------------------------------------------------
+
+
+def test_tolerances_by_dtype_and_overrides():
+    assert values.tolerance("float32") == (1e-4, 1e-4)
+    assert values.tolerance("float16") == values.tolerance("bfloat16") == (1e-2, 1e-2)
+    assert values.tolerance("int64") == (0.0, 0.0)
+    assert values.tolerance("float32", atol=0.5) == (0.5, 1e-4)
+    x = np.ones(100, np.float32)
+    assert kinds(x, x + np.float32(5e-5)) == []
+    assert kinds(x, x + np.float32(5e-4)) == ["values"]
+    assert kinds(x, x + np.float32(5e-4), atol=1e-3) == []
+    h = x.astype(np.float16)
+    assert kinds(h, h + np.float16(5e-3)) == [] and kinds(h, h + np.float16(5e-2)) == ["values"]
+    i = np.arange(5)
+    assert kinds(i, i) == [] and kinds(i, i + 1) == ["values"]
+
+
+def test_shape_dtype_structure_and_non_finite_are_named():
+    x = np.zeros((2, 3), np.float32)
+    assert kinds(x, x.T.copy()) == ["shape"]
+    assert kinds(x, x.astype(np.float64)) == ["dtype"]
+    assert kinds((x, x), x) == ["structure"]
+    assert kinds({"a": x}, {"b": x}) == ["structure"]
+    bad = x.copy()
+    bad[0, 1] = np.nan
+    assert kinds(x, bad) == ["non_finite"]
+    ref_nan = bad.copy()
+    assert kinds(ref_nan, bad) == []  # NaN where the reference has NaN is fine
+    assert kinds((x, 1.5, None), (x, 1.5, None)) == []
+    assert kinds((x, 1.5), (x, 2.5)) == ["values"]
+
+
+def test_digest_sees_contents_dtype_and_shape():
+    x = np.arange(6, dtype=np.float32)
+    base = values.tree_digest((x,))
+    assert values.tree_digest((x.copy(),)) == base
+    assert values.tree_digest((x.reshape(2, 3),)) != base
+    assert values.tree_digest((x.astype(np.float64),)) != base
+    y = x.copy()
+    y[3] += 1
+    assert values.tree_digest((y,)) != base
+
+
+def test_aliases_and_refill():
+    x = np.zeros(10)
+    assert values.aliases(x[2:5], (x,)) == [{"output": "/", "input": "/0"}]
+    assert values.aliases(x.copy(), (x,)) == []
+    args = (np.zeros(3), 7)
+    assert values.refill(args, (np.ones(3), 8)) == 1 and args[0].tolist() == [1, 1, 1]
+
+
+def test_files_round_trip_without_pickle(tmp_path):
+    path = str(tmp_path / "out")
+    values.save(path, {"c0": (np.arange(3.0), {"k": np.int32(4)}), "c1": None})
+    structures, arrays = values.load(path)
+    expected = tree((np.arange(3.0), {"k": np.int32(4)}))
+    assert values.compare((structures["c0"], arrays), expected) == []
+    assert structures["c1"] == {"t": "value", "value": None, "type": "NoneType"}
+    np.savez(path + ".npz", **{"c0#0": np.array([object()], dtype=object)})
+    with pytest.raises(ValueError):
+        values.load(path)  # an object array would need pickle: refused
+
+
+def test_torch_tensors_when_torch_is_installed():
+    torch = pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0)")
+    x = torch.arange(4, dtype=torch.bfloat16)
+    s, arrays = tree((x,))
+    assert s["items"][0]["dtype"] == "bfloat16" and arrays[s["items"][0]["key"]].dtype == np.float32
+    assert values.aliases(x[1:], (x,)) and not values.aliases(x.clone(), (x,))
+
+
+def test_the_core_does_not_import_torch():
+    import subprocess
+
+    code = ("import sys, krex, krex.evaluate.pipeline, krex.evaluate.values, "
+            "krex.evaluate.judge\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# -- guard ---------------------------------------------------------------------------------
+
+
+def test_fingerprint_sees_rebinding_and_code_swaps_only():
+    mod = types.ModuleType("krex_fake_trusted")
+    exec("def f():\n    return 1\nclass C:\n    def m(self):\n        return 2\n", vars(mod))
+    mod.C.__module__ = "krex_fake_trusted"
+    sys.modules["krex_fake_trusted"] = mod
+    try:
+        before = guard.fingerprint(["krex_fake_trusted"])
+        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == []
+        mod.new_name = 3  # new names are not judged
+        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == []
+        mod.f.__code__ = (lambda: 2).__code__
+        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == \
+            ["krex_fake_trusted.f"]
+        mod.C.m = lambda self: 3
+        assert "krex_fake_trusted.C.m" in guard.changes(before,
+                                                         guard.fingerprint(["krex_fake_trusted"]))
+    finally:
+        del sys.modules["krex_fake_trusted"]
+
+
+def test_trusted_modules_include_the_clocks_and_krex():
+    names = guard.trusted_modules()
+    assert "time" in names and "krex.measure.timers" in names
+    real = time.perf_counter_ns
+    before = guard.fingerprint(names)
+    time.perf_counter_ns = lambda: 0
+    try:
+        assert guard.changes(before, guard.fingerprint(names)) == ["time.perf_counter_ns"]
+    finally:
+        time.perf_counter_ns = real
+
+
+# -- judge ---------------------------------------------------------------------------------
+
+
+def comparison(speedup, low, high, **kw):
+    base = {"verdict": "x", "speedup": speedup, "ci_low": low, "ci_high": high, "timer": "cpu",
+            "warnings": [], "candidate": {"median_ms": 1.0}, "candidate_samples_ms": [1.0] * 30}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("ci,verdict", [((2.0, 1.8, 2.2), "faster"), ((0.5, 0.45, 0.55), "slower"),
+                                        ((1.01, 0.99, 1.03), "same"),
+                                        ((1.005, 1.001, 1.02), "same"),  # significant, immaterial
+                                        ((1.05, 0.95, 1.2), "unclear"),
+                                        ((1.035, 1.005, 1.08), "faster")])
+def test_timing_verdict(ci, verdict):
+    assert judge.timing_verdict(comparison(*ci), 0.03) == verdict
+
+
+def counters(launches=(2,) * 20, after=0, cpu_in=0.0, cpu_after=0.0):
+    return {"samples": len(launches), "launches_in_call": list(launches), "launches_after": after,
+            "thread_cpu_in_call_ms": cpu_in, "thread_cpu_after_ms": cpu_after,
+            "gaps": len(launches)}
+
+
+def integrity_codes(cand, ref=None, **summary):
+    s = {"counters": {"candidate": cand, "reference": ref or counters()},
+         "comparison": comparison(2.0, 1.9, 2.1), **summary}
+    return [f.code.name for f in judge.integrity(s, {"plausible_speedup": 50.0})]
+
+
+def test_integrity_findings_from_counters_with_controls():
+    assert integrity_codes(counters()) == []
+    assert integrity_codes(counters(launches=(0,) * 20)) == ["NO_DEVICE_WORK"]
+    assert integrity_codes(counters(launches=(2, 2, 10, 2))) == ["LAUNCH_COUNT_VARIES"]
+    assert integrity_codes(counters(after=10)) == ["WORK_AFTER_RETURN"]
+    assert integrity_codes(counters(), counters(launches=(2, 4, 4, 2))) == ["WORK_AFTER_RETURN"]
+    busy = counters(launches=(), cpu_after=80.0)
+    assert integrity_codes(busy, counters(launches=()), threads_started=1) == \
+        ["WORK_AFTER_RETURN"]
+    idle = counters(launches=(), cpu_in=20.0)
+    assert integrity_codes(idle, counters(launches=()), threads_started=1) == []
+    assert integrity_codes(counters(), tampered=["time.perf_counter"]) == ["KREX_TAMPERED"]
+
+
+def test_probe_evidence_with_controls():
+    def call(side, cpu=0.0, pending=0.1, launches=0, call_ms=0.5):
+        return {"side": side, "launches_in_call": 2, "launches_after": launches,
+                "thread_cpu_after_ms": cpu, "call_ms": call_ms, "synced_ms": call_ms,
+                "pending_ms": pending, "window_ms": 15.0}
+
+    quiet = [call("reference"), call("candidate")] * 4
+    assert integrity_codes(counters(), probe=quiet) == []
+    assert integrity_codes(counters(), probe=[call("reference"), call("candidate", cpu=2.0)] * 4)
+    assert integrity_codes(counters(), probe=[call("reference"), call("candidate", launches=2)] * 4)
+    burst = {"side": "candidate", "calls": 50, "host_ms": 5, "synced_ms": 5, "pending_ms": 40.0}
+    assert integrity_codes(counters(), probe=quiet, bursts=[burst]) == ["WORK_AFTER_RETURN"]
+    assert integrity_codes(counters(), probe=quiet, bursts=[{**burst, "pending_ms": 5.0}]) == []
+    long_burst = {**burst, "synced_ms": 100.0}  # 40 ms queued after 100 ms of calls: noise
+    assert integrity_codes(counters(), probe=quiet, bursts=[long_burst]) == []
+    timed_out = {**burst, "pending_ms": 1000.0, "synced_ms": 100.0}
+    assert integrity_codes(counters(), probe=quiet, bursts=[timed_out]) == ["WORK_AFTER_RETURN"]
+    slow_host = [call("reference"), call("candidate", call_ms=2.0)] * 4
+    s = {"counters": {"candidate": counters(), "reference": counters()}, "probe": slow_host,
+         "comparison": comparison(2.0, 1.9, 2.1, timer="fakegpu", candidate={"median_ms": 0.01})}
+    assert [f.code.name for f in judge.integrity(s, {})] == ["WORK_AFTER_RETURN"]
+    s["comparison"]["candidate"] = {"median_ms": 1.5}
+    assert [f.code.name for f in judge.integrity(s, {})] == []
+
+
+def test_timing_warnings_become_flags_or_invalid():
+    warn = [{"warning": "PLAUSIBILITY_FAILED", "detail": "samples sum to 2 s"},
+            {"warning": "REGION_NOT_CLEAN", "detail": "x"}]
+    s = {"comparison": comparison(60.0, 55.0, 65.0, warnings=warn)}
+    found = judge.integrity(s, {"plausible_speedup": 50.0})
+    assert [(f.code.name, f.severity) for f in found] == [
+        ("TIMER_IMPLAUSIBLE", "invalid"), ("TIMING_UNTRUSTED", "flag"),
+        ("IMPLAUSIBLE_SPEEDUP", "flag")]
+    assert judge.integrity({"comparison": comparison(60.0, 55.0, 65.0)},
+                           {"plausible_speedup": None}) == []
+
+
+def test_findings_of_one_code_merge():
+    merged = judge.merge([Finding(Code.INPUT_MUTATED, "c0", {"case": "c0"}),
+                          Finding(Code.INPUT_MUTATED, "c1", {"case": "c1"}),
+                          Finding(Code.WRONG_OUTPUT, "w", {})])
+    assert [f.code for f in merged] == [Code.INPUT_MUTATED, Code.WRONG_OUTPUT]
+    assert merged[0].evidence["occurrences"] == 2 and merged[0].evidence["more"][0]["case"] == "c1"
+
+
+# -- specs and plan ------------------------------------------------------------------------
+
+
+def test_specs(tmp_path):
+    f = tmp_path / "k.py"
+    f.write_text("def fn(x):\n    return x\n")
+    s = spec.parse(f"{f}:fn", "candidate")
+    assert s.name == "fn" and len(s.sha256) == 64
+    for bad in ("k.py", f"{f}", f"{tmp_path}/missing.py:fn", "notpython.txt:fn"):
+        with pytest.raises(BadRequest):
+            spec.parse(bad, "candidate")
+    with pytest.raises(BadRequest):
+        spec.of(lambda x: x, "candidate")
+    assert spec.of(test_specs, "candidate").name == "test_specs"
+
+
+def test_plan_holds_out_shapes_and_seeds():
+    p = plan({"shapes": [[8, 8], [3, 5]], "seeds": 3, "rotation": 4})
+    assert [c["seed"] for c in p["correctness"]] == [0, 1, 2]
+    assert {tuple(c["shape"]) for c in p["correctness"] + p["rotation"]} == {(8, 8)}
+    assert p["held_out"] == [{"id": "h0", "seed": 2000, "shape": [3, 5], "stage": "held_out"}]
+    one = plan({"shapes": [None], "seeds": 1, "rotation": 2})
+    assert one["held_out"][0]["seed"] not in {c["seed"] for c in one["correctness"]}
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+def record(i, key="k1", **kw):
+    ev = Evaluation(id=f"ev-{i}", created_at=f"2026-01-01T00:00:0{i}", request_key=key,
+                    device="cpu", status="ok", verdict="faster", correct=True, speedup=2.0,
+                    ci_low=1.9, ci_high=2.1, findings=[Finding(Code.NO_HELD_OUT_SHAPE, "n", {})],
+                    reference={"path": "/r.py", "name": "fn", "sha256": "a" * 64},
+                    candidate={"path": "/c.py", "name": "fn", "sha256": "b" * 64},
+                    inputs={"path": "/i.py", "name": "make", "sha256": "c" * 64},
+                    timing={"region": {"mode": "region", "clean": True},
+                            "rejected_regions": [{"clean": False}]}, **kw)
+    return ev.to_dict()
+
+
+def test_records_store_find_and_export(tmp_path):
+    db = str(tmp_path / "r.sqlite3")
+    with RecordStore(db) as store:
+        store.save(record(1))
+        store.save(record(2))
+        store.save(record(3, key="other"))
+        assert store.count() == 3
+        assert store.latest_for("k1")["id"] == "ev-2" and store.latest_for("nope") is None
+        back = Evaluation.from_dict(store.get("ev-1"))
+        assert back.findings[0].code is Code.NO_HELD_OUT_SHAPE and back.speedup == 2.0
+        assert [r["accepted"] for r in store.regions("ev-1")] == [False, True]
+        assert [r["id"] for r in store.rows(2)] == ["ev-3", "ev-2"]
+        out = io.StringIO()
+        assert store.export_jsonl(out) == 3
+        assert [json.loads(line)["id"] for line in out.getvalue().splitlines()] == \
+            ["ev-1", "ev-2", "ev-3"]
+        csv_out = io.StringIO()
+        store.export_csv(csv_out)
+        assert csv_out.getvalue().splitlines()[0].startswith("id,created_at,device")
+        assert "NO_HELD_OUT_SHAPE" in csv_out.getvalue()
+
+
+def test_records_refuse_another_schema_version(tmp_path):
+    db = str(tmp_path / "r.sqlite3")
+    RecordStore(db).close()
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(RecordsError, match="schema"):
+        RecordStore(db)
+    (tmp_path / "junk.sqlite3").write_text("not a database")
+    with pytest.raises(RecordsError):
+        RecordStore(str(tmp_path / "junk.sqlite3"))
