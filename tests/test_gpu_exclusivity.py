@@ -75,8 +75,8 @@ def test_a_sibling_that_goes_around_the_gate_makes_the_region_not_clean(runtime_
     seen = holder_beside_sibling(runtime_dir, monkeypatch, sibling=(20, "future"))
     assert "error" not in seen, seen
     assert not seen["clean"]
-    whats = [(r["what"], r["why"]) for r in seen["report"]["not_enforced"]]
-    assert any(w == "gate_bypass" and "unwrapped" in why for w, why in whats), whats
+    reasons = [(r["code"], r["message"]) for r in seen["report"]["reasons"]]
+    assert any(c == "gate_bypass" and "unwrapped" in why for c, why in reasons), reasons
 
 
 def test_drain_timeout_aborts_the_region_and_releases_everything(runtime_dir, monkeypatch):

@@ -5,7 +5,7 @@ argv: ROLE DEVICE OUT_JSON ARG
   synchronising after each batch, for ARG seconds or until SIGTERM; prints "running"
   once its first batch is queued; writes ``{"stamps": [[start_ns, end_ns], ...]}``.
 - ``holder``: takes ARG regions; in each, 4 stamp kernels of 1 ms then a sync; writes
-  ``{"regions": [[[start_ns, end_ns] x 4], ...], "clean": [...], "not_enforced": [...]}``.
+  ``{"regions": [[[start_ns, end_ns] x 4], ...], "clean": [...], "reasons": [...]}``.
 Every stamp is the device's own global timer (fakegpu: its execution log).
 """
 
@@ -53,13 +53,12 @@ def holder() -> dict:
                 st.launch()
             drv.synchronize()
         regions.append((first, st.n))
-        report = r.report or {}
-        clean.append(bool(report.get("clean")))
-        reasons.append(report.get("not_enforced") or [])
+        clean.append(bool(r.report.clean))
+        reasons.append([reason.to_dict() for reason in r.report.reasons])
         time.sleep(0.02)
     stamps = st.stamps()
     return {"regions": [[list(s) for s in stamps[a:b]] for a, b in regions], "clean": clean,
-            "not_enforced": reasons}
+            "reasons": reasons}
 
 
 result = sibling() if role == "sibling" else holder()
