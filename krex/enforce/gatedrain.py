@@ -12,7 +12,8 @@ region's maximum hold) or ``kill`` (SIGKILL the processes that did not ack,
 only those verified — pid and start time — as members of the job).
 
 What the operation saw that makes the region not clean is in
-:meth:`GateDrain.findings` (``{"what", "why"}`` entries the daemon turns into typed reasons not clean):
+:meth:`GateDrain.findings` (``{"what", "why"}`` entries; the daemon turns them into
+typed reasons not clean):
 a drain acknowledged with a failure (a synchronisation error, default-stream
 work left during a stream capture), and any sibling process that reached the
 driver around the gate (entry points left unwrapped, calls made without a
