@@ -62,15 +62,19 @@ def lock(gpu, pids, idle=True, timeout_s=5.0) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def queued_sibling(drainer_bin, gpu):
-    """A process with 3 x 100 ms queued on its context and no call in progress."""
-    proc = spawn([str(drainer_bin), "destroyed"], env=gpu.env(), stdin=subprocess.PIPE)
+def queued_sibling(drainer_bin, gpu, kernel_us=100_000):
+    """A process with 3 kernels of ``kernel_us`` queued on its context and no call in
+    progress."""
+    env = {**gpu.env(), "DRAINER_LONG_KERNEL": f"spin_us_{kernel_us}"}
+    proc = spawn([str(drainer_bin), "destroyed"], env=env, stdin=subprocess.PIPE)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
 
 def test_lock_returns_before_queued_work_ran_then_the_daemon_waits(drainer_bin, gpu):
-    sib = queued_sibling(drainer_bin, gpu)
+    # 3 x 0.7 s: work must still be queued when the lock (a fresh process) returns, however
+    # slowly that process starts on a loaded machine (3 x 0.1 s ran out before it here).
+    sib = queued_sibling(drainer_bin, gpu, kernel_us=700_000)
     try:
         seen = lock(gpu, [sib.pid], idle=False)
         assert seen["locked"] == [sib.pid] and seen["error"] is None
