@@ -266,3 +266,30 @@ def test_help_shows_defaults_and_every_serve_flag_has_help():
     for flag in ("--drain-timeout-s", "--drain-policy", "--max-hold-s"):
         after = serve.split(flag, 1)[1].split("\n  -", 1)[0]
         assert len(after.split()) > 3, (flag, after)  # more than the metavar: a help text
+
+
+def test_the_auto_started_daemon_runs_this_krex_whatever_the_cwd(tmp_path):
+    """A `krex/` folder in the caller's cwd (a checkout, say) must not become the daemon's
+    krex: the client would then refuse its own auto-started daemon as another one's."""
+    import shutil
+
+    import krex as this
+
+    shutil.copytree(os.path.dirname(this.__file__), tmp_path / "krex",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    here = subprocess.run([PY, "-c", "import krex; print(krex.__file__)"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert here.stdout.startswith(str(tmp_path))  # the hazard is real: -m/-c take the cwd's
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp_path / "rt")}
+    env.pop("KREX_SOCKET", None)
+    script = os.path.join(os.path.dirname(PY), "krex")  # a console script: not the cwd's krex
+    try:
+        out = subprocess.run([script, "region", "--", "true"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        status = subprocess.run([script, "status", "--json"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=60)
+        daemon = json.loads(status.stdout)["daemon"]
+        assert daemon["krex_path"] == os.path.dirname(os.path.realpath(this.__file__))
+    finally:
+        subprocess.run([script, "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=60)

@@ -23,6 +23,9 @@ from krex.protocol.address import SOCKET_NAME, ensure_private_dir
 START_TIMEOUT_S = 20.0
 DEFAULT_IDLE_EXIT_S = 600
 JOB_VARIABLES = ("KREX_SOCKET", "KREX_JOB_ID", "KREX_DEVICE", "LD_PRELOAD")
+# The directory holding the krex package this process runs: the daemon starts there, so
+# its ``python -m krex`` imports this krex, not a ``krex/`` folder in the caller's cwd.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 
 def daemon_reachable(path: str) -> bool:
@@ -56,14 +59,15 @@ def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, s
     log in the hint) when nothing answers in time or the daemon fails; the
     process started is then reaped.
     """
+    runtime_dir = os.path.abspath(runtime_dir)
     ensure_private_dir(runtime_dir)
     path = os.path.join(runtime_dir, SOCKET_NAME)
-    log_path = log_path or os.path.join(runtime_dir, "daemon.log")
+    log_path = os.path.abspath(log_path or os.path.join(runtime_dir, "daemon.log"))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "krex", "serve", "--runtime-dir", runtime_dir, *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=new_session,
-            env=daemon_env() if env is None else env)
+            env=daemon_env() if env is None else env, cwd=PACKAGE_PARENT)
     deadline = time.monotonic() + timeout_s
     while not daemon_reachable(path):
         code = proc.poll()
