@@ -8,34 +8,35 @@ code is docs/architecture.md.
 function ``krex.measure(fn, ...)`` (the package is callable).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from krex import measure
-from krex.client import Client, Region, region
-from krex.errors import KrexError
-from krex.measure import (
-    BenchWarning,
-    Comparison,
-    Measurement,
-    MeasureWarning,
-    bench,
-    compare,
-)
-from krex.protocol.report import RegionReport
+from krex.lazy import lazy_exports
 from krex.version import __version__
 
-if TYPE_CHECKING:  # imported on first use: the CLI's start-up path stays as it was
+if TYPE_CHECKING:  # imported on first use: `import krex` (and the CLI) stays cheap
+    from krex import measure
+    from krex.client import Client, Region, region
+    from krex.errors import KrexError
     from krex.evaluate import Evaluation, evaluate
+    from krex.measure import (
+        BenchWarning,
+        Comparison,
+        Measurement,
+        MeasureWarning,
+        bench,
+        compare,
+    )
+    from krex.protocol.report import RegionReport
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("evaluate", "Evaluation"):
-        value = getattr(importlib.import_module("krex.evaluate"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'krex' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "measure": "krex.measure",
+    **{n: f"krex.client:{n}" for n in ("Client", "Region", "region")},
+    "KrexError": "krex.errors:KrexError",
+    **{n: f"krex.evaluate:{n}" for n in ("evaluate", "Evaluation")},
+    **{n: f"krex.measure:{n}" for n in ("BenchWarning", "Comparison", "Measurement",
+                                         "MeasureWarning", "bench", "compare")},
+    "RegionReport": "krex.protocol.report:RegionReport",
+})
 
 __all__ = [
     "BenchWarning",

@@ -21,7 +21,8 @@ from krex.workers import ExecRequest, ExecResult, PoolSpec, WorkerPool
 
 @pytest.fixture
 def pool():
-    p = WorkerPool(PoolSpec("cpu", min_workers=1, max_workers=1, preload=["numpy"]))
+    # json preloaded: the canary programs overwrite a global of a module the worker keeps
+    p = WorkerPool(PoolSpec("cpu", min_workers=1, max_workers=1, preload=["numpy", "json"]))
     p.start()
     yield p
     p.shutdown()
@@ -263,19 +264,22 @@ def test_a_worker_serves_at_most_max_programs(tmp_path):
     assert results[1].recycle_reason == "max_programs" and not results[0].recycled
 
 
-def test_pool_scales_up_with_the_queue_and_down_when_idle(tmp_path):
-    spec = PoolSpec("cpu", min_workers=1, max_workers=2, preload=[], idle_shutdown_s=0.3)
+@pytest.mark.parametrize("spare, most", [(0, 2), (1, 3)])
+def test_pool_scales_up_with_the_queue_and_down_when_idle(tmp_path, spare, most):
+    """Up to ``max_workers`` under a queue, back down to ``min_workers + spare_workers``."""
+    spec = PoolSpec("cpu", min_workers=1, max_workers=most, preload=[], idle_shutdown_s=0.3,
+                    spare_workers=spare)
     prog = write(tmp_path, "wait.py", "import time\ntime.sleep(0.5)\n")
     with WorkerPool(spec) as p:
         results: list[ExecResult] = []
         threads = [threading.Thread(target=lambda: results.append(run(p, prog)[0]))
-                   for _ in range(2)]
+                   for _ in range(most)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
-        assert len({r.worker_pid for r in results}) == 2
-        wait_for(lambda: len(p.status()["workers"]) == 1, timeout_s=10)
+        assert len({r.worker_pid for r in results}) == most
+        wait_for(lambda: len(p.status()["workers"]) == 1 + spare, timeout_s=10)
         assert p.status()["recycles"].get("idle_scale_down") == 1
     pids = [r.worker_pid for r in results]
     assert all(gone(pid) for pid in pids)
@@ -409,3 +413,29 @@ class _PlainEnvLauncher:
 
     def exited(self, pid):
         pass
+
+
+@pytest.mark.parametrize("spare", [1, 0])
+def test_after_a_crash_the_next_program_finds_a_spare_worker_ready(tmp_path, spare):
+    """With a spare, the program after a crash runs on a worker that was ready before the
+    crash (no start-up wait); negative control: ``spare_workers=0`` waits for a new one."""
+    spec = PoolSpec("cpu", min_workers=1, max_workers=2, preload=[], spare_workers=spare)
+    flag = tmp_path / "go"
+    crash = write(tmp_path, "crash.py", "import os, sys, time\n"
+                  "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\nos._exit(3)\n")
+    ok = write(tmp_path, "ok.py", "pass\n")
+    with WorkerPool(spec) as p:
+        out: list[ExecResult] = []
+        t = threading.Thread(target=lambda: out.append(run(p, crash, str(flag))[0]))
+        t.start()
+        ready = (lambda: sum(not w["busy"] for w in p.status()["workers"]) == 1) if spare \
+            else (lambda: p.status()["workers"][0]["busy"])
+        wait_for(ready, timeout_s=30)
+        flag.touch()
+        t.join(30)
+        crashed_wall_s = time.time()
+        nxt, _ = run(p, ok)
+        started = {w["pid"]: w["started_wall_s"] for w in p.status()["workers"]}
+    assert (out[0].status, out[0].exit_code) == ("crashed", 3)  # as `python crash.py` exits
+    assert nxt.status == "ok"
+    assert (started[nxt.worker_pid] < crashed_wall_s) is bool(spare), (started, crashed_wall_s)

@@ -9,8 +9,6 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from krex.cli.output import JSON_OUTPUT, console, ms, print_json, table
 from krex.client.connection import Client
 from krex.errors import DaemonNotRunning
@@ -104,6 +102,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _alive(pid: int) -> bool:
+    import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -1,16 +1,17 @@
-"""``krex run`` and ``krex region``."""
+"""``krex run``, ``krex region`` and ``krex exec``.
+
+Each command imports what it runs when it runs: ``krex exec`` is on agents'
+paths and must start in a blink (tests/test_startup.py says what it imports).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from krex.cli.output import JSON_OUTPUT
-from krex.client.job import exit_code_of, python_for, run_job
-from krex.client.region import Region
-from krex.errors import BadRequest, UsageError, command_error
+from krex.errors import BadRequest, UsageError
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -39,6 +40,8 @@ def add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from krex.client.job import python_for, run_job
+
     if args.cluster:
         from krex.cli.cluster_cmds import run_on_cluster
         return run_on_cluster(args.cluster, _command(args), device=args.device)
@@ -61,6 +64,12 @@ def add_region(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_region(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from krex.client.job import exit_code_of
+    from krex.client.region import Region
+    from krex.errors import command_error
+
     cmd = _command(args)
     with Region(args.device or os.environ.get("KREX_DEVICE"), label=args.label or cmd[0],
                 max_hold_s=args.max_hold_s, timeout_s=args.timeout_s):
@@ -98,9 +107,15 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print_json(result.to_dict())
     if result.status == "timeout":
         error(f"program timed out after {args.timeout_s} s", "raise --timeout-s")
-    elif result.status != "ok" and not (result.exception or "").startswith("SystemExit"):
+    elif result.status != "ok" and not (result.exception or "").startswith("SystemExit") \
+            and not _exited(result.recycle_reason):
         error(f"program ended {result.status}: {result.exception or result.exit_code}")
     if result.recycled:
         print(f"krex: worker {result.worker_pid} recycled: {result.recycle_reason}",
               file=sys.stderr)
     return result.exit_code
+
+
+def _exited(recycle_reason: str | None) -> bool:
+    """The program ended its worker with ``os._exit(N)``: N is the exit code, as alone."""
+    return (recycle_reason or "").startswith("crashed: exited with status")

@@ -1,4 +1,8 @@
-"""Printing: rich tables for people, JSON for programs, errors on stderr."""
+"""Printing: rich tables for people, JSON for programs, errors on stderr.
+
+rich is imported on first use (``console`` is a stand-in until then): a
+command that prints JSON or nothing never pays for it.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,30 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from krex.errors import KrexError
 
-# A terminal's own width (or $COLUMNS); 120 columns into a pipe or file.
-console = Console(highlight=False,
-                  width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """``rich.console.Console`` made on first attribute access: a terminal's own width
+    (or $COLUMNS); 120 columns into a pipe or file."""
+
+    _real: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._real is None:
+            from rich.console import Console
+
+            wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+            type(self)._real = Console(highlight=False, width=None if wide else 120)
+        return getattr(self._real, name)
+
+
+console: Any = _LazyConsole()
 
 # The one --json flag: every command that has a table offers it through this parent parser.
 JSON_OUTPUT = argparse.ArgumentParser(add_help=False)
@@ -32,6 +49,9 @@ def print_json(data: Any) -> None:
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """A table that fits the terminal: headers and cells wrap, but the first column
     (the row's name: a mode, a job, a command) is never cut."""
+    from rich import box
+    from rich.table import Table
+
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for i, col in enumerate(columns):

@@ -5,7 +5,16 @@ requests to the node daemon, which the client starts itself when none is
 running (the zero-setup default).
 """
 
-from krex.client.connection import Client, Connection
-from krex.client.region import Region, region
+from typing import TYPE_CHECKING
+
+from krex.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from krex.client.connection import Client, Connection
+    from krex.client.region import Region, region
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "Client": "krex.client.connection:Client", "Connection": "krex.client.connection:Connection",
+    "Region": "krex.client.region:Region", "region": "krex.client.region:region"})
 
 __all__ = ["Client", "Connection", "Region", "region"]

@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from krex.errors import DaemonNotRunning
 from krex.protocol.address import SOCKET_NAME, ensure_private_dir
+
+if TYPE_CHECKING:  # imported where a daemon is started: not on every client's start-up
+    import subprocess
 
 START_TIMEOUT_S = 20.0
 DEFAULT_IDLE_EXIT_S = 600
@@ -59,6 +62,8 @@ def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, s
     log in the hint) when nothing answers in time or the daemon fails; the
     process started is then reaped.
     """
+    import subprocess
+
     runtime_dir = os.path.abspath(runtime_dir)
     ensure_private_dir(runtime_dir)
     path = os.path.join(runtime_dir, SOCKET_NAME)
@@ -81,6 +86,8 @@ def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, s
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
+    import subprocess
+
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -14,9 +14,21 @@ programs with ``runner``, puts process state back with ``snapshot`` and
 judges its own fitness with ``canary``.  See docs/workers.md.
 """
 
-from krex.workers.launcher import DefaultLauncher, WorkerLauncher
-from krex.workers.pool import WorkerPool
-from krex.workers.spec import ExecRequest, ExecResult, PoolSpec
+from typing import TYPE_CHECKING
+
+from krex.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from krex.workers.launcher import DefaultLauncher, WorkerLauncher
+    from krex.workers.pool import WorkerPool
+    from krex.workers.spec import ExecRequest, ExecResult, PoolSpec
+
+# Lazy: the client imports krex.workers.spec, and must not pay for the pool.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "DefaultLauncher": "krex.workers.launcher:DefaultLauncher",
+    "WorkerLauncher": "krex.workers.launcher:WorkerLauncher",
+    "WorkerPool": "krex.workers.pool:WorkerPool",
+    **{n: f"krex.workers.spec:{n}" for n in ("ExecRequest", "ExecResult", "PoolSpec")}})
 
 __all__ = ["DefaultLauncher", "ExecRequest", "ExecResult", "PoolSpec", "WorkerLauncher",
            "WorkerPool"]

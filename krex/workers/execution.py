@@ -148,9 +148,16 @@ def _crashed(run: _Run) -> ExecResult:
     how = _death(code)
     tail = "".join(run.stderr)[-4000:] or None
     return ExecResult(
-        status="crashed", exit_code=128 - code if code is not None and code < 0 else 1,
+        status="crashed", exit_code=_exit_code(code),
         exception=f"WorkerCrashed: worker {run.worker.pid} {how} while running the program",
         traceback=tail, worker_pid=run.worker.pid, recycled=True, recycle_reason=f"crashed: {how}")
+
+
+def _exit_code(code: int | None) -> int:
+    """As a shell reports the program run alone: ``os._exit(3)`` -> 3, SIGSEGV -> 139."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
 
 
 def _death(code: int | None) -> str:

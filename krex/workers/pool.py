@@ -5,7 +5,11 @@ longer than the idle supply and the pool is below ``max_workers``), runs
 the request there (``execution.run_on``), and then either returns the
 worker to the idle set or recycles it: kills, reaps and replaces it.  A
 keeper thread replaces workers that die while idle and stops idle workers
-above ``min_workers`` after ``idle_shutdown_s``.
+above ``min_workers + spare_workers`` after ``idle_shutdown_s``.
+``spare_workers`` are kept ready beyond the busy ones (and beyond
+``min_workers`` when all are idle), so a crash or a recycle does not leave
+the next program waiting for a worker to start.  An idle worker is taken
+most-recently-used first, so back-to-back programs share one warm worker.
 """
 
 from __future__ import annotations
@@ -118,8 +122,9 @@ class WorkerPool:
                         raise ShuttingDown("the worker pool is shutting down",
                                            device=self.spec.device)
                     if self._idle and self._queue[0] is ticket:
-                        worker = self._idle.popleft()
+                        worker = self._idle.pop()  # the most recently used: its caches are warm
                         worker.busy = True
+                        self._keep_spare_locked()
                         return worker
                     self._scale_up_locked()
                     if len(self._failures) > failures and not self._workers \
@@ -157,7 +162,21 @@ class WorkerPool:
     def _replenish_locked(self) -> None:
         if self._closed:
             return
-        for _ in range(self.spec.min_workers - len(self._workers) - self._starting):
+        for _ in range(self._floor() - len(self._workers) - self._starting):
+            self._spawn_locked()
+        self._keep_spare_locked()
+
+    def _floor(self) -> int:
+        """Workers kept even when idle: the minimum and the spares, within the maximum."""
+        return min(self.spec.max_workers, self.spec.min_workers + self.spec.spare_workers)
+
+    def _keep_spare_locked(self) -> None:
+        """``spare_workers`` ready (or starting) beyond the busy ones, within the maximum."""
+        if self._closed:
+            return
+        room = self.spec.max_workers - len(self._workers) - self._starting
+        wanted = self.spec.spare_workers - len(self._idle) - self._starting
+        for _ in range(max(0, min(room, wanted))):
             self._spawn_locked()
 
     def _spawn_locked(self) -> None:
@@ -180,7 +199,7 @@ class WorkerPool:
             if not self._closed:
                 worker.idle_since_mono_s = time.monotonic()
                 self._workers[worker.pid] = worker
-                self._idle.append(worker)
+                self._idle.appendleft(worker)  # taken last: a worker that ran programs is warmer
                 self._cond.notify_all()
                 return
             self._cond.notify_all()
@@ -211,7 +230,8 @@ class WorkerPool:
         now, doomed = time.monotonic(), []
         for w in list(self._idle):
             dead = not w.alive()
-            surplus = len(self._workers) > self.spec.min_workers
+            surplus = len(self._workers) > self._floor() \
+                and len(self._idle) > self.spec.spare_workers
             if dead or (surplus and now - w.idle_since_mono_s > self.spec.idle_shutdown_s):
                 self._idle.remove(w)
                 self._workers.pop(w.pid, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import pickle
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -39,6 +38,9 @@ class PoolSpec:
     # is preloaded (the CUDA driver has no per-process cap).  None: no cap.
     device_memory_cap_mb: float | None = None
     idle_shutdown_s: float = 30.0  # idle workers above min_workers stop after this long
+    # Workers kept ready beyond the busy ones (within max_workers): the next program after
+    # a crash or a recycle does not wait for a new worker to start.
+    spare_workers: int = 1
     start_timeout_s: float = 120.0  # device init + preload must finish within this
     # A program that loads a native library from outside the system and Python
     # prefixes (a freshly built kernel .so) gets a fresh worker next time: loaded
@@ -53,6 +55,8 @@ class PoolSpec:
             raise ValueError("need min_workers >= 0 and max_workers >= 1")
         if self.min_workers > self.max_workers:
             raise ValueError("min_workers must not exceed max_workers")
+        if self.spare_workers < 0:
+            raise ValueError("spare_workers must be >= 0")
         if self.max_programs < 1:
             raise ValueError("max_programs must be >= 1")
 
@@ -84,6 +88,8 @@ class ExecRequest:
     @classmethod
     def for_callable(cls, fn: Any, *args: Any, **kwargs: Any) -> ExecRequest:
         """A request for ``fn(*args, **kwargs)``; ``fn`` must pickle by reference."""
+        import pickle  # here: the client's start-up (krex exec) does not need it
+
         return cls(kind="callable", payload=pickle.dumps((fn, args, kwargs)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +127,8 @@ class ExecResult:
 
     def returned(self) -> Any:
         """The callable's return value, unpickled."""
+        import pickle
+
         return None if self.value is None else pickle.loads(self.value)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""The CLI's start-up path: what a client command imports, ``--version``, exit codes.
+
+Speed itself is a benchmark (benchmarks/bench_startup.py, docs/benchmarks.md);
+these tests hold the reasons for it: a client command imports only what it
+uses, and never the service's optional dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import PY, run_krex
+
+HEAVY = ("rich", "psutil", "numpy", "fastapi", "uvicorn", "starlette", "pydantic", "mcp",
+         "prometheus_client", "krex.measure", "krex.daemon", "krex.evaluate", "krex.records",
+         "krex.workers.pool", "krex.enforce", "krex.eval", "krex.integrations", "krex.service",
+         "krex.cli.bench_cmds", "krex.cli.eval_cmds", "krex.cli.cluster_cmds")
+
+
+def imported_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, set[str]]:
+    """Run ``krex ARGV`` through the console script's own entry point in a fresh
+    interpreter; its exit code and the heavy modules it imported."""
+    code = ("import sys\nfrom krex.cli.main import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "sys.stdout.flush()\nmodules = sorted(sys.modules)\nimport json\n"
+            "print('\\nMODULES', json.dumps(modules), file=sys.stderr)\nsys.exit(rc)")
+    out = subprocess.run([PY, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                         env=env)
+    line = next(ln for ln in out.stderr.splitlines() if ln.startswith("MODULES "))
+    modules = set(json.loads(line.removeprefix("MODULES ")))
+    heavy = {m for m in modules if m.split(".")[0] in HEAVY or m.startswith(HEAVY)}
+    return out.returncode, heavy
+
+
+def test_version_prints_the_installed_version_and_imports_nothing():
+    from krex.version import __version__
+
+    out = run_krex("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"krex {__version__}"
+    rc, heavy = imported_by(["--version"])
+    assert rc == 0 and heavy == set()
+
+
+def test_exec_imports_only_the_client(daemon, tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("print('hi')\n")
+    rc, heavy = imported_by(["exec", str(prog)])
+    assert rc == 0 and heavy == set(), heavy
+
+
+@pytest.mark.parametrize("argv", [["status", "--json"], ["run", "--", "true"],
+                                  ["region", "--", "true"]])
+def test_client_commands_import_only_what_they_use(daemon, argv):
+    rc, heavy = imported_by(argv)
+    assert rc == 0, argv
+    allowed = {"psutil"} if argv[0] == "run" else set()  # a managed job's process tree
+    assert {m for m in heavy if m.split(".")[0] not in allowed} == set(), heavy
+
+
+def test_a_human_table_imports_rich_only_then(daemon):
+    """Negative control: the test sees an import when there is one."""
+    rc, heavy = imported_by(["status"])
+    assert rc == 0 and "rich" in heavy
+    assert not heavy & {"fastapi", "uvicorn", "mcp", "prometheus_client", "krex.service"}
+
+
+def test_the_whole_parser_is_built_for_help_and_a_typo():
+    out = run_krex("--help")
+    assert out.returncode == 0
+    for name in ("exec", "status", "evaluate", "serve"):
+        assert name in out.stdout
+    typo = run_krex("exce", "x.py")
+    assert typo.returncode == 2 and "invalid choice" in typo.stderr and "exec" in typo.stderr
+
+
+@pytest.mark.parametrize("source, code", [
+    ("import os\nos._exit(3)\n", 3),  # the worker dies with the program's status
+    ("import sys\nsys.exit(4)\n", 4),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 137),
+    ("raise ValueError('x')\n", 1),
+])
+def test_exec_exits_as_the_program_would_alone(daemon, tmp_path, source, code):
+    prog = tmp_path / "p.py"
+    prog.write_text(source)
+    alone = subprocess.run([sys.executable, str(prog)], capture_output=True, timeout=30)
+    out = run_krex("exec", str(prog))
+    assert out.returncode == code == (128 + 9 if alone.returncode == -9 else alone.returncode)
+    if code == 3:
+        assert "krex: error" not in out.stderr  # os._exit(3) is an exit, not an error
+        assert "recycled: crashed: exited with status 3" in out.stderr
+    if code == 137:
+        assert "krex: error: program ended crashed" in out.stderr
+
+
+def test_exec_json_carries_the_exit_code(daemon, tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("import os\nos._exit(5)\n")
+    out = run_krex("exec", "--json", str(prog), env={**os.environ})
+    assert out.returncode == 5
+    assert json.loads(out.stdout)["exit_code"] == 5
