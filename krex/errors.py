@@ -296,6 +296,51 @@ class ClusterUnreachable(KrexError):
                     "docs/cluster.md, 'Reaching a local cluster from another shell')")
 
 
+# -- the service (HTTP, MCP) ---------------------------------------------------------------
+
+
+class ServiceMissing(KrexError):
+    """``krex service`` / ``krex mcp`` without their optional dependencies."""
+
+    code = "service_missing"
+    default_hint = "install the extra: pip install 'krex[server]'"
+
+
+class Unauthorized(KrexError):
+    """No token, or a token the service does not know (HTTP 401)."""
+
+    code = "unauthorized"
+    default_hint = "send `Authorization: Bearer TOKEN` (krex service token add TENANT makes one)"
+
+
+class ServiceQuotaExceeded(KrexError):
+    """A tenant's quota in the service: active jobs, jobs per minute (HTTP 429)."""
+
+    code = "service_quota_exceeded"
+    default_hint = "wait for your running jobs to finish (or cancel some), then submit again"
+
+
+class JobNotFound(KrexError):
+    """No job of this tenant with this id (HTTP 404)."""
+
+    code = "job_not_found"
+    default_hint = "GET /v1/jobs lists your jobs"
+
+
+class RecordNotFound(KrexError):
+    """No single stored evaluation with this id or prefix (HTTP 404)."""
+
+    code = "record_not_found"
+    default_hint = "GET /v1/records (or krex history) lists ids"
+
+
+class IdempotencyConflict(KrexError):
+    """An idempotency key reused for a different request (HTTP 409)."""
+
+    code = "idempotency_conflict"
+    default_hint = "use a new Idempotency-Key for a different request"
+
+
 # -- the wire ------------------------------------------------------------------------------
 
 

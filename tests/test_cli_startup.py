@@ -71,10 +71,12 @@ def test_a_human_table_imports_rich_only_then(daemon):
 def test_the_whole_parser_is_built_for_help_and_a_typo():
     out = run_krex("--help")
     assert out.returncode == 0
-    for name in ("exec", "status", "evaluate", "serve"):
+    for name in ("exec", "status", "evaluate", "service", "mcp", "serve"):
         assert name in out.stdout
     typo = run_krex("exce", "x.py")
     assert typo.returncode == 2 and "invalid choice" in typo.stderr and "exec" in typo.stderr
+    rc, heavy = imported_by(["service", "--help"])
+    assert rc == 0 and not heavy & {"fastapi", "uvicorn", "mcp", "prometheus_client"}
 
 
 @pytest.mark.parametrize("source, code", [

@@ -39,8 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"evaluate", "records", "measure", "client", "workers", "devices", "protocol"},
     # The front ends: nothing imports them.
     "krex": {"evaluate", "client", "measure", "protocol"},  # the package root: public names
-    "cli": {"evaluate", "records", "eval", "integrations", "daemon", "measure", "client",
-            "workers", "enforce", "devices", "protocol"},
+    "cli": {"service", "evaluate", "records", "eval", "integrations", "daemon", "measure",
+            "client", "workers", "enforce", "devices", "protocol"},
     "ray": {"integrations"},  # krex.ray: the public alias of krex.integrations.ray
     "__main__": {"cli"},
     "_native": set(),

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("krex.cli.cluster_cmds", "add_cluster"),
     "evaluate": ("krex.cli.evaluate_cmds", "add_evaluate"),
     "history": ("krex.cli.evaluate_cmds", "add_history"),
+    "service": ("krex.cli.service_cmds", "add_service"),
+    "mcp": ("krex.cli.service_cmds", "add_mcp"),
 }
 
 

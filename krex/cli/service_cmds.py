@@ -1,0 +1,160 @@
+"""``krex service`` (HTTP API, /metrics, node page), ``krex service token``, ``krex mcp``.
+
+The service is its own process, a client of the node daemon (not a flag of
+``krex serve``): a crash or a leak in the web stack never takes the daemon —
+which holds freezes and gates — down with it, the daemon never imports the
+optional extra, and one daemon can serve several front ends.  The extra
+``server`` (FastAPI, uvicorn, mcp, prometheus-client) is imported only when
+one of these commands runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from krex.errors import BadRequest, ServiceMissing
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="jobs database, tokens, job files (default "
+                                       "$XDG_STATE_HOME/krex/service)")
+    p.add_argument("--records", help="records database (default as for krex evaluate)")
+    p.add_argument("--runners", type=int, default=8, help="jobs run at once (default 8)")
+
+
+def add_service(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("service", help="HTTP API for agents: jobs, node status, records, "
+                                       "/metrics and a live node page",
+                       description="Serve krex over HTTP (docs/service.md). Loopback by "
+                                   "default; any other address needs API tokens "
+                                   "(`krex service token add TENANT`).")
+    p.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
+                   help="where to listen (default 127.0.0.1:8765)")
+    p.add_argument("--max-body-kb", type=int, default=256, help="request body limit (KiB)")
+    p.add_argument("--require-token", action="store_true",
+                   help="tokens also on loopback (default: loopback requests without one "
+                        "are tenant `local`)")
+    _common(p)
+    p.set_defaults(func=cmd_service)
+    tsub = p.add_subparsers(dest="service_command", metavar="ACTION")
+    token = tsub.add_parser("token", help="API tokens: add, list, remove")
+    token.add_argument("action", choices=("add", "list", "remove"))
+    token.add_argument("tenant", nargs="?", help="tenant name (add, remove)")
+    token.add_argument("--max-active-jobs", type=int, default=32,
+                       help="queued + running jobs at most (default 32)")
+    token.add_argument("--max-jobs-per-minute", type=int, default=600,
+                       help="submits per minute at most (default 600)")
+    token.add_argument("--state-dir", help="as for krex service")
+    token.set_defaults(func=cmd_token)
+
+
+def add_mcp(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mcp", help="MCP server for agents (stdio or streamable HTTP)",
+                       description="Serve krex's tools over MCP: evaluate, bench_command, "
+                                   "exec_program, node_status, get_record.")
+    p.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
+    p.add_argument("--http", default="127.0.0.1:8766", metavar="HOST:PORT",
+                   help="streamable-http: where to listen (loopback only; default "
+                        "127.0.0.1:8766)")
+    p.add_argument("--tenant", default="local", help="the tenant its jobs run for")
+    _common(p)
+    p.set_defaults(func=cmd_mcp)
+
+
+def _config(args: argparse.Namespace, host: str = "127.0.0.1", port: int = 0,
+            **extra: Any) -> Any:
+    from krex.service.config import ServiceConfig
+
+    return ServiceConfig(host=host, port=port, state_dir=args.state_dir or "",
+                         records=args.records, runners=args.runners, **extra)
+
+
+def _need_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import mcp  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ServiceMissing(f"krex service needs the `server` extra: {exc}") from None
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from krex.service.config import parse_address
+
+    _need_extra()
+    import uvicorn
+
+    from krex.service.app import Service, create_app
+
+    host, port = parse_address(args.http)
+    config = _config(args, host, port, max_body_bytes=args.max_body_kb * 1024,
+                     require_token=args.require_token)
+    if not config.loopback:
+        config.require_token = True
+    from krex.service.tenants import TokenStore
+
+    if config.require_token and not len(TokenStore(config.tokens_path)):
+        why = "tokens are required" if config.loopback else f"{host} is not a loopback address"
+        raise BadRequest(f"{why} and no API token exists",
+                         hint="make one first: krex service token add TENANT")
+    service = Service(config)
+    print(f"krex service on http://{args.http}/ (node page /, OpenAPI /openapi.json, "
+          f"metrics /metrics; state {config.state_dir})", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(create_app(service), host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        service.close()
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from krex.service.config import ServiceConfig
+    from krex.service.tenants import Quotas, TokenStore
+
+    store = TokenStore(ServiceConfig(state_dir=args.state_dir or "").tokens_path)
+    if args.action == "list":
+        for t in store.tenants():
+            print(f"{t.name}\tmax_active_jobs={t.quotas.max_active_jobs}\t"
+                  f"max_jobs_per_minute={t.quotas.max_jobs_per_minute}")
+        return 0
+    if not args.tenant:
+        raise BadRequest(f"krex service token {args.action} needs a tenant name",
+                         hint="e.g. krex service token add agent-7")
+    if args.action == "remove":
+        if not store.remove(args.tenant):
+            raise BadRequest(f"no tenant {args.tenant!r}", hint="krex service token list")
+        return 0
+    token = store.add(args.tenant, Quotas(args.max_active_jobs, args.max_jobs_per_minute))
+    print(token)
+    print(f"krex: token for tenant {args.tenant!r} (shown once; stored hashed in "
+          f"{store.path})", file=sys.stderr)
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from krex.service.config import is_loopback, parse_address
+    from krex.service.tenants import check_name
+
+    _need_extra()
+    from krex.service.app import Service
+    from krex.service.mcp_server import build
+
+    host, port = parse_address(args.http)
+    if args.transport == "streamable-http" and not is_loopback(host):
+        raise BadRequest(f"krex mcp listens on loopback only, not {host}",
+                         hint="use `krex service` with API tokens for other hosts")
+    service = Service(_config(args, host, port), jobs_name="jobs-mcp.sqlite3")
+    server = build(service, tenant=check_name(args.tenant))
+    try:
+        if args.transport == "stdio":
+            server.run("stdio")
+        else:
+            print(f"krex mcp on http://{args.http}/mcp", file=sys.stderr, flush=True)
+            server.run("streamable-http", host=host, port=port)
+    finally:
+        service.close()
+    return 0

@@ -1,0 +1,64 @@
+"""``ServiceConfig``: where the service listens, keeps its state, and its limits."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from krex.errors import BadRequest
+
+DEFAULT_PORT = 8765
+
+
+@dataclass
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    state_dir: str = ""  # jobs database, tokens, job files (default: $XDG_STATE_HOME/krex)
+    records: str | None = None  # the records database (default: krex.records' default)
+    runners: int = 8  # jobs run at once (each a daemon client; the daemon's pools queue them)
+    max_body_bytes: int = 256 * 1024  # larger request bodies: 413
+    max_wait_s: float = 60.0  # longest long-poll
+    max_exec_timeout_s: float = 600.0
+    job_output_bytes: int = 64 * 1024  # the tail of an exec's output kept with the job
+    node_poll_s: float = 1.0  # how often the daemon's status and regions are read
+    timeline_s: float = 600.0  # regions kept for the node page
+    require_token: bool = False  # also on loopback
+
+    def __post_init__(self) -> None:
+        if not self.state_dir:
+            base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+                os.path.expanduser("~"), ".local", "state")
+            self.state_dir = os.path.join(base, "krex", "service")
+        if self.runners < 1 or self.max_body_bytes < 1024:
+            raise BadRequest("need runners >= 1 and max_body_bytes >= 1024")
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def tokens_path(self) -> str:
+        return os.path.join(self.state_dir, "tokens.json")
+
+    @property
+    def jobs_path(self) -> str:
+        return os.path.join(self.state_dir, "jobs.sqlite3")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise BadRequest(f"not an address: {text!r}", hint="e.g. 127.0.0.1:8765")
+    return host.strip("[]"), int(port)

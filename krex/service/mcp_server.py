@@ -1,0 +1,108 @@
+"""The MCP server (``krex mcp``): krex's jobs as tools, over stdio or streamable HTTP.
+
+Tools: ``evaluate``, ``bench_command``, ``exec_program``, ``node_status``,
+``get_record``.  Each validates its arguments with the same models as the
+HTTP API (``schemas``), runs as a job of this process's own job store (one
+tenant: ``--tenant``, default ``local``) and answers with a result an agent
+can read (``summary``): verdict, speedup and interval, findings with their
+next action, p50/p95, noise, record id.  A job that fails answers with its
+error (code, what, hint) as the tool's error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from pydantic import ValidationError
+
+from krex.errors import BadRequest, KrexError, RecordNotFound
+from krex.service import schemas
+from krex.service.app import Service
+from krex.service.tenants import Tenant
+
+INSTRUCTIONS = """krex times GPU (and CPU) kernels correctly on a shared node: each
+measurement holds the device exclusively only while it times. Use `evaluate` to ask
+"is my candidate correct and faster than the reference?" (read `verdict`, `speedup`
+with `ci_low`/`ci_high`, and every finding's `next_action`); `bench_command` to time a
+whole command; `exec_program` to run a Python program in a warm worker; `node_status`
+to see devices, holders and queues; `get_record` to read a stored evaluation."""
+
+
+def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MCPServer:
+    server = MCPServer("krex", instructions=INSTRUCTIONS)
+    who = Tenant(tenant)
+
+    async def run(kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            body = schemas.BODIES[kind].model_validate(
+                {k: v for k, v in args.items() if v is not None})
+        except ValidationError as exc:
+            raise BadRequest(f"{kind}: {exc.errors()[0].get('msg')}",
+                             hint="see the tool's input schema") from None
+        job, _ = service.jobs.submit(who, kind, schemas.job_request(kind, body))
+        done = await anyio.to_thread.run_sync(service.jobs.wait, who.name, job.id, wait_s)
+        if done.error:
+            raise KrexError(f"{done.error['code']}: {done.error['what']}",
+                            hint=done.error.get("hint"))
+        return {"job_id": done.id, "state": done.state, **(done.result or {})}
+
+    @server.tool()
+    async def evaluate(reference: str | schemas.Source, candidate: str | schemas.Source,
+                       inputs: str | schemas.Source, device: str | None = None,
+                       seeds: int = 3, shapes: list[Any] | None = None,
+                       cache: str = "cold", timeout_s: float = 120.0,
+                       fresh: bool = False) -> dict[str, Any]:
+        """Is the candidate correct against the reference, and faster?  Each of reference,
+        candidate, inputs is "path.py:function" or {"source": ..., "function": ...};
+        inputs(seed) or inputs(seed, shape) returns the arguments.  Answers verdict
+        (faster/slower/same/unclear/invalid), speedup [ci_low, ci_high], correct,
+        findings (code, severity, message, next_action), p50/p95 and noise of each
+        side, region_clean and record_id."""
+        return await run("evaluate", dict(
+            reference=_plain(reference), candidate=_plain(candidate), inputs=_plain(inputs),
+            device=device, seeds=seeds, shapes=shapes, cache=cache, timeout_s=timeout_s,
+            fresh=fresh))
+
+    @server.tool()
+    async def bench_command(command: str, device: str | None = None, runs: int | None = None,
+                            budget_s: float = 1.0, warmup: int = 1) -> dict[str, Any]:
+        """Time a shell command inside a region: p50_ms, p95_ms, noise_rel, runs,
+        exit codes, region_clean, waited_s and held_s, warnings with their next action."""
+        return await run("bench", dict(command=command, device=device, runs=runs,
+                                       budget_s=budget_s, warmup=warmup))
+
+    @server.tool()
+    async def exec_program(program: str | None = None, path: str | None = None,
+                           args: list[str] | None = None, device: str | None = None,
+                           timeout_s: float = 60.0) -> dict[str, Any]:
+        """Run a Python program (its source as `program`, or a `path` on this node) in a
+        warm worker: status, exit_code, stdout, stderr, traceback, duration_s."""
+        return await run("exec", dict(program=program, path=path, args=args or [],
+                                      device=device, timeout_s=timeout_s))
+
+    @server.tool()
+    async def node_status() -> dict[str, Any]:
+        """Devices and who holds them, queues, warm workers, recent regions' tenants'
+        shares and recent evaluations."""
+        await anyio.to_thread.run_sync(service.node.poll_once)
+        return service.node.summary(300.0)
+
+    @server.tool()
+    async def get_record(record_id: str) -> dict[str, Any]:
+        """A stored evaluation by id (or a unique prefix of 6+ characters), with its
+        region reports."""
+        from krex.records import RecordStore
+
+        with RecordStore(service.config.records) as store:
+            found = store.get(record_id)
+            if found is None:
+                raise RecordNotFound(f"no single record {record_id!r}")
+            return {**found, "regions": store.regions(found["id"])}
+
+    return server
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, schemas.Source) else value

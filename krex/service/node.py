@@ -1,0 +1,203 @@
+"""The node daemon, watched: its status and its recent regions, attributed to tenants.
+
+A thread reads the daemon's ``status`` and its finished regions (``regions``)
+every ``node_poll_s`` — what the daemon exposes to any client, nothing of its
+internals.  Regions are kept for ``timeline_s`` (the node page's timeline)
+and handed to the metrics once.
+
+Attribution: a region belongs to a tenant when the daemon's record names one
+(``tenant``, once the daemon carries it), else when the service knows it —
+an evaluation's regions by their ids, an exec's by its worker's pid and the
+program's run (``started_mono_s`` … ``ended_mono_s``).  Regions not
+attributed within ``ATTRIBUTION_S`` of their end are ``local`` (not the
+service's).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from krex.errors import KrexError
+from krex.service.jobs import Job
+
+ATTRIBUTION_S = 10.0  # how long a finished region waits for its job's result
+REGIONS_PER_POLL = 256  # the newest regions read per poll (the daemon keeps its last N)
+LOCAL = "local"
+
+
+class NodeWatcher:
+    def __init__(self, connect: Callable[[], Any], poll_s: float = 1.0,
+                 timeline_s: float = 600.0,
+                 on_region: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.connect = connect  # -> a krex Client (autostart as configured)
+        self.poll_s = poll_s
+        self.timeline_s = timeline_s
+        self.on_region = on_region
+        self._lock = threading.Lock()
+        self.status: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.regions: collections.deque[dict[str, Any]] = collections.deque()
+        self._pending: list[dict[str, Any]] = []
+        self._last_region = 0
+        self._job_pids: dict[int, int] = {}  # daemon job id -> its process (a worker's pid)
+        self._by_region: dict[int, str] = {}
+        self._runs: collections.deque[tuple[int, float, float, str]] = collections.deque(
+            maxlen=5000)  # (worker pid, started, ended, tenant) of exec jobs
+        self.evaluations: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="krex-service-node",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # -- what the jobs tell ----------------------------------------------------------
+
+    def job_finished(self, job: Job, result: dict[str, Any]) -> None:
+        with self._lock:
+            if job.kind == "exec" and result.get("started_mono_s") is not None:
+                self._runs.append((int(result.get("worker_pid") or 0),
+                                   float(result["started_mono_s"]),
+                                   float(result.get("ended_mono_s") or time.monotonic()),
+                                   job.tenant))
+            if result.get("region_id") is not None:
+                self._by_region[int(result["region_id"])] = job.tenant
+            if job.kind == "evaluate":
+                self.evaluations.appendleft({**result, "tenant": job.tenant, "job": job.id,
+                                             "ended_wall_s": time.time()})
+
+    # -- reading ----------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"status": self.status, "error": self.error,
+                    "regions": list(self.regions), "evaluations": list(self.evaluations)}
+
+    def poll_once(self) -> None:
+        try:
+            with self.connect() as client:
+                status = client.status()
+                fresh = [r for r in client.regions(limit=REGIONS_PER_POLL)
+                         if int(r.get("region") or 0) > self._last_region]
+        except KrexError as exc:
+            with self._lock:
+                self.error = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+            return
+        with self._lock:
+            self.status, self.error = status, None
+            for j in status.get("jobs", []):
+                self._job_pids[int(j["job_id"])] = int(j.get("root_pid") or j.get("owner_pid")
+                                                       or 0)
+            if fresh:
+                self._last_region = max(int(r.get("region") or 0) for r in fresh)
+            self._pending.extend(fresh)
+            ready = self._attribute_locked()
+            self._trim_locked()
+        for region in ready:
+            if self.on_region is not None:
+                self.on_region(region)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.poll_s)
+
+    def _attribute_locked(self) -> list[dict[str, Any]]:
+        now, ready, waiting = time.monotonic(), [], []
+        for r in self._pending:
+            tenant = self._tenant_locked(r)
+            ended = r.get("released_mono_s") or r.get("granted_mono_s") or now
+            if tenant is None and now - ended < ATTRIBUTION_S:
+                waiting.append(r)
+                continue
+            r = {**r, "tenant": tenant or LOCAL,
+                 "requested_wall_s": r.get("requested_wall_s") or _wall(r, now)}
+            self.regions.append(r)
+            ready.append(r)
+        self._pending = waiting
+        return ready
+
+    def _tenant_locked(self, r: dict[str, Any]) -> str | None:
+        if r.get("tenant"):
+            return str(r["tenant"])
+        found = self._by_region.pop(int(r.get("region") or 0), None)
+        if found:
+            return found
+        pid = self._job_pids.get(int(r.get("job_id") or 0))
+        at = r.get("requested_mono_s")
+        if pid and at is not None:
+            for wpid, start, end, tenant in reversed(self._runs):
+                if wpid == pid and start <= at <= end:
+                    return tenant
+        return None
+
+    def _trim_locked(self) -> None:
+        horizon = time.time() - self.timeline_s
+        while self.regions and (self.regions[0].get("requested_wall_s") or 0) < horizon:
+            self.regions.popleft()
+        if len(self._by_region) > 10000:
+            self._by_region.clear()
+
+    # -- views --------------------------------------------------------------------------
+
+    def summary(self, seconds: float = 300.0) -> dict[str, Any]:
+        """What the node page shows: devices and holders, queues, workers, the timeline,
+        recent evaluations, each tenant's share of region time."""
+        snap = self.snapshot()
+        st = snap["status"] or {}
+        now_wall, now_mono = time.time(), time.monotonic()
+        regions = [r for r in snap["regions"]
+                   if (r.get("requested_wall_s") or 0) >= now_wall - seconds]
+        return {"daemon_error": snap["error"], "devices": _devices(st),
+                "timeline": [_bar(r, now_mono) for r in regions],
+                "shares": shares(regions), "evaluations": snap["evaluations"][:20],
+                "counters": st.get("counters", {}), "now_wall_s": now_wall}
+
+
+def _wall(r: dict[str, Any], now_mono: float) -> float:
+    """When the region was asked for, in Unix time: the daemon's records carry its
+    ``time.monotonic()``, the same clock as ours on one node."""
+    asked = r.get("requested_mono_s")
+    return time.time() - (now_mono - float(asked)) if asked is not None else time.time()
+
+
+def _devices(st: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for dev in st.get("devices", []):
+        name = dev["name"]
+        sched = (st.get("scheduler") or {}).get(name, {})
+        pool = (st.get("pools") or {}).get(name, {})
+        out.append({"name": name, "description": dev.get("description"),
+                    "holder": sched.get("holder"), "queue": sched.get("queue", []),
+                    "workers": len(pool.get("workers", [])),
+                    "busy": sum(bool(w.get("busy")) for w in pool.get("workers", [])),
+                    "recycles": pool.get("recycles", {})})
+    return out
+
+
+def _bar(r: dict[str, Any], now_mono: float) -> dict[str, Any]:
+    """One region on the timeline: seconds ago it was asked for, waited, held."""
+    asked = r.get("requested_mono_s") or now_mono
+    reasons = [x.get("code") for x in r.get("reasons", [])]
+    return {"region": r.get("region"), "device": r.get("device"), "job": r.get("job"),
+            "tenant": r.get("tenant"), "ago_s": round(now_mono - asked, 3),
+            "waited_s": r.get("waited_s", 0.0), "held_s": r.get("held_s", 0.0),
+            "frozen_s": r.get("frozen_s"), "clean": r.get("clean"), "reasons": reasons,
+            "label": r.get("label")}
+
+
+def shares(regions: list[dict[str, Any]]) -> dict[str, float]:
+    """Each tenant's fraction of the region time held in ``regions``."""
+    held: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for r in regions:
+        held[str(r.get("tenant") or LOCAL)] += float(r.get("held_s") or 0.0)
+    total = sum(held.values())
+    return {t: (h / total if total else 0.0) for t, h in sorted(held.items())}

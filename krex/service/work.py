@@ -1,0 +1,133 @@
+"""What each job kind runs, as a client of the node daemon.
+
+``exec``: a program (source text, or a path on this node) in a warm worker;
+``evaluate``: ``krex.evaluate`` on reference/candidate/inputs (source text or
+``path.py:function``), stored in the records database; ``bench``: a command
+timed in a region (``krex.measure.command``).  Source text is written to the
+job's own folder under the state directory first.
+
+:func:`daemon_client` is the one place a daemon connection is made for a
+tenant: when the daemon accepts a tenant id from a trusted peer (stream
+``daemon``, docs/protocol.md), that is where it is passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from krex.client.connection import Client
+from krex.errors import BadRequest
+from krex.service import summary
+from krex.service.config import ServiceConfig
+from krex.service.jobs import Job
+
+
+def daemon_client(tenant: str) -> Client:
+    """A connection to the node daemon on behalf of ``tenant``.
+
+    Today the daemon sees the service's own uid for every tenant; the tenant
+    is kept by the service (jobs, quotas, attribution of regions)."""
+    del tenant  # handed to the daemon here once the protocol carries it
+    return Client()
+
+
+class Work:
+    """The job kinds, bound to a configuration; ``kinds()`` is what ``JobStore`` runs."""
+
+    def __init__(self, config: ServiceConfig,
+                 finished: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
+        self.config = config
+        self.finished = finished  # told of each result (the node watcher's attribution)
+
+    def kinds(self) -> dict[str, Callable[[Job], dict[str, Any]]]:
+        return {"exec": self._told(self.exec), "evaluate": self._told(self.evaluate),
+                "bench": self._told(self.bench)}
+
+    def _told(self, fn: Callable[[Job], dict[str, Any]]) -> Callable[[Job], dict[str, Any]]:
+        def run(job: Job) -> dict[str, Any]:
+            try:
+                result = fn(job)
+            finally:
+                self._clean(job)
+            if self.finished is not None:
+                self.finished(job, result)
+            return result
+        return run
+
+    def folder(self, job: Job) -> str:
+        path = os.path.join(self.config.state_dir, "jobs", job.id)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def _clean(self, job: Job) -> None:
+        shutil.rmtree(os.path.join(self.config.state_dir, "jobs", job.id), ignore_errors=True)
+
+    # -- the kinds -----------------------------------------------------------------------
+
+    def exec(self, job: Job) -> dict[str, Any]:
+        r = job.request
+        path = r.get("path") or self._write(job, "program.py", r["program"])
+        if not os.path.isfile(path):
+            raise BadRequest(f"no such program on this node: {path}",
+                             hint="send the program's source as `program`")
+        out = _Tail(self.config.job_output_bytes)
+        env = {**os.environ, **r.get("env", {})}
+        with daemon_client(job.tenant) as client:
+            result = client.exec(path, r.get("args", []), device=r.get("device"),
+                                 timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
+                                 on_output=out.add)
+        return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
+
+    def evaluate(self, job: Job) -> dict[str, Any]:
+        from krex.evaluate.pipeline import evaluate
+
+        r = job.request
+        specs = {side: self._spec(job, side, r[side]) for side in
+                 ("reference", "candidate", "inputs")}
+        opts = {k: r[k] for k in ("device", "seeds", "shapes", "atol", "rtol", "cache",
+                                  "timeout_s", "fresh") if r.get(k) is not None}
+        ev = evaluate(specs["reference"], specs["candidate"], specs["inputs"],
+                      records=self.config.records, label=f"tenant:{job.tenant}", **opts)
+        return summary.evaluation(ev.to_dict())
+
+    def bench(self, job: Job) -> dict[str, Any]:
+        from krex.measure.command import bench_command
+
+        r = job.request
+        result = bench_command(r["command"], warmup_runs=r.get("warmup", 1), runs=r.get("runs"),
+                               device=r.get("device"), budget_s=r.get("budget_s", 1.0),
+                               timeout_s=r.get("timeout_s"), shell=r.get("shell", "sh"),
+                               label=f"tenant:{job.tenant}")
+        return summary.bench(result)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
+        if isinstance(value, str):
+            return value
+        path = self._write(job, f"{side}.py", value["source"])
+        return f"{path}:{value['function']}"
+
+    def _write(self, job: Job, name: str, text: str) -> str:
+        path = os.path.join(self.folder(job), name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+class _Tail:
+    """The last ``limit`` bytes of each output stream."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: dict[str, str] = {"stdout": "", "stderr": ""}
+
+    def add(self, stream: str, text: str) -> None:
+        key = "stderr" if stream == "stderr" else "stdout"
+        self.parts[key] = (self.parts[key] + text)[-self.limit:]
+
+    def text(self, stream: str) -> str:
+        return self.parts[stream]

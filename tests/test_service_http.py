@@ -1,0 +1,306 @@
+"""``krex service``: the HTTP API through a real server (uvicorn) and a real daemon.
+
+Jobs with idempotency keys, long-poll, cancel, quotas, tokens (stored hashed),
+bad bodies (a clear 4xx, and the service keeps serving), the OpenAPI schema,
+and loopback-by-default.  Requests go over loopback with the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import krex, reap, run_krex, wait_for
+
+pytest.importorskip("fastapi", reason="the `server` extra is not installed")
+pytest.importorskip("uvicorn", reason="the `server` extra is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """A running ``krex service`` on a free loopback port."""
+
+    def __init__(self, state: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.state = state
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = krex("service", "--http", f"127.0.0.1:{self.port}", "--state-dir",
+                         str(state), *flags)
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"service exited: {self.proc.communicate()}")
+            try:
+                return self.call("GET", "/v1/health")[0] == 200
+            except OSError:
+                return False
+        wait_for(up, timeout_s=60, interval_s=0.1)
+
+    def call(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
+             headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                text = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            text, status = e.read(), e.code
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, {"text": text.decode()}
+
+    def wait(self, job_id: str, wait_s: float = 30, **kw) -> dict:
+        status, job = self.call("GET", f"/v1/jobs/{job_id}?wait_s={wait_s}", **kw)
+        assert status == 200, job
+        return job
+
+    def stop(self) -> None:
+        reap(self.proc, timeout_s=15)
+
+
+@pytest.fixture
+def service(daemon, tmp_path):
+    s = Service(tmp_path / "state", "--runners", "2")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_exec_job_idempotent_submit_and_long_poll(service):
+    body = {"program": "import sys\nprint('hi', sys.argv[1:])\n", "args": ["a"]}
+    key = {"Idempotency-Key": "job-1"}
+    status, job = service.call("POST", "/v1/jobs/exec", body, headers=key)
+    assert status == 201 and job["state"] in ("queued", "running"), job
+    again_status, again = service.call("POST", "/v1/jobs/exec", body, headers=key)
+    assert again_status == 200 and again["id"] == job["id"]  # a retry: the same job
+    done = service.wait(job["id"])
+    assert done["state"] == "succeeded", done
+    assert done["result"]["exit_code"] == 0 and "hi ['a']" in done["result"]["stdout"]
+    # Negative controls: without a key a submit is a new job; the same key for another
+    # request is a conflict, not a silent replay.
+    status, other = service.call("POST", "/v1/jobs/exec", body)
+    assert status == 201 and other["id"] != job["id"]
+    status, err = service.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, headers=key)
+    assert status == 409 and err["error"]["code"] == "idempotency_conflict", err
+    status, listing = service.call("GET", "/v1/jobs")
+    assert status == 200 and {job["id"], other["id"]} <= {j["id"] for j in listing["jobs"]}
+    service.wait(other["id"])
+
+
+def test_long_poll_waits_for_the_job_and_no_longer(service):
+    status, job = service.call("POST", "/v1/jobs/exec",
+                               {"program": "import time\ntime.sleep(1.5)\n"})
+    assert status == 201
+    t = time.monotonic()
+    early = service.wait(job["id"], wait_s=0.2)
+    assert early["state"] in ("queued", "running") and time.monotonic() - t < 1.4
+    done = service.wait(job["id"], wait_s=30)
+    assert done["state"] == "succeeded" and time.monotonic() - t >= 1.0, done
+    status, err = service.call("GET", f"/v1/jobs/{job['id']}?wait_s=100000")
+    assert status == 422  # longer than the service's longest poll
+
+
+def test_cancel_a_queued_and_a_running_job(daemon, tmp_path):
+    s = Service(tmp_path / "state", "--runners", "1")
+    try:
+        flag = tmp_path / "go"
+        slow = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                           "    time.sleep(0.02)\nprint('done')\n"}
+        _, running = s.call("POST", "/v1/jobs/exec", slow)
+        wait_for(lambda: s.call("GET", f"/v1/jobs/{running['id']}")[1]["state"] == "running",
+                 timeout_s=30)
+        _, queued = s.call("POST", "/v1/jobs/exec", {"program": "print('never')\n"})
+        status, cancelled = s.call("POST", f"/v1/jobs/{queued['id']}/cancel")
+        assert status == 200 and cancelled["state"] == "cancelled"
+        status, marked = s.call("POST", f"/v1/jobs/{running['id']}/cancel")
+        assert status == 200 and marked["state"] == "running" and marked["cancel_requested"]
+        flag.touch()
+        ended = s.wait(running["id"])
+        assert ended["state"] == "cancelled" and "discarded" in ended["result"], ended
+        assert s.wait(queued["id"], wait_s=0)["result"] is None  # it never ran
+        status, err = s.call("POST", "/v1/jobs/nosuchjob/cancel")
+        assert status == 404 and err["error"]["code"] == "job_not_found"
+    finally:
+        s.stop()
+
+
+def test_tokens_are_stored_hashed_and_checked(daemon, tmp_path):
+    state = tmp_path / "state"
+    out = run_krex("service", "token", "add", "agent-7", "--state-dir", str(state),
+                   "--max-active-jobs", "1")
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip()
+    stored = (state / "tokens.json").read_text()
+    assert token.startswith("krex_") and token not in stored and "token_sha256" in stored
+    assert oct(os.stat(state / "tokens.json").st_mode & 0o777) == "0o600"
+    s = Service(state, "--require-token", "--runners", "1")
+    try:
+        status, err = s.call("GET", "/v1/jobs")
+        assert status == 401 and err["error"]["code"] == "unauthorized"
+        status, err = s.call("GET", "/v1/jobs", headers={"Authorization": "Bearer krex_wrong"})
+        assert status == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        status, listing = s.call("GET", "/v1/jobs", headers=auth)
+        assert status == 200 and listing == {"jobs": []}
+        # Quota: one active job for this tenant; the second submit is refused with 429.
+        flag = tmp_path / "go"
+        slow = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                           "    time.sleep(0.02)\n"}
+        status, job = s.call("POST", "/v1/jobs/exec", slow, headers=auth)
+        assert status == 201 and job["tenant"] == "agent-7"
+        status, err = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, headers=auth)
+        assert status == 429 and err["error"]["code"] == "service_quota_exceeded", err
+        assert "quota 1" in err["error"]["what"] and err["error"]["hint"]
+        flag.touch()
+        assert s.wait(job["id"], headers=auth)["state"] == "succeeded"
+        status, _ = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, headers=auth)
+        assert status == 201  # negative control: below the quota again, accepted
+    finally:
+        s.stop()
+    out = run_krex("service", "token", "list", "--state-dir", str(state))
+    assert "agent-7" in out.stdout and token not in out.stdout
+
+
+def test_tenants_see_only_their_own_jobs(daemon, tmp_path):
+    state = tmp_path / "state"
+    token = run_krex("service", "token", "add", "other", "--state-dir",
+                     str(state)).stdout.strip()
+    s = Service(state, "--runners", "1")
+    try:
+        _, mine = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"})
+        assert mine["tenant"] == "local"  # loopback without a token
+        auth = {"Authorization": f"Bearer {token}"}
+        status, err = s.call("GET", f"/v1/jobs/{mine['id']}", headers=auth)
+        assert status == 404 and err["error"]["code"] == "job_not_found"
+        assert s.wait(mine["id"])["tenant"] == "local"
+        # The same idempotency key is per tenant.
+        key = {"Idempotency-Key": "same"}
+        _, a = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, headers=key)
+        _, b = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, headers={**key, **auth})
+        assert a["id"] != b["id"] and b["tenant"] == "other"
+        s.wait(a["id"])
+        s.wait(b["id"], headers=auth)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("raw, status, code", [
+    (b'{"program": "pass\\n"', 400, "malformed_json"),
+    (b'["program"]', 422, "invalid_request"),
+    (json.dumps({"program": "pass\n", "timeout_s": "5"}).encode(), 422, "invalid_request"),
+    (json.dumps({"program": "pass\n", "nosuchfield": 1}).encode(), 422, "invalid_request"),
+    (json.dumps({"program": "pass\n", "path": "/x.py"}).encode(), 422, "invalid_request"),
+    (json.dumps({"program": "pass\n", "device": "gpu0; rm -rf /"}).encode(), 422,
+     "invalid_request"),
+    (json.dumps({"program": "x" * 300_000}).encode(), 413, "body_too_large"),
+])
+def test_bad_bodies_get_a_clear_4xx_and_the_service_keeps_serving(service, raw, status, code):
+    got, err = service.call("POST", "/v1/jobs/exec", raw=raw)
+    assert got == status, err
+    assert err["error"]["code"] == code and err["error"]["what"], err
+    if code == "invalid_request":
+        assert err["error"]["fields"] and err["error"]["hint"]
+    ok, job = service.call("POST", "/v1/jobs/exec", {"program": "pass\n"})
+    assert ok == 201 and service.wait(job["id"])["state"] == "succeeded"
+
+
+def test_bad_idempotency_key_and_unknown_job(service):
+    status, err = service.call("POST", "/v1/jobs/exec", {"program": "pass\n"},
+                               headers={"Idempotency-Key": "has spaces"})
+    assert status == 400 and "Idempotency-Key" in err["error"]["what"]
+    status, err = service.call("GET", "/v1/jobs/nope")
+    assert status == 404 and err["error"]["hint"]
+
+
+def test_openapi_node_status_and_records(service):
+    status, schema = service.call("GET", "/openapi.json")
+    assert status == 200
+    for path in ("/v1/jobs/evaluate", "/v1/jobs/exec", "/v1/jobs/bench", "/v1/jobs",
+                 "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/node", "/v1/records",
+                 "/v1/records/{record_id}"):
+        assert path in schema["paths"], path
+    exec_schema = schema["components"]["schemas"]["ExecBody"]
+    assert exec_schema["additionalProperties"] is False
+    status, node = service.call("GET", "/v1/node")
+    assert status == 200 and "devices" in node["daemon"] and "pools" in node["daemon"]
+    assert node["service"]["runners"] == 2
+    status, records = service.call("GET", "/v1/records")
+    assert status == 200 and isinstance(records["records"], list)
+    status, err = service.call("GET", "/v1/records/nosuchrecord")
+    assert status == 404 and err["error"]["code"] == "record_not_found"
+
+
+def test_bench_job_times_a_command_in_a_region(service):
+    status, job = service.call("POST", "/v1/jobs/bench",
+                               {"command": ["true"], "runs": 3, "warmup": 0})
+    assert status == 201, job
+    done = service.wait(job["id"], wait_s=60)
+    assert done["state"] == "succeeded", done
+    r = done["result"]
+    assert r["runs"] == 3 and r["p50_ms"] > 0 and r["p95_ms"] >= r["p50_ms"]
+    assert r["region_id"] is not None and r["exit_codes"] == [0, 0, 0]
+
+
+def test_another_address_needs_a_token(tmp_path):
+    """Loopback by default; any other address is refused while no token exists."""
+    out = run_krex("service", "--http", f"0.0.0.0:{free_port()}", "--state-dir",
+                   str(tmp_path / "state"), timeout=60)
+    assert out.returncode == 1
+    assert "not a loopback address and no API token exists" in out.stderr
+    assert "krex service token add" in out.stderr
+
+
+def _granted(text: str, tenant: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("krex_regions_granted_total{") and f'tenant="{tenant}"' in line)
+
+
+def test_metrics_and_node_summary_attribute_regions_to_tenants(daemon, tmp_path):
+    """A region taken by a tenant's exec job counts for that tenant; a region taken
+    outside the service (negative control) does not."""
+    state = tmp_path / "state"
+    token = run_krex("service", "token", "add", "agent-a", "--state-dir",
+                     str(state)).stdout.strip()
+    s = Service(state, "--runners", "1")
+    try:
+        def metrics() -> str:
+            return s.call("GET", "/metrics")[1]["text"]
+        assert _granted(metrics(), "agent-a") == 0
+        auth = {"Authorization": f"Bearer {token}"}
+        prog = "import krex\nfor _ in range(2):\n    with krex.region(label='svc'):\n        pass\n"
+        _, job = s.call("POST", "/v1/jobs/exec", {"program": prog}, headers=auth)
+        assert s.wait(job["id"], headers=auth)["state"] == "succeeded"
+        outside = run_krex("region", "--label", "outside", "--", "true")
+        assert outside.returncode == 0, outside.stderr
+        wait_for(lambda: _granted(metrics(), "agent-a") == 2 and _granted(metrics(), "local"),
+                 timeout_s=30, interval_s=0.2)
+        text = metrics()
+        assert "krex_worker_pool_size{device=\"cpu\"}" in text
+        assert 'krex_service_jobs_total{kind="exec",state="succeeded"} 1.0' in text
+        _, summary = s.call("GET", "/v1/node/summary?seconds=300")
+        labels = {(b["label"], b["tenant"]) for b in summary["timeline"]}
+        assert ("svc", "agent-a") in labels and ("outside", "local") in labels, summary
+        assert set(summary["shares"]) == {"agent-a", "local"}
+        assert {d["name"] for d in summary["devices"]} >= {"cpu"}
+        status, page = s.call("GET", "/")
+        assert status == 200 and "/v1/node/summary" in page["text"]
+        for fetch in ("<script src", "<link", "@import", "src=\"http", "url(http"):
+            assert fetch not in page["text"], fetch  # self-contained: nothing fetched
+    finally:
+        s.stop()
