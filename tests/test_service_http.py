@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from evaluate_helpers import CPU, spec
 from helpers import krex, reap, run_krex, wait_for
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
@@ -36,7 +37,7 @@ class Service:
         self.state = state
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = krex("service", "--http", f"127.0.0.1:{self.port}", "--state-dir",
-                         str(state), *flags)
+                         str(state), "--records", str(state / "records.sqlite3"), *flags)
 
         def up() -> bool:
             if self.proc.poll() is not None:
@@ -304,3 +305,28 @@ def test_metrics_and_node_summary_attribute_regions_to_tenants(daemon, tmp_path)
             assert fetch not in page["text"], fetch  # self-contained: nothing fetched
     finally:
         s.stop()
+
+
+def test_evaluate_job_answers_verdict_and_stores_a_record(service):
+    """The main endpoint: node paths and source text mixed; the record is then readable.
+    Negative control: a candidate that computes something else is ``invalid``."""
+    fast = {"source": "import numpy as np\n\n\ndef fast(x):\n"
+                      "    return x * np.sqrt(x * x + np.float32(1.0))\n", "function": "fast"}
+    wrong = {"source": "def wrong(x):\n    return x + 1\n", "function": "wrong"}
+    jobs = {}
+    for name, cand in (("fast", fast), ("wrong", wrong)):
+        status, jobs[name] = service.call("POST", "/v1/jobs/evaluate", {
+            "reference": spec(CPU, "kernels.py:reference"), "candidate": cand,
+            "inputs": spec(CPU, "inputs.py:make"), "cache": "hot", "seeds": 2})
+        assert status == 201, jobs[name]
+    ev = service.wait(jobs["fast"]["id"], wait_s=60)
+    assert ev["state"] == "succeeded", ev
+    r = ev["result"]
+    assert r["verdict"] == "faster" and r["correct"] is True and r["ci_low"] > 1.0, r
+    bad = service.wait(jobs["wrong"]["id"], wait_s=60)["result"]
+    assert bad["verdict"] == "invalid" and bad["correct"] is False, bad
+    assert any(f["code"] and f["next_action"] for f in bad["findings"]), bad
+    status, record = service.call("GET", f"/v1/records/{r['record_id']}")
+    assert status == 200 and record["id"] == r["record_id"] and record["verdict"] == "faster"
+    status, rows = service.call("GET", "/v1/records?limit=10")
+    assert r["record_id"] in {row["id"] for row in rows["records"]}

@@ -15,9 +15,10 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from krex.errors import BadRequest, KrexError, RecordNotFound
+from krex.errors import KrexError, RecordNotFound
 from krex.service import schemas
 from krex.service.app import Service
 from krex.service.tenants import Tenant
@@ -39,13 +40,19 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
             body = schemas.BODIES[kind].model_validate(
                 {k: v for k, v in args.items() if v is not None})
         except ValidationError as exc:
-            raise BadRequest(f"{kind}: {exc.errors()[0].get('msg')}",
-                             hint="see the tool's input schema") from None
-        job, _ = service.jobs.submit(who, kind, schemas.job_request(kind, body))
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "arguments"
+            raise ToolError(f"invalid_request: {where}: {first.get('msg')} (hint: see the "
+                            f"tool's input schema)") from None
+        try:
+            job, _ = service.jobs.submit(who, kind, schemas.job_request(kind, body))
+        except KrexError as exc:
+            raise _tool_error(exc) from None
         done = await anyio.to_thread.run_sync(service.jobs.wait, who.name, job.id, wait_s)
         if done.error:
-            raise KrexError(f"{done.error['code']}: {done.error['what']}",
-                            hint=done.error.get("hint"))
+            hint = done.error.get("hint")
+            raise ToolError(f"{done.error['code']}: {done.error['what']}"
+                            + (f" (hint: {hint})" if hint else ""))
         return {"job_id": done.id, "state": done.state, **(done.result or {})}
 
     @server.tool()
@@ -98,10 +105,15 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
         with RecordStore(service.config.records) as store:
             found = store.get(record_id)
             if found is None:
-                raise RecordNotFound(f"no single record {record_id!r}")
+                raise _tool_error(RecordNotFound(f"no single record {record_id!r}"))
             return {**found, "regions": store.regions(found["id"])}
 
     return server
+
+
+def _tool_error(exc: KrexError) -> ToolError:
+    """A krex error as the tool's answer (an agent reads its code, what and hint)."""
+    return ToolError(f"{exc.code}: {exc.message}" + (f" (hint: {exc.hint})" if exc.hint else ""))
 
 
 def _plain(value: Any) -> Any:
