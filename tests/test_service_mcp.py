@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import anyio
 import pytest
@@ -78,3 +79,45 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
     assert seen["missing"].is_error and "record_not_found" in missing and "hint:" in missing
     assert seen["exec"]["exit_code"] == 0 and "mcp ['z']" in seen["exec"]["stdout"]
     assert {d["name"] for d in seen["node"]["devices"]} >= {"cpu"}
+
+
+def test_mcp_over_streamable_http(daemon, tmp_path):
+    """The second transport: loopback only, the same tools."""
+    from helpers import krex, reap, wait_for
+    from mcp.client.streamable_http import streamable_http_client
+    from test_service_http import free_port
+
+    port = free_port()
+    proc = krex("mcp", "--transport", "streamable-http", "--http", f"127.0.0.1:{port}",
+                "--state-dir", str(tmp_path / "state"), "--records",
+                str(tmp_path / "records.sqlite3"))
+    seen: dict = {}
+
+    async def body() -> None:
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            seen["tools"] = {t.name for t in (await session.list_tools()).tools}
+            seen["exec"] = structured(await session.call_tool(
+                "exec_program", {"program": "import sys\nsys.exit(3)\n"}))
+
+    def listening() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, timeout_s=60, interval_s=0.1)
+        anyio.run(body)
+    finally:
+        reap(proc, timeout_s=15)
+    assert TOOLS <= seen["tools"]
+    assert seen["exec"]["exit_code"] == 3 and seen["exec"]["status"] == "error"
+
+
+def test_mcp_http_listens_on_loopback_only(tmp_path):
+    from helpers import run_krex
+
+    out = run_krex("mcp", "--transport", "streamable-http", "--http", "0.0.0.0:8766",
+                   "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 1 and "loopback only" in out.stderr

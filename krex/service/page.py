@@ -53,8 +53,8 @@ function draw(timeline) {
   for (const r of timeline) {
     const y = 6 + devices.indexOf(r.device) * lane, a = r.ago_s;
     const rect = (x0, x1, color, title) => { const e = document.createElementNS(NS, "rect");
-      e.setAttribute("x", Math.min(x0, x1)); e.setAttribute("y", y);
-      e.setAttribute("width", Math.max(1, Math.abs(x1 - x0)));
+      e.setAttribute("x", Math.round(Math.min(x0, x1))); e.setAttribute("y", y);
+      e.setAttribute("width", Math.max(2, Math.round(Math.abs(x1 - x0))));
       e.setAttribute("height", lane - 6); e.setAttribute("fill", color);
       const tt = document.createElementNS(NS, "title"); tt.textContent = title;
       e.appendChild(tt); svg.appendChild(e); };
