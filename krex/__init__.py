@@ -30,7 +30,10 @@ if TYPE_CHECKING:  # imported on first use: `import krex` (and the CLI) stays ch
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "measure": "krex.measure",
-    **{n: f"krex.client:{n}" for n in ("Client", "Region", "region")},
+    # From their modules, not the krex.client package: once the submodule
+    # krex.client.region is imported, the package's attribute `region` is that module.
+    "Client": "krex.client.connection:Client",
+    **{n: f"krex.client.region:{n}" for n in ("Region", "region")},
     "KrexError": "krex.errors:KrexError",
     **{n: f"krex.evaluate:{n}" for n in ("evaluate", "Evaluation")},
     **{n: f"krex.measure:{n}" for n in ("BenchWarning", "Comparison", "Measurement",

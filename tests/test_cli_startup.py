@@ -104,3 +104,16 @@ def test_exec_json_carries_the_exit_code(daemon, tmp_path):
     out = run_krex("exec", "--json", str(prog), env={**os.environ})
     assert out.returncode == 5
     assert json.loads(out.stdout)["exit_code"] == 5
+
+
+def test_lazy_public_names_resolve_to_the_objects_whatever_was_imported_first():
+    """``krex.region`` is the function even when the submodule krex.client.region (of the
+    same name) was imported before: a regression the suite caught (`'module' object is
+    not callable`)."""
+    code = ("import krex.measure.regions, krex.client.region, krex\n"
+            "assert callable(krex.region) and krex.region.__module__ == 'krex.client.region'\n"
+            "assert isinstance(krex.Region, type) and krex.Client.__name__ == 'Client'\n"
+            "from krex import measure, bench, compare, RegionReport, KrexError, evaluate\n"
+            "assert callable(measure) and callable(bench) and callable(evaluate)\n")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
