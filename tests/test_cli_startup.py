@@ -117,3 +117,14 @@ def test_lazy_public_names_resolve_to_the_objects_whatever_was_imported_first():
             "assert callable(measure) and callable(bench) and callable(evaluate)\n")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("command", ["service", "mcp"])
+def test_service_commands_without_the_extra_say_how_to_install_it(command, tmp_path):
+    """The core install has no FastAPI/mcp: the error names the extra (a hidden module
+    stands in for a missing one)."""
+    code = ("import sys\nsys.modules['fastapi'] = None\nfrom krex.cli.main import main\n"
+            f"sys.exit(main([{command!r}, '--state-dir', {str(tmp_path)!r}]))")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "krex: error:" in out.stderr and "pip install 'krex[server]'" in out.stderr
