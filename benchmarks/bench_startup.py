@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,8 +123,11 @@ def main() -> int:
                 for name, (argv, env) in rows.items():
                     times[name].append(once(argv, env))
         finally:
-            for proc, _ in daemons.values():
+            for proc, sock in daemons.values():
                 stop_process(proc)
+                shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+            if "before" in trees:
+                shutil.rmtree(trees["before"], ignore_errors=True)
     table = {}
     for name, xs in times.items():
         q = stats.quantiles(xs, (0.5, 0.95))
