@@ -296,3 +296,27 @@ def test_forget_job_closes_its_window():
     a2 = req(1, now=1)
     assert s.submit(a2, 1) == []
     assert granted(s.forget_job(2, 1.1)) == [a2]
+
+
+def test_within_a_tenant_the_job_served_least_recently_goes_first():
+    """One user's jobs share a tenant: after a window the releaser, who asked again
+    first, still goes after the jobs it froze (the ring order alone put it first)."""
+    s = Scheduler(window_s=0.02)
+    for job in (2, 3):  # jobs 2 and 3 take regions on this device
+        earlier = req(job, tenant="uid:0")
+        s.submit(earlier, 0)
+        s.started(earlier.region, 0)
+        s.release(earlier.region, 0)
+    first = req(1, tenant="uid:0")
+    s.submit(first, 0)
+    s.started(first.region, 0)
+    assert s.release(first.region, 1.0, frozen={2, 3}) == []  # a window for jobs 2 and 3
+    greedy = req(1, now=1.0001, tenant="uid:0")
+    assert s.submit(greedy, 1.0001) == []
+    two, three = req(2, now=1.005, tenant="uid:0"), req(3, now=1.006, tenant="uid:0")
+    assert s.submit(two, 1.005) == []
+    assert granted(s.submit(three, 1.006)) == [two]
+    s.started(two.region, 1.006)
+    assert granted(s.release(two.region, 1.1)) == [three]
+    s.started(three.region, 1.1)
+    assert granted(s.release(three.region, 1.2)) == [greedy]

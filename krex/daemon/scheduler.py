@@ -9,9 +9,10 @@ tenant id a trusted service passes), then by job, then FIFO.  The next grant
 goes to the waiting tenant that has held the device least (its region
 seconds, charged at release; a tenant that comes back after idling more than
 ``idle_s`` starts level with the tenants active now, so idling banks
-nothing), then round-robin between
-that tenant's jobs, FIFO within a job.  A tenant with ten jobs gets one
-share, not ten.
+nothing), then to that tenant's job served least recently (round-robin,
+whatever order the requests came in: a job that asks again the instant it
+releases does not go first), FIFO within a job.  A tenant with ten jobs gets
+one share, not ten.
 
 Fair window.  Freezing replaces queueing: a job frozen by another job's
 region cannot ask for the device, so a job that releases and asks again at
@@ -112,6 +113,8 @@ class DeviceQueue:
     last_active: dict[Hashable, float] = field(default_factory=dict)  # tenant -> last release
     window: Window | None = None
     misses: dict[int, int] = field(default_factory=dict)  # jobs that ask here -> windows missed
+    served: dict[int, int] = field(default_factory=dict)  # job -> the turn it was last granted
+    turns: int = 0
 
     def waiting(self) -> Iterator[Request]:
         for jobs in self.shares.values():
@@ -193,6 +196,7 @@ class Scheduler:
         out: list[Decision] = []
         for dq in self.devices.values():
             dq.misses.pop(job_id, None)
+            dq.served.pop(job_id, None)
             if dq.window is not None and job_id in dq.window.waiting_for:
                 dq.window.waiting_for.discard(job_id)
                 if not dq.window.waiting_for:
@@ -286,11 +290,12 @@ class Scheduler:
     def _pick(self, dq: DeviceQueue) -> Request:
         share = min(dq.shares, key=lambda t: dq.usage.get(t, 0.0))  # first of equals: RR
         jobs = dq.shares[share]
-        job_id, q = next(iter(jobs.items()))
+        job_id = min(jobs, key=lambda j: dq.served.get(j, 0))  # first of equals: asked first
+        q = jobs[job_id]
         req = q.popleft()
-        if q:
-            jobs.move_to_end(job_id)
-        else:
+        dq.turns += 1
+        dq.served[job_id] = dq.turns
+        if not q:
             del jobs[job_id]
         if jobs:
             dq.shares.move_to_end(share)
