@@ -19,7 +19,7 @@ from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
 from krex.daemon.exclusivity import Evidence
 from krex.enforce.process import ProcessRef
-from krex.errors import BadRequest, LimitExceeded
+from krex.errors import AccessDenied, BadRequest, LimitExceeded, QuotaExceeded
 from krex.protocol import messages as m
 from krex.protocol.framing import MAX_FRAME, encode_frame
 from krex.protocol.peer import Peer
@@ -242,3 +242,90 @@ def test_job_time_accounts(core):
     assert jobs[jb]["frozen_s"] >= 0.45  # a's region stopped b (b exists: a sibling)
     assert jobs[ja]["frozen_s"] < 0.2  # b's region: a was frozen only for its short hold
     assert jobs[ja]["regions"] == jobs[jb]["regions"] == 1
+
+
+def test_a_region_whose_requester_left_during_set_up_is_undone_not_granted(core):
+    """The connection closed while the grant's enforcement was being set up: it is
+    undone as soon as it is in place and the next request gets the device."""
+    core.exclusivity.slow["cpu"] = gate = threading.Event()
+    a, b = FakeSession(), FakeSession()
+    ja, jb = job(core, a, "cpu"), job(core, b, "cpu")
+    request(core, a, m.Acquire, job_id=ja)
+    time.sleep(0.1)  # a's set-up is waiting on the gate
+    core.session_closed(a)
+    rb = request(core, b, m.Acquire, job_id=jb)
+    gate.set()
+    grant = b.reply(rb)
+    assert isinstance(grant, m.Reply) and a.pushed.empty()  # nothing sent to the gone one
+    events = [e for e in core.handle(b, m.Regions())["regions"]]
+    assert events == []  # a's region was never granted: no record of a hold
+
+
+class OtherUser(FakeSession):
+    def __init__(self, uid: int) -> None:
+        super().__init__()
+        self.peer = Peer(os.getpid(), uid, uid)
+
+
+def node_core(tmp_path, **quota) -> Daemon:
+    config = DaemonConfig(runtime_dir=str(tmp_path), node=True, group="0", **quota)
+    return Daemon(config, exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
+
+
+def test_only_a_trusted_peer_names_a_tenant(tmp_path):
+    d = node_core(tmp_path)
+    try:
+        user, operator = OtherUser(4242), FakeSession()
+        with pytest.raises(AccessDenied, match="may not act for tenant"):
+            d.handle(user, m.CreateJob(device="cpu", name="j", tenant="someone-else"))
+        mine = d.handle(user, m.CreateJob(device="cpu", name="j"))
+        assert mine["tenant"] == "uid:4242"
+        theirs = d.handle(operator, m.CreateJob(device="cpu", name="j", tenant="token-7"))
+        assert theirs["tenant"] == "token-7"
+        with pytest.raises(BadRequest, match="tenant id"):
+            d.handle(operator, m.CreateJob(device="cpu", name="j", tenant="bad id!"))
+    finally:
+        d.shutdown()
+
+
+def test_a_user_acts_only_on_its_own_jobs_and_regions(tmp_path):
+    d = node_core(tmp_path)
+    try:
+        alice, bob = OtherUser(4242), OtherUser(4343)
+        ja = d.handle(alice, m.CreateJob(device="cpu", name="a"))["job_id"]
+        rid = request(d, alice, m.Acquire, job_id=ja)
+        region = alice.reply(rid).data["region"]
+        with pytest.raises(AccessDenied):
+            d.handle(bob, m.Acquire(id=5, job_id=ja))
+        with pytest.raises(AccessDenied):
+            d.handle(bob, m.Revoke(region=region))
+        with pytest.raises(AccessDenied):
+            d.handle(bob, m.Stop())
+        seen = d.handle(bob, m.Status())
+        assert seen["jobs"] == [] and seen["other_jobs"] == 1
+        assert seen["scheduler"]["cpu"]["holder"]["label"] is None  # not bob's to see
+        assert d.handle(bob, m.Jobs())["jobs"] == []
+    finally:
+        d.shutdown()
+
+
+def test_tenant_quotas_fail_with_clear_errors(tmp_path):
+    d = node_core(tmp_path, tenant_max_jobs=1, tenant_max_hold_s=5.0,
+                  tenant_region_s_per_min=0.2)
+    try:
+        user = OtherUser(4242)
+        j = d.handle(user, m.CreateJob(device="cpu", name="one"))["job_id"]
+        with pytest.raises(QuotaExceeded, match="its quota of concurrent jobs"):
+            d.handle(user, m.CreateJob(device="cpu", name="two"))
+        with pytest.raises(QuotaExceeded, match="its quota is 5 s"):
+            d.handle(user, m.Acquire(id=1, job_id=j, max_hold_s=10))
+        rid = request(d, user, m.Acquire, job_id=j)
+        region = user.reply(rid).data["region"]
+        time.sleep(0.3)  # past its 0.2 region-seconds per minute
+        request(d, user, m.Release, region=region)
+        user.reply(rid + 1)
+        with pytest.raises(QuotaExceeded, match="region-seconds per minute") as exc:
+            d.handle(user, m.Acquire(id=3, job_id=j))
+        assert exc.value.seconds is not None and 55 < exc.value.seconds <= 60
+    finally:
+        d.shutdown()
