@@ -51,12 +51,13 @@ def spread(values: list[float]) -> float:
 
 @pytest.mark.slow
 def test_back_to_back_jobs_get_equal_shares(tmp_path):
-    """One job asks again at once, three need 10 ms of work between regions: with the
-    fair window every job's region count is within ±20 % of the mean; with the window
-    off (--fair-window-ms 0, the negative control) the greedy job takes clearly more."""
-    jobs = [(0.0, None), (10.0, None), (10.0, None), (10.0, None)]
+    """One job asks again at once, three need 30 ms of work between regions: with a
+    fair window longer than that (50 ms) every job's region count is within ±20 % of
+    the mean; with the window off (--fair-window-ms 0, the negative control) the
+    greedy job takes clearly more (measured 1.4-1.5x the others)."""
+    jobs = [(0.0, None), (30.0, None), (30.0, None), (30.0, None)]
     shares = {}
-    for window in ("20", "0"):
+    for window in ("50", "0"):
         rt = tmp_path / f"w{window}"
         rt.mkdir(mode=0o700)
         d = Daemon(str(rt), "--fair-window-ms", window).start()
@@ -64,10 +65,10 @@ def test_back_to_back_jobs_get_equal_shares(tmp_path):
             shares[window] = [r["regions"] for r in run(d, jobs)]
         finally:
             d.stop()
-    fair, unfair = shares["20"], shares["0"]
+    fair, unfair = shares["50"], shares["0"]
     assert spread(fair) <= 0.20, shares
     greedy, others = unfair[0], sum(unfair[1:]) / 3
-    assert greedy > 1.15 * others, shares  # the control: without the window it is unfair
+    assert greedy > 1.2 * others, shares  # the control: without the window it is unfair
 
 
 @pytest.mark.slow

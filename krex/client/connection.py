@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.client.autostart import ensure_daemon
-from krex.errors import DaemonMismatch, DaemonNotRunning, KrexError, from_wire
+from krex.errors import AccessDenied, DaemonMismatch, DaemonNotRunning, KrexError, from_wire
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
@@ -135,6 +135,12 @@ def _connect(path: str) -> socket.socket:
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         raise DaemonNotRunning(f"no krex daemon at {path} ({exc.strerror})") from None
+    except PermissionError as exc:
+        sock.close()
+        raise AccessDenied(f"may not connect to the krex daemon at {path} ({exc.strerror})",
+                           hint="a node daemon's socket is its group's (krex serve --node "
+                                "--group): ask the operator to add you, or run your own "
+                                "daemon with KREX_RUNTIME_DIR=DIR") from None
     return sock
 
 
