@@ -18,14 +18,15 @@ import tempfile
 import time
 
 import pytest
-from helpers import Daemon
+from helpers import REPO, Daemon, run_krex
 
 from krex.client.connection import Client
 from krex.errors import KrexError
 from krex.protocol import messages as m
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run clients as "
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run clients as "
                                 "other uids (setuid)")
+UNIT = os.path.join(REPO, "contrib", "systemd", "krex.service")
 GROUP, ALICE, BOB, EVE = 54320, 54321, 54322, 54323
 
 class User:
@@ -120,6 +121,7 @@ def node_daemon():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@needs_root
 def test_two_users_share_one_node_daemon_each_acting_only_on_its_own(node_daemon):
     st = os.stat(node_daemon.socket)
     assert st.st_gid == GROUP and st.st_mode & 0o777 == 0o660
@@ -153,9 +155,19 @@ def test_two_users_share_one_node_daemon_each_acting_only_on_its_own(node_daemon
             u.close()
 
 
+@needs_root
 def test_a_user_outside_the_group_cannot_connect(node_daemon):
     eve = User(EVE, [EVE], node_daemon.socket)
     try:
         assert eve.hello() == {"error": "access_denied"}  # EACCES: the group's directory
     finally:
         eve.close()
+
+
+def test_the_systemd_unit_starts_a_node_daemon_with_flags_krex_serve_takes():
+    lines = open(UNIT).read().splitlines()
+    (start,) = [line for line in lines if line.startswith("ExecStart=")]
+    argv = start.split("=", 1)[1].split()
+    assert argv[1:4] == ["serve", "--node", "--group"]
+    helptext = run_krex("serve", "--help").stdout
+    assert all(a in helptext for a in argv if a.startswith("--"))
