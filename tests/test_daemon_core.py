@@ -329,3 +329,63 @@ def test_tenant_quotas_fail_with_clear_errors(tmp_path):
         assert exc.value.seconds is not None and 55 < exc.value.seconds <= 60
     finally:
         d.shutdown()
+
+
+def test_another_users_daemon_makes_regions_not_clean(tmp_path):
+    """A listening krexd.sock owned by another uid, seen during a region, gives the
+    region a foreign_daemon reason; our own daemons and sockets seen outside it do not."""
+    import socket as so
+
+    from krex.daemon.neighbours import Neighbours
+
+    theirs = tmp_path / "other" / "krexd.sock"
+    theirs.parent.mkdir()
+    listener = so.socket(so.AF_UNIX)
+    listener.bind(str(theirs))
+    listener.listen(1)
+    try:
+        mine = tmp_path / "krexd.sock"
+        if os.geteuid() == 0:
+            os.chown(theirs, 4242, 4242)
+        other_uid = os.stat(theirs).st_uid
+        listed = [str(theirs), str(mine)]
+        n = Neighbours(str(mine), own_uid=os.getuid(), scan=lambda: listed)
+        n.look(100.0)
+        if other_uid == os.getuid():
+            assert n.during(99.0, 101.0) == []  # our own user's daemons are not foreign
+            pytest.skip("needs root to give the socket another owner")
+        (seen,) = n.during(99.0, 101.0)
+        assert seen.uid == 4242
+        (tmp_path / "rt").mkdir()
+        d = Daemon(DaemonConfig(runtime_dir=str(tmp_path / "rt")),
+                   exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
+        try:
+            d.neighbours = Neighbours(str(mine), own_uid=os.getuid(), scan=lambda: listed)
+            user = FakeSession()
+            rid = request(d, user, m.Acquire, job_id=job(d, user, "cpu"))
+            region = user.reply(rid).data["region"]
+            report = user.reply(request(d, user, m.Release, region=region)).data["report"]
+            assert [r["code"] for r in report["reasons"]] == ["foreign_daemon"]
+            assert report["clean"] is False
+        finally:
+            d.shutdown()
+        listed.clear()  # it stopped
+        assert n.during(200.0, 201.0) == []  # not seen then
+    finally:
+        listener.close()
+
+
+def test_listening_daemons_are_read_from_proc_net_unix(tmp_path):
+    import socket as so
+
+    from krex.daemon.neighbours import listening_daemons
+
+    path = tmp_path / "krexd.sock"
+    s = so.socket(so.AF_UNIX)
+    s.bind(str(path))
+    try:
+        assert str(path) not in listening_daemons()  # bound, not listening
+        s.listen(1)
+        assert str(path) in listening_daemons()
+    finally:
+        s.close()
