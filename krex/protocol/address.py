@@ -58,11 +58,6 @@ def socket_path() -> str:
     return os.path.join(runtime_dir(), SOCKET_NAME)
 
 
-def is_node_socket(path: str) -> bool:
-    """Whether ``path`` is the node daemon's socket (clients never auto-start one there)."""
-    return os.path.dirname(os.path.abspath(path)) == os.path.abspath(node_dir())
-
-
 def ensure_private_dir(path: str) -> str:
     """Create ``path`` owner-only (0700) or check an existing one is ours and private."""
     os.makedirs(path, mode=0o700, exist_ok=True)
