@@ -160,6 +160,24 @@ class UnknownJob(KrexError):
     default_hint = "the job ended or KREX_JOB_ID is stale; run under `krex run`"
 
 
+class QuotaExceeded(KrexError):
+    """A tenant's quota (concurrent jobs, region-seconds per minute, maximum hold) is hit;
+    ``seconds``: when retrying can succeed, where known."""
+
+    code = "quota_exceeded"
+    default_hint = ("wait `seconds` and retry, end some of your jobs, or ask the node's "
+                    "operator for a larger quota (`krex status` shows yours)")
+
+
+class LimitExceeded(KrexError):
+    """A bound that keeps the daemon serving everyone: connections per uid, regions per
+    connection, programs in flight."""
+
+    code = "limit_exceeded"
+    default_hint = ("finish or cancel what is in flight first (release regions, wait for "
+                    "programs), or open fewer connections")
+
+
 # -- regions and enforcement -------------------------------------------------------------
 
 

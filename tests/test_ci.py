@@ -34,3 +34,10 @@ def test_lint_runs_ruff_and_mypy():
     lint = subprocess.run(["make", "-n", "lint"], cwd=REPO, capture_output=True, text=True,
                           timeout=30).stdout
     assert "ruff check krex tests benchmarks" in lint and "mypy" in lint
+
+
+def test_make_test_prints_skip_reasons():
+    """CI's log says why each skipped test was skipped (pytest -rs)."""
+    test = subprocess.run(["make", "-n", "test"], cwd=REPO, capture_output=True, text=True,
+                          timeout=30).stdout
+    assert "pytest -q -rs" in test

@@ -123,6 +123,10 @@ def test_demo_runs_examples_without_overlap(daemon):
     assert summary["overlaps"] == 0
     assert all(j["exit_code"] == 0 and j["regions"] >= 3 for j in summary["jobs"])
     assert len(summary["jobs"]) == 4
+    # where each job's time went, from the daemon's accounts (docs/protocol.md)
+    assert all(j["waited_total_s"] is not None and j["frozen_s"] is not None
+               and j["enforce_total_s"] is not None for j in summary["jobs"]), summary
+    assert sum(j["frozen_s"] for j in summary["jobs"]) > 0  # they ran side by side
     # compare_kernels asks for max_time_s=0.3: its regions hold within that plus the slack
     # (docs/measure.md: one ABBA block of pure-Python calls is a few ms here)
     (cmp,) = [j for j in summary["jobs"] if j["job"].startswith("compare_kernels")]

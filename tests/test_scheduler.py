@@ -4,6 +4,8 @@ import itertools
 import math
 import random
 
+import pytest
+
 from krex.daemon.scheduler import Cancel, Grant, Request, Revoke, Scheduler
 
 _ids = itertools.count(1)
@@ -103,18 +105,22 @@ def test_drop_owner_releases_held_and_queued():
     assert a.region not in s.live and a2.region not in s.live
 
 
-def test_max_hold_revokes_and_hands_over():
+def test_max_hold_counts_from_the_start_revokes_then_hands_over_on_release():
     s = Scheduler()
     a = req(1, max_hold_s=2.0)
     b = req(2)
     s.submit(a, 0)
     s.submit(b, 0)
-    assert s.next_deadline() == 2.0
-    assert s.expire(1.9) == []
-    out = s.expire(2.0)
-    assert isinstance(out[0], Revoke) and out[0].request is a
-    assert granted(out) == [b]
-    assert s.release(a.region, 3) == []  # releasing a revoked region changes nothing
+    assert s.next_deadline() == math.inf  # enforcement being set up: no deadline yet
+    s.started(a.region, 0.5)
+    assert s.next_deadline() == 2.5
+    assert s.expire(2.4) == []
+    out = s.expire(2.5)
+    assert len(out) == 1 and isinstance(out[0], Revoke) and out[0].request is a
+    assert s.queue("cpu").holder is a  # until its enforcement is undone
+    assert s.expire(3.0) == [] and s.next_deadline() == math.inf  # revoked once, no spin
+    assert granted(s.release(a.region, 3.1)) == [b]
+    assert s.release(a.region, 3.2) == []  # releasing twice changes nothing
 
 
 def test_wait_timeout_cancels():
@@ -160,3 +166,157 @@ def test_regions_queued_before_a_whole_job_grant_are_nested_when_it_comes():
     s.submit(inner, 0)
     out = granted(s.release(blocker.region, 1))
     assert whole in out and inner in out and inner.nested
+
+
+def test_holds_that_cannot_be_revoked_have_no_deadline():
+    """A mode-none or nested region past its maximum hold must not keep a deadline in
+    the past: the daemon's ticker sleeps until the next deadline and would spin."""
+    s = Scheduler()
+    shared = req(1, exclusive=False, max_hold_s=0.1)
+    s.submit(shared, 0)
+    whole = req(2, whole_job=True, max_hold_s=0.1)
+    s.submit(whole, 0)
+    s.started(whole.region, 0)
+    inner = req(2, max_hold_s=0.1)
+    s.submit(inner, 0)
+    assert inner.nested
+    out = s.expire(1.0)
+    assert [type(d) for d in out] == [Revoke] and out[0].request is whole
+    assert s.next_deadline() == math.inf
+    assert s.expire(2.0) == []
+
+
+def test_tenants_share_by_region_time_not_by_job_count():
+    """Tenant A runs 6 jobs, tenant B one; each job always has a region queued."""
+    s = Scheduler(window_s=0)
+    jobs = {j: ("A" if j < 6 else "B") for j in range(7)}
+    for j, t in jobs.items():
+        s.submit(req(j, tenant=t), 0)
+    held = {"A": 0.0, "B": 0.0}
+    now = 0.0
+    holder = s.queue("cpu").holder
+    for _ in range(300):
+        s.started(holder.region, now)
+        now += 0.01
+        held[holder.tenant] += 0.01
+        nxt = req(holder.job_id, tenant=holder.tenant)
+        out = granted(s.release(holder.region, now))
+        out += granted(s.submit(nxt, now))
+        holder = out[0]
+    assert abs(held["A"] - held["B"]) / (held["A"] + held["B"]) < 0.02, held
+
+
+def test_unequal_region_lengths_are_shared_by_time():
+    """Both tenants always have a request queued (the next is asked before the release)."""
+    s = Scheduler(window_s=0)
+    s.submit(req(1, tenant="long"), 0)
+    s.submit(req(2, tenant="short"), 0)
+    held = {"long": 0.0, "short": 0.0}
+    now, holder = 0.0, s.queue("cpu").holder
+    for _ in range(200):
+        s.started(holder.region, now)
+        d = 0.05 if holder.tenant == "long" else 0.01
+        now += d
+        held[holder.tenant] += d
+        out = granted(s.submit(req(holder.job_id, tenant=holder.tenant), now))  # a 2nd thread
+        out += granted(s.release(holder.region, now))
+        holder = out[0]
+    assert abs(held["long"] - held["short"]) / sum(held.values()) < 0.1, held
+
+
+def test_an_idle_tenant_banks_no_credit():
+    s = Scheduler(window_s=0)
+    a = req(1, tenant="A")
+    s.submit(a, 0)
+    s.started(a.region, 0)
+    granted(s.release(a.region, 100.0))  # A held 100 s alone
+    b1, a2 = req(2, tenant="B"), req(1, tenant="A")
+    s.submit(b1, 100.0)  # B arrives: no earlier use, but it banks nothing
+    s.submit(a2, 100.0)
+    s.started(b1.region, 100.0)
+    assert granted(s.release(b1.region, 101.0)) == [a2]  # B's lead lasts its own hold
+    assert s.queue("cpu").usage["B"] >= 100.0
+
+
+def test_a_job_frozen_through_a_release_gets_the_fair_window():
+    """Job 1 releases and asks again at once; job 2 was frozen and asks 5 ms later."""
+    s = Scheduler(window_s=0.02)
+    j1, j2 = req(1), req(2)
+    s.submit(j1, 0)
+    s.submit(j2, 0)
+    s.started(j1.region, 0)
+    assert granted(s.release(j1.region, 1.0)) == [j2]  # j2 was queued: plain order
+    s.started(j2.region, 1.0)
+    again = req(1, now=2.0)
+    s.submit(again, 2.0)  # j1 queued while j2 holds
+    granted(s.release(j2.region, 2.0, frozen={1}))  # j1 was queued: no window for it
+    assert s.queue("cpu").holder is again
+    s.started(again.region, 2.0)
+    # j2 is frozen through j1's region and has not asked: a window opens for it.
+    assert s.release(again.region, 3.0, frozen={2}) == []
+    greedy = req(1, now=3.0001)
+    assert s.submit(greedy, 3.0001) == []  # held back while j2 may still ask
+    late = req(2, now=3.005)
+    assert granted(s.submit(late, 3.005)) == [late]  # j2 asked: the window closes, j2 first
+
+
+def test_window_passes_and_a_job_that_never_asks_is_not_waited_for_again():
+    s = Scheduler(window_s=0.02, max_misses=2)
+    quiet = req(2)
+    s.submit(quiet, 0)  # job 2 asks once, so it takes regions on this device
+    s.started(quiet.region, 0)
+    s.release(quiet.region, 0.5)
+    t = 1.0
+    current = req(1, now=t)
+    assert granted(s.submit(current, t)) == [current]
+    stalls = 0
+    for _ in range(4):
+        s.started(current.region, t)
+        t += 0.1
+        s.release(current.region, t, frozen={2})  # job 2 frozen through it, never asks
+        current = req(1, now=t + 1e-4)
+        g = granted(s.submit(current, t + 1e-4))  # asks again at once
+        if not g:  # held back by the window
+            assert s.next_deadline() == pytest.approx(t + 0.02)
+            g = granted(s.expire(t + 0.02))
+            stalls += 1
+        assert g == [current]
+    assert stalls == 2  # two windows missed, then job 2 is not waited for
+
+
+def test_forget_job_closes_its_window():
+    s = Scheduler(window_s=10)
+    a, b = req(1), req(2)
+    s.submit(b, 0)
+    s.started(b.region, 0)
+    s.release(b.region, 0.1)
+    s.submit(a, 0.2)
+    s.started(a.region, 0.2)
+    assert s.release(a.region, 1, frozen={2}) == []
+    a2 = req(1, now=1)
+    assert s.submit(a2, 1) == []
+    assert granted(s.forget_job(2, 1.1)) == [a2]
+
+
+def test_within_a_tenant_the_job_served_least_recently_goes_first():
+    """One user's jobs share a tenant: after a window the releaser, who asked again
+    first, still goes after the jobs it froze (the ring order alone put it first)."""
+    s = Scheduler(window_s=0.02)
+    for job in (2, 3):  # jobs 2 and 3 take regions on this device
+        earlier = req(job, tenant="uid:0")
+        s.submit(earlier, 0)
+        s.started(earlier.region, 0)
+        s.release(earlier.region, 0)
+    first = req(1, tenant="uid:0")
+    s.submit(first, 0)
+    s.started(first.region, 0)
+    assert s.release(first.region, 1.0, frozen={2, 3}) == []  # a window for jobs 2 and 3
+    greedy = req(1, now=1.0001, tenant="uid:0")
+    assert s.submit(greedy, 1.0001) == []
+    two, three = req(2, now=1.005, tenant="uid:0"), req(3, now=1.006, tenant="uid:0")
+    assert s.submit(two, 1.005) == []
+    assert granted(s.submit(three, 1.006)) == [two]
+    s.started(two.region, 1.006)
+    assert granted(s.release(two.region, 1.1)) == [three]
+    s.started(three.region, 1.1)
+    assert granted(s.release(three.region, 1.2)) == [greedy]

@@ -138,9 +138,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                      f"job {holder['job_id']} region {holder['region']}" if holder else "-",
                      len(sched.get("queue", []))])
     table("devices", ["device", "description", "holder", "queued"], rows)
-    table("jobs", ["job", "name", "device", "mode", "kind", "pid"],
+    table("jobs (times in ms: docs/protocol.md, where a job's time went)",
+          ["job", "name", "device", "mode", "kind", "pid", "regions", "waited", "frozen",
+           "set-up", "held"],
           [[j["job_id"], j["name"], j["device"], j["mode"], j["kind"],
-            j["root_pid"] or j["owner_pid"]] for j in st["jobs"]])
+            j["root_pid"] or j["owner_pid"], j.get("regions", "-"), ms(j.get("waited_s")),
+            ms(j.get("frozen_s")), ms(j.get("enforce_s")), ms(j.get("held_s"))]
+           for j in st["jobs"]])
     _print_extra(st)
     return 0
 

@@ -62,9 +62,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             procs[name] = _launch(folder / ex, name, args)
     outputs = {name: p.communicate()[0] for name, p in procs.items()}
     codes = {name: p.returncode for name, p in procs.items()}
-    records = [r for r in client.regions(limit=20000) if (r.get("job") or "").startswith(tag)]
+    records = [r for r in client.regions(limit=None) if (r.get("job") or "").startswith(tag)]
+    accounts = {j["name"]: j for j in client.jobs() if j["name"].startswith(tag)}
     client.close()
-    summary = _summarise(records, codes, tag)
+    summary = _summarise(records, codes, tag, accounts)
     if args.json:
         print_json(summary)
     else:
@@ -72,9 +73,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if all(c == 0 for c in codes.values()) and summary["overlaps"] == 0 else 1
 
 
-def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str) -> dict:
+def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str,
+               accounts: dict[str, dict[str, Any]] | None = None) -> dict:
     jobs = []
     for name, code in codes.items():
+        account = (accounts or {}).get(name, {})
         mine = [r for r in records if r["job"] == name]
         waited = [r["waited_s"] for r in mine]
         held = [r["held_s"] for r in mine]
@@ -84,7 +87,11 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str) -
                      "waited_max_s": max(waited, default=None),
                      "held_p50_s": statistics.median(held) if held else None,
                      "held_max_s": max(held, default=None),
-                     "held_total_s": sum(held)})
+                     "held_total_s": sum(held),
+                     # where the job's time went, from the daemon's account (docs/protocol.md)
+                     "waited_total_s": account.get("waited_s"),
+                     "enforce_total_s": account.get("enforce_s"),
+                     "frozen_s": account.get("frozen_s")})
     return {"jobs": jobs, "overlaps": overlaps(records), "regions": len(records)}
 
 
@@ -93,10 +100,10 @@ def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
         for line in out.strip().splitlines()[-3:]:
             console.print(f"[dim]{name.split('-', 1)[1]}:[/dim] {line}")
     table("regions per job (ms)",
-          ["job", "exit", "regions", "clean", "waited p50", "waited max", "held p50",
-           "held max", "held total"],
-          [[j["job"], j["exit_code"], j["regions"], j["clean"], ms(j["waited_p50_s"]),
-            ms(j["waited_max_s"]), ms(j["held_p50_s"]), ms(j["held_max_s"]),
-            ms(j["held_total_s"])] for j in summary["jobs"]])
+          ["job", "exit", "regions", "clean", "waited total", "waited max",
+           "frozen by others", "set-up total", "held p50", "held total"],
+          [[j["job"], j["exit_code"], j["regions"], j["clean"], ms(j["waited_total_s"]),
+            ms(j["waited_max_s"]), ms(j["frozen_s"]), ms(j["enforce_total_s"]),
+            ms(j["held_p50_s"]), ms(j["held_total_s"])] for j in summary["jobs"]])
     console.print(f"{summary['regions']} regions, {summary['overlaps']} overlapping "
                   "exclusive regions on any device")

@@ -2,7 +2,11 @@
 
 One :class:`Connection` is used by one thread at a time (``krex.region``
 keeps one per thread).  Replies are matched to requests by id; a
-``revoked`` notice that arrives in between is remembered, not lost.
+``revoked`` notice that arrives in between is remembered, not lost.  An
+``acquire`` interrupted while it waits (Ctrl-C, any exception) is withdrawn
+with ``cancel``, so the daemon never grants it to nobody; where even that
+fails the connection is closed (the daemon then ends everything it held) and
+marked ``broken``.  ``regions`` and ``jobs`` come in pages.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.client.autostart import ensure_daemon
-from krex.errors import DaemonMismatch, DaemonNotRunning, from_wire
+from krex.errors import AccessDenied, DaemonMismatch, DaemonNotRunning, KrexError, from_wire
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
 from krex.workers.spec import ExecRequest, ExecResult
 
+CANCEL_TIMEOUT_S = 5.0
 OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
 
 
@@ -39,6 +44,7 @@ class Connection:
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
         self.revoked: dict[int, str] = {}
+        self.broken = False
         self.welcome = self.call(m.Hello(version=m.VERSION, client=client))
         self.mismatch = mismatch(self.welcome)
         if self.mismatch and check_installation:
@@ -53,6 +59,10 @@ class Connection:
 
         ``output`` frames for this request (a running ``exec``) go to ``on_output``.
         """
+        return self.wait_reply(self.send(message), on_output)
+
+    def send(self, message: m.Message) -> int:
+        """Send a request; return its id (for :meth:`wait_reply`)."""
         rid = next(self._ids)
         payload = message.to_dict()
         payload["id"] = rid
@@ -60,7 +70,35 @@ class Connection:
             self.sock.sendall(encode_frame(payload))
         except OSError as exc:
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
-        return self.wait_reply(rid, on_output)
+        return rid
+
+    def acquire(self, message: m.Acquire) -> dict[str, Any]:
+        """Acquire a region; if waiting for the grant is interrupted, withdraw it."""
+        rid = self.send(message)
+        try:
+            return self.wait_reply(rid)
+        except KrexError as exc:
+            if isinstance(exc, DaemonNotRunning):
+                self.broken = True
+            raise  # the daemon answered (or is gone): nothing is left to withdraw
+        except BaseException:
+            self.cancel(rid)
+            raise
+
+    def cancel(self, acquire: int, timeout_s: float = CANCEL_TIMEOUT_S) -> None:
+        """Withdraw the acquire ``acquire`` (a region granted meanwhile is released).
+        If that cannot be done, close the connection: the daemon ends its regions."""
+        try:
+            self.sock.settimeout(timeout_s)
+            self.wait_reply(self.send(m.Cancel(acquire=acquire)))
+            self.sock.settimeout(None)
+        except (KrexError, OSError):  # the caller's own exception is the one to see
+            self.broken = True
+            self.close()
+        except BaseException:  # interrupted again: give up on the connection
+            self.broken = True
+            self.close()
+            raise
 
     def wait_reply(self, rid: int,
                    on_output: OutputSink | None = None) -> dict[str, Any]:
@@ -97,6 +135,12 @@ def _connect(path: str) -> socket.socket:
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         raise DaemonNotRunning(f"no krex daemon at {path} ({exc.strerror})") from None
+    except PermissionError as exc:
+        sock.close()
+        raise AccessDenied(f"may not connect to the krex daemon at {path} ({exc.strerror})",
+                           hint="a node daemon's socket is its group's (krex serve --node "
+                                "--group): ask the operator to add you, or run your own "
+                                "daemon with KREX_RUNTIME_DIR=DIR") from None
     return sock
 
 
@@ -116,8 +160,29 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self._call(m.Status())
 
-    def regions(self, job_ids: list[int] | None = None, limit: int = 1000) -> list[dict]:
-        return self._call(m.Regions(job_ids=job_ids, limit=limit))["regions"]
+    def regions(self, job_ids: list[int] | None = None,
+                limit: int | None = 1000) -> list[dict]:
+        """The newest ``limit`` region records (``None``: every one the daemon keeps),
+        oldest first; fetched page by page."""
+        return self._pages(m.Regions, "regions", job_ids, limit)
+
+    def jobs(self, job_ids: list[int] | None = None, limit: int | None = None) -> list[dict]:
+        """Jobs, ended ones (oldest first) then live ones, with where their time went."""
+        return self._pages(m.Jobs, "jobs", job_ids, limit)
+
+    def _pages(self, kind: type[m.Regions] | type[m.Jobs], key: str,
+               job_ids: list[int] | None, limit: int | None) -> list[dict]:
+        pages: list[list[dict]] = []
+        got, before = 0, None
+        while limit is None or got < limit:
+            want = m.PAGE_MAX if limit is None else min(m.PAGE_MAX, limit - got)
+            reply = self._call(kind(job_ids=job_ids, limit=want, before=before))
+            pages.append(reply[key])
+            got += len(reply[key])
+            before = reply.get("next_before")
+            if before is None:
+                break
+        return [r for page in reversed(pages) for r in page]
 
     def register(self, job_id: int | None = None, *, name: str | None = None,
                  device: str | None = None) -> dict[str, Any]:
@@ -133,7 +198,12 @@ class Client:
         return self._call(m.EndJob(job_id=job_id, exit_code=exit_code))
 
     def acquire(self, job_id: int, device: str | None = None, **kw: Any) -> dict[str, Any]:
-        return self._call(m.Acquire(job_id=job_id, device=device, **kw))
+        with self._lock:
+            return self.conn.acquire(m.Acquire(job_id=job_id, device=device, **kw))
+
+    def cancel(self, acquire: int) -> dict[str, Any]:
+        """Withdraw an acquire by its request id (see :meth:`Connection.cancel`)."""
+        return self._call(m.Cancel(acquire=acquire))
 
     def release(self, region: int) -> dict[str, Any]:
         return self._call(m.Release(region=region))

@@ -6,7 +6,9 @@ fills ``Region.report`` with the daemon's evidence (a
 thread (an inner region on the same device is part of the outer one); each
 thread has its own connection, so regions from several threads of one job
 queue at the daemon and are serialised there.  A process not started by
-``krex run`` registers itself as an ad-hoc job on first use.
+``krex run`` registers itself as an ad-hoc job on first use.  Entering that
+is interrupted (Ctrl-C, a signal handler's exception) withdraws the request
+(the protocol's ``cancel``): nothing is left queued or granted behind it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ _jobs_lock = threading.Lock()
 def _connection(fresh: bool = False) -> Connection:
     """This thread's connection; a new one after fork, or when the daemon changed."""
     conn = _state.conn
-    if fresh or conn is None or _state.pid != os.getpid() or conn.path != socket_path():
+    if fresh or conn is None or conn.broken or _state.pid != os.getpid() \
+            or conn.path != socket_path():
         if conn is not None and _state.pid == os.getpid():
             conn.close()
         if _state.pid != os.getpid():
@@ -118,8 +121,11 @@ class Region:
 
     def _acquire(self, conn: Connection) -> dict[str, Any]:
         job = _job_id(conn, self.device)
-        return conn.call(m.Acquire(job_id=job, device=self.device, label=self.label,
-                                   max_hold_s=self.max_hold_s, timeout_s=self.timeout_s))
+        # A program a service runs for a tenant (an ``exec`` with ``tenant``) gets
+        # KREX_TENANT: its regions use that tenant's share (only operators may name one).
+        return conn.acquire(m.Acquire(job_id=job, device=self.device, label=self.label,
+                                      max_hold_s=self.max_hold_s, timeout_s=self.timeout_s,
+                                      tenant=os.environ.get("KREX_TENANT") or None))
 
     def __exit__(self, *exc: object) -> None:
         _state.depth[self.device] -= 1

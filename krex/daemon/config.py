@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from krex.enforce.enforcer import FREEZE_CHOICES
 from krex.enforce.gatedrain import POLICIES as DRAIN_POLICIES
-from krex.protocol.address import SOCKET_NAME, runtime_dir
+from krex.protocol.address import SOCKET_NAME, node_dir, runtime_dir
 
 if TYPE_CHECKING:
     from krex.workers import PoolSpec
@@ -54,13 +54,39 @@ def flag(help: str, *, choices: tuple[str, ...] | None = None,
 
 @dataclass
 class DaemonConfig:
-    runtime_dir: str = field(default_factory=runtime_dir, metadata=flag(
-        "directory for the socket and logs", shown_default="$KREX_RUNTIME_DIR, "
-        "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID"))
+    runtime_dir: str = field(default="", metadata=flag(
+        "directory for the socket and logs", shown_default="with --node $KREX_NODE_DIR or "
+        "/run/krex; else $KREX_RUNTIME_DIR, $XDG_RUNTIME_DIR/krex or /tmp/krex-UID"))
+    node: bool = field(default=False, metadata=flag(
+        "one daemon for the whole node (run as root or a service user): every user in the "
+        "socket's group may connect, each acts on its own jobs and regions only"))
+    group: str | None = field(default=None, metadata=flag(
+        "the group whose members may connect (socket 0660, directory 0750)",
+        shown_default="krex with --node, else owner-only"))
     socket_path: str = field(default="", metadata=flag("", cli=False))  # runtime_dir's socket
     max_hold_s: float = field(default=60.0, metadata=flag(
         "ceiling on any region's hold: a region held longer is revoked; clients may ask "
         "for less, never more"))
+    fair_window_ms: float = field(default=20.0, metadata=flag(
+        "after a release, how long jobs that were frozen through it may take to ask before "
+        "the device is granted again (0: off)"))
+    tenant_max_jobs: int | None = field(default=None, metadata=flag(
+        "jobs one tenant (a uid, or a service's tenant id) may run at once",
+        shown_default="unlimited"))
+    tenant_region_s_per_min: float | None = field(default=None, metadata=flag(
+        "region-seconds one tenant may hold in any minute; past it, acquires fail with "
+        "quota_exceeded", shown_default="unlimited"))
+    tenant_max_hold_s: float | None = field(default=None, metadata=flag(
+        "longest hold one tenant's region may ask for (within --max-hold-s)",
+        shown_default="--max-hold-s"))
+    max_connections_per_uid: int = field(default=256, metadata=flag(
+        "connections one uid may keep open at once"))
+    max_acquires_per_connection: int = field(default=64, metadata=flag(
+        "regions one connection may hold or wait for at once"))
+    max_execs_per_connection: int = field(default=16, metadata=flag(
+        "programs one connection may run in warm workers at once"))
+    event_log_queue: int = field(default=10000, metadata=flag(
+        "events waiting to be written at most; more are dropped and counted"))
     idle_exit_s: float | None = field(default=None, metadata=flag(
         "exit after this long with nothing to do"))
     group_access: bool = field(default=False, metadata=flag(
@@ -106,6 +132,10 @@ class DaemonConfig:
         "when torch is preloaded)"))
 
     def __post_init__(self) -> None:
+        if not self.runtime_dir:
+            self.runtime_dir = node_dir() if self.node else runtime_dir()
+        if self.node and self.group is None:
+            self.group = "krex"
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 

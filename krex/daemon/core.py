@@ -2,43 +2,61 @@
 
 In: validated messages from a :class:`Session` (who sent them is known from
 ``SO_PEERCRED``).  Out: replies, pushed grants and revocations, enforcement
-actions and events.  Every state change happens under one lock; the
-scheduler decides, :mod:`krex.daemon.exclusivity` acts.
+actions and events.  State (jobs, regions, the scheduler, counters) changes
+under one lock that is held only for bookkeeping: nothing under it waits on
+a process, a device or a socket.  Enforcement runs on each device's lane
+(:mod:`krex.daemon.lanes`); messages queued under the lock are sent once it
+is released.  The scheduler decides, :mod:`krex.daemon.holds` carries each
+region through its life, :mod:`krex.daemon.access` says who may do what.
 """
 
 from __future__ import annotations
 
-import collections
+import bisect
+import contextlib
+import itertools
+import json
+import logging
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from krex.daemon.access import Access
 from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
-from krex.daemon.exclusivity import Evidence, Exclusivity, Held
+from krex.daemon.exclusivity import Exclusivity
+from krex.daemon.holds import Holds, Phase, RegionState
 from krex.daemon.jobs import MODES, Job, JobRegistry
+from krex.daemon.lanes import Lanes
+from krex.daemon.neighbours import Neighbours
 from krex.daemon.pools import Pools
-from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke, Scheduler
+from krex.daemon.scheduler import Request, Scheduler
+from krex.daemon.tenants import Ledger, Quota
 from krex.devices import discover, parse_device
 from krex.enforce.process import ProcessRef, is_descendant, process_group
 from krex.errors import (
     AccessDenied,
     BadRequest,
-    EnforcementFailed,
-    KrexError,
+    LimitExceeded,
     ProcessGone,
-    RegionTimeout,
     ShuttingDown,
     UnknownJob,
     UnknownRegion,
 )
 from krex.protocol import messages as m
+from krex.protocol.framing import MAX_FRAME
 from krex.protocol.installation import installation
 from krex.protocol.peer import Peer
-from krex.protocol.report import Outcome, Reason, ReasonCode, RegionReport, finite_or_none
+from krex.protocol.report import Reason, ReasonCode, RegionReport
+
+log = logging.getLogger("krex.daemon")
+LIVE = 1 << 40  # ``jobs`` cursors: live jobs come after every ended one
+PAGE_BYTES = MAX_FRAME // 2  # a page of records stays well inside one frame
 
 
 class Session(Protocol):
@@ -54,37 +72,34 @@ class Session(Protocol):
 
 
 @dataclass
-class RegionState:
-    request: Request
-    session: Session
-    acquire_id: int | None
-    requested_wall_s: float
-    held: Held | None = None
-    report: RegionReport | None = None
-    granted_mono_s: float | None = None
-
-
-@dataclass
 class Counters:
     granted: int = 0
     released: int = 0
     revoked: int = 0
     cancelled: int = 0
     errors: int = 0
-    by_code: collections.Counter = field(default_factory=collections.Counter)
 
 
 class Daemon:
     def __init__(self, config: DaemonConfig, exclusivity: Exclusivity | None = None) -> None:
         self.config = config
         self.lock = threading.RLock()
+        self._local = threading.local()
         self.jobs = JobRegistry()
-        self.scheduler = Scheduler()
-        self.regions: dict[int, RegionState] = {}
-        self.finished: collections.deque[dict[str, Any]] = collections.deque(maxlen=20000)
+        self.scheduler = Scheduler(window_s=config.fair_window_ms / 1e3)
+        self.holds = Holds(self)
+        self.lanes = Lanes()
+        self._seq = itertools.count(1)
+        self.finished: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=20000)
+        self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=5000)
         self.devices = discover()
-        self.events = EventLog(config.event_log)
+        self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
         self.exclusivity = exclusivity or Exclusivity(config)
+        self.access = Access(config.node, os.getuid())
+        self.quota = Quota(config.tenant_max_jobs, config.tenant_region_s_per_min,
+                           config.tenant_max_hold_s)
+        self.ledger = Ledger()
+        self.neighbours = Neighbours(config.socket_path, os.getuid())
         self.counters = Counters()
         self.started_mono_s = time.monotonic()
         self.accepting = True
@@ -92,16 +107,42 @@ class Daemon:
         self._region_ids = iter(range(1, 1 << 62))
         self.last_activity_mono_s = time.monotonic()
         self.planned_wake_mono_s = 0.0  # when the ticker will next look at deadlines
-        self.pools = Pools(self, config.pool_spec())
+        self.pools = Pools(self, config.pool_spec(), config.max_execs_per_connection)
 
-    # -- dispatch --------------------------------------------------------------
+    # -- the lock and the outbox ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The state lock; messages pushed meanwhile are sent after the outermost release."""
+        local = self._local
+        with self.lock:
+            local.depth = getattr(local, "depth", 0) + 1
+            if local.depth == 1:
+                local.outbox = []
+            try:
+                yield
+            finally:
+                local.depth -= 1
+                outbox = local.outbox if local.depth == 0 else []
+        for session, message in outbox:
+            session.push(message)
+
+    def push(self, session: Session, message: m.Message) -> None:
+        """Send now, or once the lock is released when it is held here."""
+        local = self._local
+        if getattr(local, "depth", 0):
+            local.outbox.append((session, message))
+        else:
+            session.push(message)
+
+    # -- dispatch ------------------------------------------------------------------------
 
     def handle(self, session: Session, msg: m.Message) -> dict[str, Any] | None:
         """Handle one request; return reply data, or None when the reply comes later."""
         handler = getattr(self, "_on_" + msg.type, None)
         if handler is None:
             raise BadRequest(f"{msg.type} is not a request")
-        with self.lock:
+        with self.locked():
             self.last_activity_mono_s = time.monotonic()
             return handler(session, msg)
 
@@ -113,21 +154,27 @@ class Daemon:
             return {"job_id": job.job_id, "device": job.device, "mode": job.mode}
         adhoc = self.jobs.adhoc_for(me)
         if adhoc is None:
+            self._admitting()
             device = self._device(msg.device)
-            adhoc = self._new_job(msg.name or f"pid-{me.pid}", device, "region", "adhoc", me)
+            tenant = self.access.tenant(session.peer, msg.tenant)
+            adhoc = self._new_job(session, _text(msg.name, "name") or f"pid-{me.pid}", device,
+                                  "region", "adhoc", me, tenant)
             adhoc.cgroups = self.exclusivity.create_cgroups(adhoc.job_id)
             self.exclusivity.adopt(adhoc.cgroups, me)
-        return {"job_id": adhoc.job_id, "device": adhoc.device, "mode": adhoc.mode}
+        return {"job_id": adhoc.job_id, "device": adhoc.device, "mode": adhoc.mode,
+                "tenant": adhoc.tenant}
 
     def _on_create_job(self, session: Session, msg: m.CreateJob) -> dict[str, Any]:
         self._admitting()
         if msg.mode not in MODES:
             raise BadRequest(f"unknown mode {msg.mode!r}: expected one of {', '.join(MODES)}")
         device = self._device(msg.device)
-        owner = self._pid_of(session)
-        job = self._new_job(msg.name or "job", device, msg.mode, "managed", owner)
+        tenant = self.access.tenant(session.peer, msg.tenant)
+        job = self._new_job(session, _text(msg.name, "name") or "job", device, msg.mode,
+                            "managed", self._pid_of(session), tenant)
         job.cgroups = self.exclusivity.create_cgroups(job.job_id)
-        return {"job_id": job.job_id, "device": device, "mode": job.mode, **self.job_env(job)}
+        return {"job_id": job.job_id, "device": device, "mode": job.mode, "tenant": tenant,
+                **self.job_env(job)}
 
     def _on_attach_job(self, session: Session, msg: m.AttachJob) -> dict[str, Any]:
         job = self._owned_job(session, msg.job_id)
@@ -156,51 +203,79 @@ class Daemon:
         device = self._device(msg.device or job.device)
         if msg.whole_job and session.peer.pid != job.owner.pid:
             raise AccessDenied("only the job's owner may hold its device for the whole job")
-        req = self._request(session, job, device, msg)
-        self.regions[req.region] = RegionState(req, session, msg.id, time.time())
-        self.events.emit(
-            "requested", region=req.region, job_id=job.job_id, device=device, label=msg.label
-        )
-        self._apply(self.scheduler.submit(req, time.monotonic()))
+        if len(self.holds.by_session.get(session, ())) >= self.config.max_acquires_per_connection:
+            raise LimitExceeded(f"this connection already holds or waits for "
+                                f"{self.config.max_acquires_per_connection} regions (the "
+                                "daemon's --max-acquires-per-connection)")
+        tenant = (self.access.tenant(session.peer, msg.tenant) if msg.tenant is not None
+                  else job.tenant)
+        if job.mode != "none":
+            self.ledger.check(tenant, self.quota.region_s_per_min, time.monotonic())
+        req = self._request(session, job, device, msg, tenant)
+        self.holds.acquire(session, msg, req, job.uid)
         return None
 
-    def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any]:
-        st = self.regions.get(msg.region)
-        if st is None or st.session is not session:
-            raise UnknownRegion(f"region {msg.region} is not held by this connection",
-                                region=msg.region)
-        if st.granted_mono_s is None:
-            raise UnknownRegion(f"region {msg.region} has not been granted yet", region=msg.region)
-        if st.report is None:
-            self._close(st, Outcome.RELEASED)
-        del self.regions[msg.region]
-        self._apply(self.scheduler.release(msg.region, time.monotonic()))
-        assert st.report is not None
-        return {"report": st.report.to_dict()}
+    def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
+        return self.holds.release(session, msg)
+
+    def _on_cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:
+        return self.holds.cancel(session, msg)
+
+    def _on_revoke(self, session: Session, msg: m.Revoke) -> dict[str, Any]:
+        st = self.holds.regions.get(msg.region)
+        if st is None:
+            raise UnknownRegion(f"region {msg.region} is not held or queued", region=msg.region)
+        self.access.check_owner(session.peer, st.uid, f"region {msg.region}")
+        why = _text(msg.reason, "reason") or f"revoked by uid {session.peer.uid}"
+        phase = self.holds.revoke(st, why)
+        self.events.emit("revoke_requested", region=msg.region, by_uid=session.peer.uid,
+                         phase=phase)
+        return {"region": msg.region, "phase": phase,
+                "revoked": phase in ("queued", "entering", "held")}
 
     def _on_status(self, session: Session, msg: m.Status) -> dict[str, Any]:
-        return self.status()
+        return self.status(session.peer)
 
     def _on_regions(self, session: Session, msg: m.Regions) -> dict[str, Any]:
-        wanted = set(msg.job_ids) if msg.job_ids is not None else None
-        rows = [r for r in self.finished if wanted is None or r["job_id"] in wanted]
-        return {"regions": rows[-max(0, msg.limit):]}
+        rows, more = self._page(list(self.finished), session.peer, msg.job_ids, msg.limit,
+                                msg.before)
+        return {"regions": rows, "next_before": more}
+
+    def _on_jobs(self, session: Session, msg: m.Jobs) -> dict[str, Any]:
+        live = [(LIVE + j.job_id, j.uid, j.record()) for j in
+                sorted(self.jobs.jobs.values(), key=lambda j: j.job_id)]
+        rows, more = self._page(list(self.ended_jobs) + live, session.peer, msg.job_ids,
+                                msg.limit, msg.before)
+        return {"jobs": rows, "next_before": more}
 
     def _on_exec(self, session: Session, msg: m.Exec) -> None:
         self._admitting()
-        self.pools.run(session, msg, self._device(msg.device))
+        self.access.may_exec(session.peer)
+        tenant = self.access.tenant(session.peer, msg.tenant) if msg.tenant else None
+        self.pools.run(session, msg, self._device(msg.device), tenant)
         return None
+
+    def _on_stop(self, session: Session, msg: m.Stop) -> dict[str, Any]:
+        self.access.require_operator(session.peer, "stop the daemon")
+        self.accepting = False
+        self.wakeup.notify_all()
+        return {"stopping": True}
+
+    # -- workers --------------------------------------------------------------------------
 
     def new_worker_job(self, device: str, index: int) -> Job:
         """A job for a pool worker about to be spawned (its pid comes in worker_started)."""
-        with self.lock:
-            job = self._new_job(f"worker-{device}-{index}", device, "region", "worker",
-                                ProcessRef.of(os.getpid()))
+        with self.locked():
+            me = ProcessRef.of(os.getpid())
+            job = self.jobs.add(Job(self.jobs.new_id(), f"worker-{device}-{index}", device,
+                                    "region", "worker", me, uid=os.getuid(),
+                                    tenant=f"daemon:{os.getuid()}"))
+            self._job_created(job)
             job.cgroups = self.exclusivity.create_cgroups(job.job_id)
             return job
 
     def worker_started(self, job_id: int, pid: int) -> None:
-        with self.lock:
+        with self.locked():
             job = self.jobs.get(job_id)
             try:
                 root = ProcessRef.of(pid)
@@ -210,164 +285,115 @@ class Daemon:
                 job.root, job.pgid = root, process_group(pid)
 
     def worker_exited(self, pid: int) -> None:
-        with self.lock:
+        with self.locked():
             for job in list(self.jobs.jobs.values()):
                 if job.kind == "worker" and job.root and job.root.pid == pid:
                     self._remove_job(job, "worker exited")
 
-    def _on_stop(self, session: Session, msg: m.Stop) -> dict[str, Any]:
-        self.accepting = False
-        self.wakeup.notify_all()
-        return {"stopping": True}
+    # -- for holds ---------------------------------------------------------------------------
 
-    # -- decisions -------------------------------------------------------------
-
-    def _apply(self, decisions: list[Decision]) -> None:
-        for d in decisions:
-            st = self.regions.get(d.request.region)
-            if st is None:
-                continue
-            if isinstance(d, Grant):
-                self._grant(st)
-            elif isinstance(d, Revoke):
-                self._revoke(st, d.reason)
-            elif isinstance(d, Cancel):
-                self._cancel(st, d.reason)
+    def deadlines_changed(self) -> None:
+        """Wake the ticker when a deadline moved earlier than it planned to wake (locked)."""
         if self.scheduler.next_deadline() < self.planned_wake_mono_s:
-            self.wakeup.notify_all()  # the ticker must wake earlier than it planned
+            self.wakeup.notify_all()
 
-    def _grant(self, st: RegionState) -> None:
-        req = st.request
-        if req.exclusive and not req.nested:
-            holder = self.jobs.get(req.job_id)
-            if holder is None:
-                self._abort(st, UnknownJob(f"job {req.job_id} ended before its region started"))
-                return
-            siblings, others = self._siblings(req)
-            try:
-                st.held = self.exclusivity.enter(holder, siblings, req, others)
-            except EnforcementFailed as exc:
-                self._abort(st, exc)
-                return
-        st.granted_mono_s = time.monotonic()
-        self.counters.granted += 1
-        self.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
-                         waited_s=_waited_s(req), nested=req.nested)
-        st.session.push(m.Reply(re=st.acquire_id, data=self._granted_data(st)))
+    def siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
+        """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
+        node = self.config.freeze_scope == "node"
+        siblings: list[Job] = []
+        others: list[Job] = []
+        for job in self.jobs.jobs.values():
+            if job.job_id != req.job_id:
+                (siblings if node or job.device == req.device else others).append(job)
+        return siblings, others
 
-    def _granted_data(self, st: RegionState) -> dict[str, Any]:
-        req = st.request
-        return {"region": req.region, "device": req.device, "waited_s": _waited_s(req),
-                "nested": req.nested, "exclusive": req.exclusive,
-                "max_hold_s": finite_or_none(req.max_hold_s),
-                "granted_mono_s": st.granted_mono_s}
+    def record_region(self, uid: int, report: RegionReport) -> None:
+        self.finished.append((next(self._seq), uid, report.record()))
 
-    def _abort(self, st: RegionState, exc: KrexError) -> None:
-        """Enforcement could not be set up: the request fails with that error."""
-        self.counters.errors += 1
-        self.events.emit("aborted", region=st.request.region, job_id=st.request.job_id,
-                         error=exc.code, message=exc.message)
-        del self.regions[st.request.region]
-        st.session.push(m.ErrorReply.of(exc, st.acquire_id))
-        self._apply(self.scheduler.release(st.request.region, time.monotonic()))
+    def foreign_reasons(self, start: float, end: float) -> list[Reason]:
+        """Another user's krex daemon ran on this node during [start, end]."""
+        seen = self.neighbours.during(start, end)
+        if not seen:
+            return []
+        uids = sorted({s.uid for s in seen})
+        who = ", ".join("uid ?" if u < 0 else f"uid {u}" for u in uids)
+        return [Reason(ReasonCode.FOREIGN_DAEMON,
+                       f"another user's krex daemon ({who}) served on this node during the "
+                       "region: its jobs may have used the device (one node daemon, "
+                       "`krex serve --node`, makes them exclusive)",
+                       {"uids": uids, "sockets": sorted(s.path for s in seen)})]
 
-    def _revoke(self, st: RegionState, reason: str) -> None:
-        self.counters.revoked += 1
-        self._close(st, Outcome.REVOKED, reason)
-        st.session.push(m.Revoked(region=st.request.region, reason=reason))
-
-    def _cancel(self, st: RegionState, reason: str) -> None:
-        self.counters.cancelled += 1
-        del self.regions[st.request.region]
-        self.events.emit("cancelled", region=st.request.region, job_id=st.request.job_id,
-                         reason=reason)
-        err = RegionTimeout(f"region on {st.request.device} {reason}",
-                            device=st.request.device, seconds=st.request.timeout_s)
-        st.session.push(m.ErrorReply.of(err, st.acquire_id))
-
-    def _close(self, st: RegionState, outcome: Outcome, why: str | None = None) -> None:
-        """End a granted region: undo enforcement and write its report."""
-        req = st.request
-        evidence = st.held.exit() if st.held is not None else None
-        st.held = None
-        st.report = self._report(st, evidence, time.monotonic(), outcome, why)
-        self.counters.released += outcome is Outcome.RELEASED
-        self.finished.append(st.report.record())
-        self.events.emit(outcome.value, region=req.region, job_id=req.job_id, device=req.device,
-                         held_s=st.report.held_s, reason=why)
-
-    def _report(self, st: RegionState, evidence: Evidence | None, now: float, outcome: Outcome,
-                why: str | None) -> RegionReport:
-        req = st.request
-        job = self.jobs.get(req.job_id)
-        granted = st.granted_mono_s or now
-        return RegionReport(
-            region=req.region, device=req.device, label=req.label, job_id=req.job_id,
-            job=job.name if job else None, mode=job.mode if job else None, outcome=outcome,
-            nested=req.nested, exclusive=req.exclusive, waited_s=_waited_s(req),
-            held_s=now - granted, max_hold_s=finite_or_none(req.max_hold_s),
-            requested_mono_s=req.requested_mono_s, granted_mono_s=st.granted_mono_s,
-            released_mono_s=now, requested_wall_s=st.requested_wall_s,
-            jobs_served_while_waiting=req.jobs_served_while_waiting,
-            host=evidence.host if evidence else None,
-            device_audit=evidence.device_audit if evidence else None,
-            reasons=_reasons(req, evidence, outcome, why))
-
-    # -- connection and job life cycle ----------------------------------------
+    # -- connection and job life cycle ----------------------------------------------------
 
     def session_closed(self, session: Session) -> None:
         """The connection is gone: every region it held or waited for ends now."""
-        with self.lock:
-            mine = [st for st in self.regions.values() if st.session is session]
-            for st in mine:
-                if st.granted_mono_s is not None and st.report is None:
-                    self._close(st, Outcome.OWNER_GONE)
-                del self.regions[st.request.region]
-            self._apply(self.scheduler.drop_owner(session, time.monotonic()))
+        with self.locked():
+            self.holds.session_closed(session)
+            self.pools.session_closed(session)
             self.last_activity_mono_s = time.monotonic()
 
     def tick(self) -> float:
-        """Revoke overdue holders and cancel overdue waiters; return the next deadline."""
-        with self.lock:
+        """Revoke overdue holders, cancel overdue waiters, close fair windows; return the
+        next deadline."""
+        with self.locked():
             decisions = self.scheduler.expire(time.monotonic())
             if decisions:
-                self._apply(decisions)
+                self.holds.apply(decisions)
             return self.scheduler.next_deadline()
 
+    def housekeeping(self) -> None:
+        """Off the lock: a dead guardian restarted, other users' daemons looked for."""
+        if self.exclusivity.check_guardian():
+            log.warning("the guardian had died: restarted, with every active lease")
+        self.neighbours.look()
+
     def reap_jobs(self) -> None:
-        """Drop jobs none of whose processes is alive any more."""
-        with self.lock:
-            for job in self.jobs.dead():
-                self._remove_job(job, "process gone")
+        """Drop jobs none of whose processes is alive any more (looked at off the lock)."""
+        with self.locked():
+            jobs = list(self.jobs.jobs.values())
+        dead = [j for j in jobs if not j.alive()]
+        if dead:
+            with self.locked():
+                for job in dead:
+                    if self.jobs.get(job.job_id) is job:
+                        self._remove_job(job, "process gone")
 
     def shutdown(self) -> None:
         """Release everything: every held region's enforcement is undone."""
-        with self.lock:
+        with self.locked():
+            if getattr(self, "_shut", False):
+                return
+            self._shut = True
             self.accepting = False
-            for st in list(self.regions.values()):
-                if st.granted_mono_s is not None and st.report is None:
-                    self._close(st, Outcome.DAEMON_STOPPED)
-                elif st.granted_mono_s is None:
-                    stopping = ShuttingDown("the daemon is stopping")
-                    st.session.push(m.ErrorReply.of(stopping, st.acquire_id))
-            self.regions.clear()
+            self.holds.stop_all()
+        self.lanes.wait_idle(max(self.config.shutdown_grace_s, 1.0))
         self.pools.shutdown()  # outside the lock: workers' exits call back into the daemon
-        with self.lock:
+        with self.locked():
             for job in list(self.jobs.jobs.values()):
                 self._remove_job(job, "daemon stopped")
+        self.lanes.wait_idle(10.0)
+        self.lanes.close()
+        with self.locked():
             self.exclusivity.close()
-            self.events.close()
+        self.events.close()
+
+    def emergency_stop(self) -> None:
+        """The second signal: exit now, yet leave nothing frozen (the guardian undoes
+        every active lease when its pipe closes)."""
+        try:
+            self.exclusivity.close()
+        except Exception:
+            log.exception("emergency stop")
 
     def held_regions(self) -> int:
-        with self.lock:
-            return sum(st.granted_mono_s is not None and st.report is None
-                       for st in self.regions.values())
+        with self.locked():
+            return self.holds.held()
 
     def idle(self) -> bool:
-        with self.lock:
-            return not self.regions and not self.jobs.jobs
+        with self.locked():
+            return not self.holds.regions and not self.jobs.jobs
 
-    # -- helpers ---------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------------
 
     def _admitting(self) -> None:
         if not self.accepting:
@@ -379,18 +405,34 @@ class Daemon:
     def _pid_of(self, session: Session) -> ProcessRef:
         return session.process
 
-    def _new_job(self, name: str, device: str, mode: str, kind: str, owner: ProcessRef) -> Job:
-        job = self.jobs.add(Job(self.jobs.new_id(), name, device, mode, kind, owner))
-        self.events.emit("job_created", job_id=job.job_id, name=name, device=device,
-                         mode=mode, kind=kind, owner_pid=owner.pid)
+    def _new_job(self, session: Session, name: str, device: str, mode: str, kind: str,
+                 owner: ProcessRef, tenant: str) -> Job:
+        self.quota.check_jobs(tenant, self.jobs.of_tenant(tenant))
+        job = self.jobs.add(Job(self.jobs.new_id(), name, device, mode, kind, owner,
+                                uid=session.peer.uid, tenant=tenant))
+        self._job_created(job)
         return job
+
+    def _job_created(self, job: Job) -> None:
+        self.events.emit("job_created", job_id=job.job_id, name=job.name, device=job.device,
+                         mode=job.mode, kind=job.kind, owner_pid=job.owner.pid, uid=job.uid,
+                         tenant=job.tenant)
 
     def _remove_job(self, job: Job, why: str) -> None:
         if self.jobs.remove(job.job_id) is None:
             return
-        self.exclusivity.remove_cgroups(job.cgroups)
-        self.exclusivity.job_ended(job.job_id)
-        self.events.emit("job_ended", job_id=job.job_id, why=why, exit_code=job.exit_code)
+        job.ended_wall_s = time.time()
+        self.ended_jobs.append((next(self._seq), job.uid, job.record()))
+        self.holds.apply(self.scheduler.forget_job(job.job_id, time.monotonic()))
+        cgroups, job_id = job.cgroups, job.job_id
+
+        def gone() -> None:  # on the device's lane: never under a region's set-up
+            self.exclusivity.remove_cgroups(cgroups)
+            self.exclusivity.job_ended(job_id)
+
+        self.lanes.submit(job.device, gone)
+        self.events.emit("job_ended", job_id=job.job_id, why=why, exit_code=job.exit_code,
+                         **job.account.to_dict())
 
     def job_env(self, job: Job) -> dict[str, Any]:
         env = {"KREX_SOCKET": self.config.socket_path, "KREX_JOB_ID": str(job.job_id),
@@ -406,6 +448,7 @@ class Daemon:
         # The peer of a connection never changes, so one check per (connection, job) holds.
         verified = session.verified
         if (job_id, id(job)) not in verified:
+            self.access.check_owner(session.peer, job.uid, f"job {job_id}")
             if not job.contains(session.peer.pid):
                 raise AccessDenied(f"process {session.peer.pid} is not part of job {job_id}",
                                    pid=session.peer.pid)
@@ -421,88 +464,109 @@ class Daemon:
                                pid=session.peer.pid)
         return job
 
-    def _request(self, session: Session, job: Job, device: str, msg: m.Acquire) -> Request:
+    def _request(self, session: Session, job: Job, device: str, msg: m.Acquire,
+                 tenant: str) -> Request:
         if msg.max_hold_s is not None and msg.max_hold_s <= 0:
             raise BadRequest("max_hold_s must be positive")
+        if msg.timeout_s is not None and msg.timeout_s < 0:
+            raise BadRequest("timeout_s must not be negative")
         return Request(
             region=next(self._region_ids), job_id=job.job_id, device=device, owner=session,
-            requested_mono_s=time.monotonic(), max_hold_s=self._max_hold(msg),
+            requested_mono_s=time.monotonic(), max_hold_s=self._max_hold(msg, tenant),
             timeout_s=msg.timeout_s if msg.timeout_s is not None else math.inf,
-            exclusive=job.mode != "none", whole_job=msg.whole_job, label=msg.label,
+            exclusive=job.mode != "none", whole_job=msg.whole_job,
+            label=_text(msg.label, "label"), tenant=tenant,
         )
 
-    def _max_hold(self, msg: m.Acquire) -> float:
+    def _max_hold(self, msg: m.Acquire, tenant: str) -> float:
         """``--max-hold-s`` is a ceiling: a request for more (or for none) gets it.
 
         A whole-job hold (``krex run --mode command``) lasts as long as its job
-        unless it asks for a bound, which is then capped the same way.
+        unless it asks for a bound, which is then capped the same way.  A
+        tenant's maximum hold caps both; asking for more than it is an error.
         """
         ceiling = self.config.max_hold_s
         if msg.whole_job and msg.max_hold_s is None:
-            return math.inf
-        return min(msg.max_hold_s or ceiling, ceiling)
+            ceiling = math.inf
+        return self.quota.hold(tenant, msg.max_hold_s, ceiling)
 
-    def _siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
-        """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
-        node = self.config.freeze_scope == "node"
-        siblings: list[Job] = []
-        others: list[Job] = []
-        for job in self.jobs.jobs.values():
-            if job.job_id != req.job_id:
-                (siblings if node or job.device == req.device else others).append(job)
-        return siblings, others
+    def _page(self, rows: list[tuple[int, int, dict[str, Any]]], peer: Peer,
+              job_ids: list[int] | None, limit: int,
+              before: int | None) -> tuple[list[dict[str, Any]], int | None]:
+        """The newest ``limit`` rows (in order) older than ``before`` that ``peer`` may see,
+        within one page, and the cursor of the next page (None: no more)."""
+        if limit < 0:
+            raise BadRequest("limit must not be negative")
+        wanted = set(job_ids) if job_ids is not None else None
+        end = bisect.bisect_left(rows, before, key=lambda r: r[0]) if before else len(rows)
+        out: list[tuple[int, dict[str, Any]]] = []
+        size = 0
+        for seq, uid, rec in reversed(rows[:end]):
+            if (wanted is not None and rec.get("job_id") not in wanted) \
+                    or not self.access.visible(peer, uid):
+                continue
+            if len(out) >= min(limit, m.PAGE_MAX) or size > PAGE_BYTES:
+                return [r for _, r in reversed(out)], out[-1][0] if out else seq + 1
+            out.append((seq, rec))
+            size += len(json.dumps(rec, default=str))
+        return [r for _, r in reversed(out)], None
 
-    def status(self) -> dict[str, Any]:
+    def status(self, peer: Peer | None = None) -> dict[str, Any]:
+        see_all = peer is None or self.access.operator(peer)
         holders = {}
         for name, dq in self.scheduler.devices.items():
             holders[name] = {
-                "holder": _req_summary(dq.holder) if dq.holder else None,
-                "queue": [_req_summary(r) for r in dq.waiting()],
+                "holder": self._req_summary(dq.holder, peer, see_all) if dq.holder else None,
+                "queue": [self._req_summary(r, peer, see_all) for r in dq.waiting()],
             }
+        jobs = [j.summary() for j in self.jobs.jobs.values()
+                if see_all or (peer is not None and j.uid == peer.uid)]
         return {
-            "daemon": {"pid": _getpid(), "socket": self.config.socket_path, **installation(),
+            "daemon": {"pid": os.getpid(), "socket": self.config.socket_path, **installation(),
                        "uptime_s": time.monotonic() - self.started_mono_s,
-                       "event_log": self.config.event_log, "accepting": self.accepting},
+                       "event_log": self.config.event_log, "accepting": self.accepting,
+                       "node": self.config.node, "uid": os.getuid(),
+                       "lanes_busy": self.lanes.busy()},
             "devices": [d.to_dict() for d in self.devices],
             "scheduler": holders,
-            "jobs": [j.summary() for j in self.jobs.jobs.values()],
-            "counters": {"granted": self.counters.granted, "released": self.counters.released,
-                         "revoked": self.counters.revoked, "cancelled": self.counters.cancelled},
+            "jobs": jobs,
+            "other_jobs": len(self.jobs.jobs) - len(jobs),
+            "counters": {**vars(self.counters), "events_lost": self.events.lost,
+                         "guardian_restarts": self.exclusivity.guardian_restarts()},
+            "tenant": self._tenant_status(peer),
+            "limits": {"max_hold_s": self.config.max_hold_s,
+                       "max_acquires_per_connection": self.config.max_acquires_per_connection,
+                       "max_connections_per_uid": self.config.max_connections_per_uid,
+                       "max_execs_per_connection": self.config.max_execs_per_connection},
             "enforcement": self.exclusivity.describe(),
             "pools": self.pools.status(),
         }
 
+    def _tenant_status(self, peer: Peer | None) -> dict[str, Any] | None:
+        if peer is None:
+            return None
+        tenant = self.access.tenant(peer, None)
+        return {"tenant": tenant, "jobs": self.jobs.of_tenant(tenant),
+                "region_s_last_min": round(self.ledger.used(tenant, time.monotonic()), 3),
+                "quota": {"max_jobs": self.quota.max_jobs,
+                          "region_s_per_min": self.quota.region_s_per_min,
+                          "max_hold_s": self.quota.max_hold_s}}
 
-def _waited_s(req: Request) -> float:
-    return (req.granted_mono_s or req.requested_mono_s) - req.requested_mono_s
-
-
-_ENDED = {Outcome.REVOKED: ReasonCode.REVOKED, Outcome.OWNER_GONE: ReasonCode.OWNER_GONE,
-          Outcome.DAEMON_STOPPED: ReasonCode.DAEMON_STOPPED}
-_ENDED_WHY = {Outcome.OWNER_GONE: "the holder's connection closed while it held the region",
-              Outcome.DAEMON_STOPPED: "the daemon stopped while the region was held"}
-
-
-def _reasons(req: Request, evidence: Evidence | None, outcome: Outcome,
-             why: str | None) -> list[Reason]:
-    """Why the region is not clean: from its job's mode, its enforcement and its end."""
-    out = list(evidence.reasons) if evidence is not None else []
-    if not req.exclusive:
-        out.append(Reason(ReasonCode.NOT_EXCLUSIVE, "exclusivity: job runs in mode none",
-                          {"mode": "none"}))
-    if outcome in _ENDED:
-        out.append(Reason(_ENDED[outcome], why or _ENDED_WHY[outcome],
-                          {"max_hold_s": finite_or_none(req.max_hold_s)}
-                          if outcome is Outcome.REVOKED else {}))
-    return out
-
-
-def _req_summary(r: Request) -> dict[str, Any]:
-    return {"region": r.region, "job_id": r.job_id, "label": r.label, "whole_job": r.whole_job,
-            "waiting_s": None if r.granted_mono_s else time.monotonic() - r.requested_mono_s,
-            "held_s": time.monotonic() - r.granted_mono_s if r.granted_mono_s else None}
+    def _req_summary(self, r: Request, peer: Peer | None, see_all: bool) -> dict[str, Any]:
+        st: RegionState | None = self.holds.regions.get(r.region)
+        uid = st.uid if st is not None else None
+        now = time.monotonic()
+        out = {"region": r.region, "job_id": r.job_id, "label": r.label, "tenant": r.tenant,
+               "whole_job": r.whole_job, "uid": uid,
+               "phase": st.phase.value if st is not None else Phase.CLOSED.value,
+               "waiting_s": None if r.granted_mono_s else now - r.requested_mono_s,
+               "held_s": now - r.granted_mono_s if r.granted_mono_s else None}
+        if not see_all and (peer is None or uid != peer.uid):
+            out.update(region=None, job_id=None, label=None, tenant=None)
+        return out
 
 
-def _getpid() -> int:
-    return os.getpid()
-
+def _text(value: str | None, what: str) -> str | None:
+    if value is not None and len(value) > m.MAX_TEXT:
+        raise BadRequest(f"{what} is {len(value)} characters long; at most {m.MAX_TEXT}")
+    return value

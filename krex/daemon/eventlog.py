@@ -3,61 +3,134 @@
 Each line carries ``mono_s`` (CLOCK_MONOTONIC seconds, comparable with the jobs'
 own ``time.monotonic()``) and ``wall_s`` (Unix time) so the log can be
 checked against timestamps the jobs record themselves.
+
+The log never stops the daemon: events wait in a bounded queue (past it they
+are dropped and counted), and a write that fails (disk full, I/O error)
+loses those lines, counts them, logs it (at most every 10 s) and the writer
+goes on.  When writing works again, an ``events_lost`` line says how many
+went missing.  A line cut short by a failed write is skipped by
+:func:`read_events`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 FLUSH_INTERVAL_S = 0.02
+WARN_EVERY_S = 10.0
+log = logging.getLogger("krex.daemon")
 
 
 class EventLog:
     """Timestamps are taken in ``emit``; encoding and writing happen on a writer thread,
-    off the grant path; a line reaches the file within ~20 ms."""
+    off the grant path; a line reaches the file within ~20 ms.  ``writer`` replaces
+    ``os.write`` on the file (tests)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, max_queue: int = 10000,
+                 writer: Callable[[bytes], int] | None = None) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        if path:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            self._file = os.fdopen(fd, "a")
-            self._writer = threading.Thread(target=self._write_loop, name="krex-events",
+        self.max_queue = max_queue
+        self.lost = 0  # events dropped (queue full) or not written (write errors)
+        self._told = 0  # of those, counted in an events_lost line already
+        self._warned_mono_s = -WARN_EVERY_S
+        self._cut = False  # the last write stopped mid-line
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._fd: int | None = None
+        self._stopping = False
+        if writer is None and path:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = self._fd
+            writer = lambda data: os.write(fd, data)  # noqa: E731 - bound to this fd
+        self._writer = writer
+        if writer is not None:
+            self._thread = threading.Thread(target=self._write_loop, name="krex-events",
                                             daemon=True)
-            self._writer.start()
+            self._thread.start()
 
     def emit(self, event: str, **fields: Any) -> None:
-        if self._writer is not None:
-            self._queue.put({"event": event, "mono_s": time.monotonic(), "wall_s": time.time(),
-                             **fields})
+        if self._thread is None or self._stopping:
+            return
+        if self._queue.qsize() >= self.max_queue:
+            self.lost += 1
+            return
+        self._queue.put({"event": event, "mono_s": time.monotonic(), "wall_s": time.time(),
+                         **fields})
 
     def _write_loop(self) -> None:
         # Wake on a period rather than per event: a thread woken per event competes
         # with the session threads for the GIL right on the grant path.
         while True:
             time.sleep(FLUSH_INTERVAL_S)
+            lines: list[str] = []
+            stop = False
             while not self._queue.empty():
-                line = self._queue.get()
-                if line is None:
-                    self._file.close()
-                    return
-                self._file.write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
-            self._file.flush()
+                item = self._queue.get()
+                if item is None:
+                    stop = True
+                    break
+                lines.append(json.dumps(item, separators=(",", ":"), default=str) + "\n")
+            if lines or self.lost > self._told:
+                self._write(lines)
+            if stop:
+                if self._fd is not None:
+                    os.close(self._fd)
+                return
+
+    def _write(self, lines: list[str]) -> None:
+        assert self._writer is not None
+        missing = self.lost - self._told
+        head = []
+        if self._cut:
+            head.append("\n")  # end the line a failed write left unfinished
+        if missing:
+            head.append(json.dumps({"event": "events_lost", "count": missing,
+                                    "mono_s": time.monotonic(), "wall_s": time.time()}) + "\n")
+        data = "".join(head + lines).encode()
+        done = 0
+        try:
+            while done < len(data):
+                done += self._writer(data[done:])
+        except OSError as exc:
+            if done:  # part of it reached the file: maybe half a line
+                self._cut = not data[:done].endswith(b"\n")
+            self.lost += len(lines)
+            self._warn(exc)
+            return
+        self._cut = False
+        self._told += missing
+
+    def _warn(self, exc: OSError) -> None:
+        now = time.monotonic()
+        if now - self._warned_mono_s >= WARN_EVERY_S:
+            self._warned_mono_s = now
+            log.warning("event log %s: write failed (%s); %d events lost so far (the daemon "
+                        "goes on serving)", self.path, exc, self.lost)
 
     def close(self) -> None:
         """Write everything queued so far, then stop the writer."""
-        if self._writer is not None:
+        if self._thread is not None:
+            self._stopping = True
             self._queue.put(None)
-            self._writer.join(5)
-            self._writer = None
+            self._thread.join(5)
+            self._thread = None
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
+    """Every event of the log (a line a failed write cut short is skipped)."""
+    out = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    return out

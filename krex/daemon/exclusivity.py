@@ -284,6 +284,13 @@ class Exclusivity:
     def backends(self) -> dict[str, Any]:
         return self.enforcer.backends()
 
+    def check_guardian(self) -> bool:
+        """Restart the guardian if it died (it gets every active lease); True if it did."""
+        return self.guardian.ensure_alive()
+
+    def guardian_restarts(self) -> int:
+        return self.guardian.restarts
+
     def close(self) -> None:
         for job_id in list(self.gates):
             self.job_ended(job_id)

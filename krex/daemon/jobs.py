@@ -8,6 +8,10 @@ or owner, in its process group or cgroup, a descendant of its root or owner,
 or a process that registered itself into it.  Processes are always
 :class:`~krex.enforce.process.ProcessRef` (PID and start time), so a recycled
 PID belongs to nothing.
+
+Each job also keeps where its time went (:class:`Account`): waiting at the
+daemon, its grants' enforcement set-up, holding regions, and frozen by other
+jobs' regions.
 """
 
 from __future__ import annotations
@@ -20,6 +24,21 @@ from typing import Any
 from krex.enforce.process import ProcessRef, is_descendant, process_group, start_time
 
 MODES = ("region", "command", "none")
+
+
+@dataclass
+class Account:
+    """Where a job's time went, summed over its regions (seconds)."""
+
+    regions: int = 0
+    waited_s: float = 0.0  # its requests queued at the daemon
+    enforce_s: float = 0.0  # its grants' enforcement being set up (after it was chosen)
+    held_s: float = 0.0  # holding regions
+    frozen_s: float = 0.0  # stopped (gated, drained or frozen) by other jobs' regions
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"regions": self.regions, "waited_s": self.waited_s, "enforce_s": self.enforce_s,
+                "held_s": self.held_s, "frozen_s": self.frozen_s}
 
 
 @dataclass
@@ -36,6 +55,10 @@ class Job:
     members: set[ProcessRef] = field(default_factory=set)
     created_wall_s: float = field(default_factory=time.time)
     exit_code: int | None = None
+    uid: int = 0  # the owner's user: who may act on the job
+    tenant: str = ""  # whose share and quotas its regions use
+    account: Account = field(default_factory=Account)
+    ended_wall_s: float | None = None
 
     def anchors(self) -> list[ProcessRef]:
         # A worker job's owner is the daemon itself: only the worker's own tree counts.
@@ -59,6 +82,10 @@ class Job:
             return True  # being spawned
         return any(a.alive() for a in self.anchors())
 
+    def may_have_processes(self) -> bool:
+        """Cheap: whether anything of the job can run (and so be frozen)."""
+        return self.root is not None or bool(self.members) or self.kind == "adhoc"
+
     def summary(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
@@ -68,7 +95,15 @@ class Job:
             "kind": self.kind,
             "owner_pid": self.owner.pid,
             "root_pid": self.root.pid if self.root else None,
+            "uid": self.uid,
+            "tenant": self.tenant,
+            **self.account.to_dict(),
         }
+
+    def record(self) -> dict[str, Any]:
+        """The job's summary with its life times (the ``jobs`` request)."""
+        return {**self.summary(), "created_wall_s": self.created_wall_s,
+                "ended_wall_s": self.ended_wall_s, "exit_code": self.exit_code}
 
 
 def _cgroup_pids(cgroups: Any) -> list[int]:
@@ -101,6 +136,10 @@ class JobRegistry:
             if job.kind == "adhoc" and job.owner == pid:
                 return job
         return None
+
+    def of_tenant(self, tenant: str) -> int:
+        """Jobs of a tenant now (workers are the daemon's)."""
+        return sum(j.tenant == tenant and j.kind != "worker" for j in self.jobs.values())
 
     def on_device(self, device: str | None) -> list[Job]:
         return [j for j in self.jobs.values() if device is None or j.device == device]

@@ -4,6 +4,10 @@ Every worker is a managed job of kind ``worker`` (its own cgroup, the job
 environment, the interposer where built), so regions and enforcement apply to
 programs in workers exactly as to ``krex run`` jobs.  ``exec`` requests run
 on a thread of their own; output streams back to the requesting connection.
+A connection may have only so many programs in flight (and the node only
+:data:`MAX_EXEC_THREADS`): past that, ``exec`` fails with ``limit_exceeded``.
+A program run for a tenant gets ``KREX_TENANT`` in its environment, so the
+regions it takes are that tenant's.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from krex.errors import KrexError, WorkerFailed
+from krex.errors import KrexError, LimitExceeded, WorkerFailed
 from krex.protocol import messages as m
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
 from krex.workers.launcher import join_cgroups, merge_env
 
 if TYPE_CHECKING:
     from krex.daemon.core import Daemon, Session
+
+MAX_EXEC_THREADS = 512  # programs in flight on the whole node (one thread each)
 
 
 class DaemonLauncher:
@@ -45,12 +51,14 @@ class DaemonLauncher:
 
 
 class Pools:
-    def __init__(self, daemon: Daemon, spec: PoolSpec) -> None:
+    def __init__(self, daemon: Daemon, spec: PoolSpec, per_connection: int = 16) -> None:
         self.daemon = daemon
         self.template = spec
         self.pools: dict[str, WorkerPool] = {}
         self._starting: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self.per_connection = per_connection
+        self._in_flight: dict[Any, int] = {}  # session -> programs running for it
 
     def pool(self, device: str) -> WorkerPool:
         """The device's pool, started on first use.
@@ -84,17 +92,50 @@ class Pools:
             with self._lock:
                 self._starting.pop(device).set()
 
-    def run(self, session: Session, msg: m.Exec, device: str) -> None:
+    def run(self, session: Session, msg: m.Exec, device: str, tenant: str | None = None) -> None:
         """Start the program on a thread of its own; the reply comes when it ends."""
-        threading.Thread(target=self._run, args=(session, msg, device), daemon=True,
-                         name=f"krex-exec-{msg.id}").start()
+        with self._lock:
+            mine = self._in_flight.get(session, 0)
+            if mine >= self.per_connection:
+                raise LimitExceeded(f"this connection already runs {mine} programs (the "
+                                    "daemon's --max-execs-per-connection)")
+            if sum(self._in_flight.values()) >= MAX_EXEC_THREADS:
+                raise LimitExceeded(f"{MAX_EXEC_THREADS} programs are in flight on this node")
+            self._in_flight[session] = mine + 1
+        try:
+            threading.Thread(target=self._run, args=(session, msg, device, tenant),
+                             daemon=True, name=f"krex-exec-{msg.id}").start()
+        except RuntimeError as exc:
+            self._done(session)
+            raise LimitExceeded(f"no thread for the program: {exc}") from None
 
-    def _run(self, session: Session, msg: m.Exec, device: str) -> None:
+    def _done(self, session: Session) -> None:
+        with self._lock:
+            left = self._in_flight.get(session, 1) - 1
+            if left > 0:
+                self._in_flight[session] = left
+            else:
+                self._in_flight.pop(session, None)
+
+    def session_closed(self, session: Session) -> None:
+        """Programs of a closed connection run on; they no longer count against it."""
+        with self._lock:
+            self._in_flight.pop(session, None)
+
+    def _run(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
+        try:
+            self._execute(session, msg, device, tenant)
+        finally:
+            self._done(session)
+
+    def _execute(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
         try:
             req = ExecRequest.from_dict(msg.request)
         except (TypeError, ValueError, KeyError) as exc:
             session.push(m.ErrorReply.of(WorkerFailed(f"bad exec request: {exc}"), msg.id))
             return
+        if tenant is not None:
+            req.env = {**(req.env or {}), "KREX_TENANT": tenant}
         try:
             pool = self.pool(device)
             result = pool.submit(req, lambda stream, text: session.push(

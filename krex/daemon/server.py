@@ -1,17 +1,23 @@
 """The socket server: accepts connections, one reader thread per session.
 
-In: connections on the owner-only Unix socket.  Out: frames.  Each session
-starts with the ``hello``/``welcome`` handshake; after that every frame is
-parsed and handed to :class:`~krex.daemon.core.Daemon`.  A bad frame gets a
-specific error reply; a frame that breaks framing (oversized, truncated)
-closes only that connection.  Nothing a peer sends can stop the daemon
-serving others.
+In: connections on the Unix socket (owner-only; with ``--group`` or
+``--node``, a group's).  Out: frames.  Each session starts with the
+``hello``/``welcome`` handshake; after that every frame is parsed and handed
+to :class:`~krex.daemon.core.Daemon`.  A bad frame gets a specific error
+reply; a frame that breaks framing (oversized, truncated) closes only that
+connection.  Nothing a peer sends can stop the daemon serving others: an
+``accept()`` that fails (out of file descriptors, memory) is retried after a
+pause, a reply too large for a frame becomes an error reply, and each uid
+may keep only so many connections open.  The ticker wakes at the next
+deadline, never dies of an exception and never spins.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import math
 import os
 import signal
 import socket
@@ -24,22 +30,28 @@ from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
 from krex.enforce.process import ProcessRef
 from krex.errors import (
-    AccessDenied,
     AlreadyRunning,
     InternalError,
     KrexError,
+    LimitExceeded,
     ProcessGone,
     ProtocolError,
     VersionMismatch,
 )
 from krex.protocol import messages as m
-from krex.protocol.address import ensure_private_dir
+from krex.protocol.address import ensure_private_dir, ensure_shared_dir, group_id
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import installation
 from krex.protocol.peer import Peer, peer_of
 
 log = logging.getLogger("krex.daemon")
 SEND_TIMEOUT_S = 5.0
+ACCEPT_PAUSE_S = 0.05  # after an accept() error: let file descriptors or memory come back
+MIN_TICK_S = 0.001  # the ticker never sleeps less, even for a deadline already past
+STUCK_TICK_S = 0.05  # ... and this long when the same past deadline comes back
+HOUSEKEEPING_S = 0.5  # jobs reaped, the guardian checked, neighbours looked at
+_TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                     errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN}
 
 
 class Session:
@@ -54,7 +66,11 @@ class Session:
         self.verified: set[tuple[int, int]] = set()
 
     def push(self, message: m.Message) -> None:
-        data = encode_frame(message.to_dict())
+        try:
+            data = encode_frame(message.to_dict())
+        except KrexError as exc:  # too large for a frame: say so instead
+            err = InternalError(f"the daemon's reply did not fit in a frame: {exc.message}")
+            data = encode_frame(m.ErrorReply.of(err, getattr(message, "re", None)).to_dict())
         with self._send_lock:
             if self.closed:
                 return
@@ -79,8 +95,11 @@ class Server:
         self.daemon = daemon
         self.sock: socket.socket | None = None
         self.sessions: set[Session] = set()
+        self._by_uid: dict[int, int] = {}
+        self._sessions_lock = threading.Lock()
         self._lockfile: int | None = None
         self._signals = 0
+        self.accept_errors = 0
 
     @property
     def core(self) -> Daemon:
@@ -91,19 +110,26 @@ class Server:
     # -- life cycle --------------------------------------------------------------
 
     def bind(self) -> None:
-        ensure_private_dir(self.config.runtime_dir)
+        gid = group_id(self.config.group) if self.config.group else None
+        if gid is None:
+            ensure_private_dir(self.config.runtime_dir)
+        else:
+            ensure_shared_dir(self.config.runtime_dir, gid)
         self._take_lock()
         path = self.config.socket_path
         if os.path.exists(path):
             os.unlink(path)  # stale: we hold the lock, so no live daemon owns it
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o117 if self.config.group_access else 0o177)
+        shared = self.config.group_access or gid is not None
+        old = os.umask(0o117 if shared else 0o177)
         try:
             sock.bind(path)
         finally:
             os.umask(old)
-        os.chmod(path, 0o660 if self.config.group_access else 0o600)
-        sock.listen(128)
+        if gid is not None:
+            os.chown(path, -1, gid)
+        os.chmod(path, 0o660 if shared else 0o600)
+        sock.listen(512)
         sock.settimeout(0.2)
         self.sock = sock
 
@@ -128,12 +154,26 @@ class Server:
             except TimeoutError:
                 self._maybe_idle_exit()
                 continue
-            except OSError:
+            except OSError as exc:
                 if not self.core.accepting:
                     break
-                raise
-            threading.Thread(target=self._serve_session, args=(conn,), daemon=True).start()
+                self._accept_failed(exc)
+                continue
+            try:
+                threading.Thread(target=self._serve_session, args=(conn,), daemon=True).start()
+            except RuntimeError as exc:  # no thread for it: refuse this one, serve the rest
+                log.warning("refused a connection: %s", exc)
+                conn.close()
         self._finish()
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of file descriptors (or memory): the connection stays in the backlog;
+        pause so whatever holds them can let go, log once per burst, and go on."""
+        self.accept_errors += 1
+        if self.accept_errors == 1 or self.accept_errors % 100 == 0:
+            level = logging.WARNING if exc.errno in _TRANSIENT_ACCEPT else logging.ERROR
+            log.log(level, "accept() failed (%d so far): %s", self.accept_errors, exc)
+        time.sleep(ACCEPT_PAUSE_S)
 
     def _maybe_idle_exit(self) -> None:
         limit = self.config.idle_exit_s
@@ -144,21 +184,35 @@ class Server:
             d.accepting = False
 
     def _ticker(self) -> None:
-        """Wake at the scheduler's next deadline (revocations, wait timeouts); reap jobs."""
+        """Wake at the scheduler's next deadline (revocations, wait timeouts, fair
+        windows); reap jobs and check the guardian every half second.  An exception is
+        logged and the loop goes on; a deadline already past never makes it spin."""
         d = self.core
-        next_reap = 0.0
+        next_chores = 0.0
+        last = math.nan
         while d.accepting:
-            deadline = d.tick()
-            now = time.monotonic()
-            if now >= next_reap:
-                d.reap_jobs()
-                next_reap = now + 1.0
-            with d.lock:
-                wait = min(max(deadline - time.monotonic(), 0.0), next_reap - now, 0.5)
-                d.planned_wake_mono_s = time.monotonic() + wait
-                if d.accepting and wait > 0:
-                    d.wakeup.wait(wait)
-                d.planned_wake_mono_s = 0.0
+            try:
+                deadline = d.tick()
+                now = time.monotonic()
+                if now >= next_chores:
+                    d.reap_jobs()
+                    d.housekeeping()
+                    next_chores = time.monotonic() + HOUSEKEEPING_S
+                floor = STUCK_TICK_S if deadline == last and deadline <= now else MIN_TICK_S
+                last = deadline
+                self._sleep(d, min(max(deadline - time.monotonic(), floor),
+                                   max(next_chores - time.monotonic(), floor), 0.5))
+            except Exception:  # the ticker must outlive any bug: log, pause, go on
+                log.exception("ticker: unexpected error (continuing)")
+                time.sleep(0.1)
+
+    @staticmethod
+    def _sleep(d: Daemon, wait: float) -> None:
+        with d.lock:
+            d.planned_wake_mono_s = time.monotonic() + wait
+            if d.accepting:
+                d.wakeup.wait(wait)
+            d.planned_wake_mono_s = 0.0
 
     def _finish(self) -> None:
         self._let_holders_finish()
@@ -187,7 +241,7 @@ class Server:
             self._signals += 1
             self.core.accepting = False
             if self._signals >= 2:
-                self.core.shutdown()
+                self.core.emergency_stop()
                 os._exit(1)
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -205,21 +259,39 @@ class Server:
         except (OSError, ProcessGone):  # the peer is gone already
             conn.close()
             return
-        if peer.uid != os.getuid() and peer.uid != 0:
-            denied = AccessDenied(f"wrong user: uid {peer.uid} is not the daemon's user",
-                                  hint="connect as the user who started the daemon")
-            session.push(m.ErrorReply.of(denied))
+        try:
+            self.core.access.admit(peer)
+            self._count(peer.uid, +1)
+        except KrexError as exc:
+            session.push(m.ErrorReply.of(exc))
             session.close()
             return
-        self.sessions.add(session)
         try:
             self._session_loop(session, FrameReader(conn))
         finally:
-            self.sessions.discard(session)
+            self._count(peer.uid, -1, session)
             self.core.session_closed(session)
             session.close()
 
+    def _count(self, uid: int, delta: int, session: Session | None = None) -> None:
+        """Connections per uid: refuse one past the limit."""
+        with self._sessions_lock:
+            n = self._by_uid.get(uid, 0)
+            if delta > 0 and n >= self.config.max_connections_per_uid:
+                raise LimitExceeded(f"uid {uid} already has {n} connections open (the "
+                                    "daemon's --max-connections-per-uid)")
+            self._by_uid[uid] = n + delta
+            if not self._by_uid[uid]:
+                del self._by_uid[uid]
+            if session is not None:
+                self.sessions.discard(session)
+
+    def _track(self, session: Session) -> None:
+        with self._sessions_lock:
+            self.sessions.add(session)
+
     def _session_loop(self, session: Session, reader: FrameReader) -> None:
+        self._track(session)
         greeted = False
         while True:
             try:
@@ -287,6 +359,9 @@ def serve(config: DaemonConfig) -> int:
     except AlreadyRunning as exc:
         print(f"krex: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 0 if config.embedded else 1
+    except KrexError as exc:
+        print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
+        return 1
     server.daemon = Daemon(config)
     server.install_signal_handlers()
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)

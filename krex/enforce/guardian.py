@@ -9,6 +9,11 @@ pipe, or the daemon's pidfd becoming readable: even after SIGKILL).  It
 journals active leases to a file so a new daemon can :func:`sweep` what a
 crash of both left behind.  It prints ``expired ID`` lines the daemon can
 read with :meth:`GuardianClient.expired`.
+
+The client remembers every active lease: when the guardian has died (OOM,
+a kill), :meth:`GuardianClient.ensure_alive` (and any send) starts a new one
+and hands it every active lease with the time left, so enforcement is never
+without an undo.  The client is safe to use from several threads.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from krex import resultfile
@@ -35,12 +41,17 @@ class GuardianClient:
         self.proc: subprocess.Popen | None = None
         self._expired: set[int] = set()
         self._buf = b""
+        self._lock = threading.RLock()
+        self.leases: dict[int, tuple[float, list[dict]]] = {}  # id -> (expiry, undo records)
+        self.restarts = 0
+        self._args: tuple[str, str] | None = None
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def start(self, instance: str, journal_path: str, timeout_s: float = 10.0) -> None:
+        self._args = (instance, journal_path)
         cmd = [sys.executable, "-m", "krex.enforce.guardian", instance, journal_path]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
@@ -50,7 +61,7 @@ class GuardianClient:
         assert out is not None  # a pipe
         ready, _, _ = select.select([out], [], [], timeout_s)
         if not ready or out.readline().strip() != b"ready":
-            self.stop()
+            self._stop(5.0)
             raise RuntimeError("the krex guardian did not start")
         os.set_blocking(out.fileno(), False)
 
@@ -58,17 +69,60 @@ class GuardianClient:
         return self.proc is not None and self.proc.poll() is None
 
     def _send(self, msg: dict) -> None:
-        if self.proc is None or self.proc.stdin is None:
-            raise RuntimeError("guardian not started")
+        with self._lock:
+            if self._args is None:
+                raise RuntimeError("guardian not started")
+            self.ensure_alive()
+            try:
+                self._write(msg)
+            except OSError:  # died just now: the new one gets every lease, this one too
+                self._restart()
+
+    def _write(self, msg: dict) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
         self.proc.stdin.flush()
 
     def lease(self, lease_id: int, expires_in_s: float, undo_records: list[dict]) -> None:
         """Register (or replace) a lease; ``undo_records`` in the order to replay."""
-        self._send({"cmd": "lease", "id": lease_id, "s": expires_in_s, "undo": undo_records})
+        with self._lock:
+            self.leases[lease_id] = (time.monotonic() + expires_in_s, undo_records)
+            self._send({"cmd": "lease", "id": lease_id, "s": expires_in_s,
+                        "undo": undo_records})
 
     def end(self, lease_id: int) -> None:
-        self._send({"cmd": "end", "id": lease_id})
+        with self._lock:
+            self.leases.pop(lease_id, None)
+            self._send({"cmd": "end", "id": lease_id})
+
+    def ensure_alive(self) -> bool:
+        """Start a new guardian if this one died; True when it did."""
+        with self._lock:
+            if self._args is None or self.alive():
+                return False
+            self._restart()
+            return True
+
+    def _restart(self) -> None:
+        """A new guardian, handed every active lease with the time it has left (a lease
+        that ran out meanwhile is replayed by the new guardian at once)."""
+        assert self._args is not None
+        old = self.proc
+        if old is not None:
+            for stream in (old.stdin, old.stdout):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                old.wait(1)
+            _process.PROTECTED.discard(old.pid)
+        self.restarts += 1
+        self._buf = b""
+        self.start(*self._args)
+        now = time.monotonic()
+        for lease_id, (expiry, records) in self.leases.items():
+            self._write({"cmd": "lease", "id": lease_id, "s": max(0.0, expiry - now),
+                         "undo": records})
 
     def expired(self) -> set[int]:
         """Lease ids the guardian has expired (and undone) so far."""
@@ -83,6 +137,11 @@ class GuardianClient:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close the pipe (the guardian undoes any lease still active) and reap it."""
+        with self._lock:
+            self._args = None  # stopped on purpose: not restarted
+            self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> None:
         if self.proc is None:
             return
         for stream in (self.proc.stdin, self.proc.stdout):

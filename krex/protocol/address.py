@@ -1,18 +1,40 @@
-"""Where a user's daemon lives on this node.
+"""Where the daemon lives on this node.
 
-One daemon per user per node: ``$KREX_RUNTIME_DIR`` when set (tests, several
-isolated daemons), else ``$XDG_RUNTIME_DIR/krex``, else ``/tmp/krex-<uid>``.
-``$KREX_SOCKET`` names a socket directly (it is what managed jobs get).
+A node daemon (``krex serve --node``) serves every user from
+``$KREX_NODE_DIR`` (default ``/run/krex``); a per-user daemon from
+``$KREX_RUNTIME_DIR`` when set (tests, several isolated daemons), else
+``$XDG_RUNTIME_DIR/krex``, else ``/tmp/krex-<uid>``.  Clients take
+``$KREX_SOCKET`` when set (it is what managed jobs get), else the per-user
+directory named by ``$KREX_RUNTIME_DIR``, else the node daemon's socket when
+one is there and this user may use it, else the per-user one.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import stat
 
-from krex.errors import AccessDenied
+from krex.errors import AccessDenied, BadRequest
 
 SOCKET_NAME = "krexd.sock"
+NODE_DIR = "/run/krex"
+
+
+def node_dir() -> str:
+    return os.environ.get("KREX_NODE_DIR") or NODE_DIR
+
+
+def node_socket() -> str | None:
+    """The node daemon's socket when one is there and this user may connect to it."""
+    path = os.path.join(node_dir(), SOCKET_NAME)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISSOCK(st.st_mode) and os.access(path, os.R_OK | os.W_OK):
+        return path
+    return None
 
 
 def runtime_dir() -> str:
@@ -26,7 +48,14 @@ def runtime_dir() -> str:
 
 
 def socket_path() -> str:
-    return os.environ.get("KREX_SOCKET") or os.path.join(runtime_dir(), SOCKET_NAME)
+    explicit = os.environ.get("KREX_SOCKET")
+    if explicit:
+        return explicit
+    if not os.environ.get("KREX_RUNTIME_DIR"):
+        node = node_socket()
+        if node is not None:
+            return node
+    return os.path.join(runtime_dir(), SOCKET_NAME)
 
 
 def ensure_private_dir(path: str) -> str:
@@ -40,4 +69,30 @@ def ensure_private_dir(path: str) -> str:
         )
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
+    return path
+
+
+def group_id(name: str) -> int:
+    """The gid of the group ``name`` (a number is taken as it is)."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise BadRequest(f"group {name!r} does not exist",
+                         hint=f"create it (groupadd {name}) and add the users who may use "
+                              "the daemon, or pass --group GROUP") from None
+
+
+def ensure_shared_dir(path: str, gid: int) -> str:
+    """Create ``path`` for a daemon shared with a group: ours, group ``gid``, 0750."""
+    os.makedirs(path, mode=0o750, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise AccessDenied(
+            f"runtime directory {path} is not a directory owned by uid {os.getuid()}",
+            hint="remove it or pass --runtime-dir")
+    if st.st_gid != gid:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o750)
     return path

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Union
 from krex.errors import BadRequest, KrexError, ProtocolError, UnknownMessage, to_wire
 
 VERSION = 1
+MAX_TEXT = 256  # labels, names, tenant ids: longer is a bad request
+PAGE_MAX = 500  # records per ``regions`` / ``jobs`` reply: the rest comes by ``before``
 
 _REGISTRY: dict[str, type[Message]] = {}
 
@@ -59,6 +61,7 @@ class Register(Message):
     job_id: int | None = None
     name: str | None = None
     device: str | None = None
+    tenant: str | None = None  # an ad-hoc job's tenant (trusted peers only)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class CreateJob(Message):
     device: str | None = None
     name: str | None = None
     mode: str = "region"
+    tenant: str | None = None  # the job's tenant (trusted peers only; default: the peer's uid)
 
 
 @dataclass(frozen=True)
@@ -98,12 +102,33 @@ class Acquire(Message):
     max_hold_s: float | None = None
     timeout_s: float | None = None
     whole_job: bool = False
+    tenant: str | None = None  # charge this region to a tenant (trusted peers only)
 
 
 @dataclass(frozen=True)
 class Release(Message):
     type: ClassVar[str] = "release"
     region: int
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    """Withdraw the ``acquire`` whose request id was ``acquire`` on this connection.
+
+    Queued: it is dropped.  Granted meanwhile (the grant may be in flight): the
+    region is released.  The reply says which (``cancelled``)."""
+
+    type: ClassVar[str] = "cancel"
+    acquire: int
+
+
+@dataclass(frozen=True)
+class Revoke(Message):
+    """End a held region now (its owner's uid, or an operator); its holder is told."""
+
+    type: ClassVar[str] = "revoke"
+    region: int
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +142,18 @@ class Regions(Message):
 
     type: ClassVar[str] = "regions"
     job_ids: list[int] | None = None
-    limit: int = 1000
+    limit: int = PAGE_MAX
+    before: int | None = None  # the ``next_before`` of the previous page
+
+
+@dataclass(frozen=True)
+class Jobs(Message):
+    """Jobs (live, then recently ended) with where their time went."""
+
+    type: ClassVar[str] = "jobs"
+    job_ids: list[int] | None = None
+    limit: int = PAGE_MAX
+    before: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +166,7 @@ class Exec(Message):
     type: ClassVar[str] = "exec"
     request: dict[str, Any]
     device: str | None = None
+    tenant: str | None = None  # regions the program takes are this tenant's (trusted peers)
 
 
 @dataclass(frozen=True)

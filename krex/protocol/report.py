@@ -37,6 +37,7 @@ class Outcome(str, Enum):
     REVOKED = "revoked"  # held past its maximum hold: the daemon took it back
     OWNER_GONE = "owner_gone"  # the holder's connection closed while it was held
     DAEMON_STOPPED = "daemon_stopped"  # the daemon stopped while it was held
+    CANCELLED = "cancelled"  # its requester cancelled the acquire as it was being granted
     NESTED = "nested"  # inside an outer region of the same thread: the outer one judges
 
 
@@ -56,6 +57,8 @@ class ReasonCode(str, Enum):
     GATE_BYPASS = "gate_bypass"  # a sibling's GPU calls went around the interposer's gate
     DRAIN_INCOMPLETE = "drain_incomplete"  # a sibling acknowledged a drain that did not finish
     DEVICE_NOT_IDLE = "device_not_idle"  # locked siblings' submitted work not seen to finish
+    CANCELLED = "cancelled"  # the requester cancelled: the region was never used
+    FOREIGN_DAEMON = "foreign_daemon"  # another user's krex daemon ran on the node meanwhile
 
     @property
     def gap(self) -> bool:
@@ -172,10 +175,12 @@ class RegionReport:
     job_id: int | None = None
     job: str | None = None  # the job's name
     mode: str | None = None  # the job's mode: region | command | none (None: not known)
+    tenant: str | None = None  # whose share of the device it used (uid:N, or a service's id)
     outcome: Outcome = Outcome.RELEASED
     nested: bool = False  # inside an outer region (of the thread, or a whole-job hold)
     exclusive: bool = True
-    waited_s: float = 0.0
+    waited_s: float = 0.0  # queued at the daemon, until the scheduler chose it
+    enforce_s: float = 0.0  # then setting up its enforcement, until the grant was sent
     held_s: float = 0.0
     max_hold_s: float | None = None
     requested_mono_s: float | None = None
@@ -257,8 +262,8 @@ class RegionReport:
 
 
 _TYPED_FIELDS = {"outcome", "host", "device_audit", "reasons"}  # (de)serialised by hand
-_RECORD_FIELDS = ("region", "job_id", "job", "device", "label", "nested", "exclusive",
-                  "waited_s", "held_s", "requested_mono_s", "granted_mono_s",
+_RECORD_FIELDS = ("region", "job_id", "job", "tenant", "device", "label", "nested", "exclusive",
+                  "waited_s", "enforce_s", "held_s", "requested_mono_s", "granted_mono_s",
                   "released_mono_s", "jobs_served_while_waiting")
 
 

@@ -1,0 +1,68 @@
+"""Who may do what: every request is authorised by the peer's ``SO_PEERCRED`` uid.
+
+Per-user mode (the default): only the daemon's own user (and root) may
+connect.  Node mode (``krex serve --node``): any user who can open the
+socket (its group) may connect, and each acts only on its own jobs and
+regions; *operators* — root and the daemon's own uid — may act on
+everything, stop the daemon, run programs in the shared warm workers, and
+name a tenant on behalf of someone else (the HTTP/MCP service does, for its
+API tokens).
+"""
+
+from __future__ import annotations
+
+from krex.daemon.tenants import checked_tenant, uid_tenant
+from krex.errors import AccessDenied
+from krex.protocol.peer import Peer
+
+
+class Access:
+    def __init__(self, node: bool, daemon_uid: int) -> None:
+        self.node = node
+        self.daemon_uid = daemon_uid
+
+    def admit(self, peer: Peer) -> None:
+        """May this peer talk to the daemon at all?"""
+        if not self.node and not self.operator(peer):
+            raise AccessDenied(f"wrong user: uid {peer.uid} is not the daemon's user",
+                               hint="connect as the user who started the daemon, or ask the "
+                                    "node's operator for a node daemon (krex serve --node)")
+
+    def operator(self, peer: Peer) -> bool:
+        return peer.uid in (0, self.daemon_uid)
+
+    def require_operator(self, peer: Peer, what: str) -> None:
+        if not self.operator(peer):
+            raise AccessDenied(f"uid {peer.uid} may not {what}: only root or the daemon's "
+                               f"user (uid {self.daemon_uid}) may",
+                               hint="ask the node's operator")
+
+    def check_owner(self, peer: Peer, owner_uid: int, what: str) -> None:
+        """``what`` (a region, a job) belongs to ``owner_uid``: only it or an operator."""
+        if peer.uid != owner_uid and not self.operator(peer):
+            raise AccessDenied(f"uid {peer.uid} may not act on {what} of uid {owner_uid}",
+                               hint="a user may release, revoke and inspect only its own "
+                                    "regions and jobs")
+
+    def visible(self, peer: Peer, owner_uid: int) -> bool:
+        return peer.uid == owner_uid or self.operator(peer)
+
+    def tenant(self, peer: Peer, asked: str | None) -> str:
+        """The tenant a request is charged to: the peer's uid, or the tenant a trusted
+        peer names."""
+        if asked is None:
+            return uid_tenant(peer.uid)
+        if not self.operator(peer):
+            raise AccessDenied(f"uid {peer.uid} may not act for tenant {asked[:40]!r}",
+                               hint="only root or the daemon's user (a service acting for "
+                                    "its API tokens) may name a tenant")
+        return checked_tenant(asked)
+
+    def may_exec(self, peer: Peer) -> None:
+        """Warm workers run as the daemon's user: on a node daemon only operators use them."""
+        if self.node and not self.operator(peer):
+            raise AccessDenied(
+                f"uid {peer.uid} may not run programs in a node daemon's warm workers (they "
+                "run as the daemon's user)",
+                hint="use `krex run` (your own process, regions from the node daemon), or a "
+                     "per-user daemon for warm workers (KREX_RUNTIME_DIR=...)")

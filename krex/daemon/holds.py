@@ -1,0 +1,445 @@
+"""A region's life at the daemon: queued, entering, held, closing, closed.
+
+In: acquires, releases, cancels, revocations and lost connections (from
+:mod:`krex.daemon.core`, under its lock), and the scheduler's decisions.
+Out: grants, replies and revocation notices (queued on the core's outbox,
+sent once its lock is released), enforcement set up and undone on each
+device's :class:`~krex.daemon.lanes.Lane` — never under the lock — and for
+every region a :class:`~krex.protocol.report.RegionReport` plus the jobs'
+time accounts.
+
+Whatever ends a region first (its release, a revocation, a cancel, its
+connection closing, the daemon stopping) decides its outcome; a region whose
+requester is gone is still set up and undone in order, never granted to
+nobody and left frozen.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from krex.daemon.exclusivity import Evidence, Held
+from krex.daemon.jobs import Job
+from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke
+from krex.errors import (
+    EnforcementFailed,
+    KrexError,
+    RegionRevoked,
+    RegionTimeout,
+    ShuttingDown,
+    UnknownJob,
+    UnknownRegion,
+)
+from krex.protocol import messages as m
+from krex.protocol.report import (
+    HostEvidence,
+    Outcome,
+    Reason,
+    ReasonCode,
+    RegionReport,
+    finite_or_none,
+)
+
+if TYPE_CHECKING:
+    from krex.daemon.core import Daemon, Session
+
+log = logging.getLogger("krex.daemon")
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"  # in the scheduler's queue
+    ENTERING = "entering"  # chosen; its enforcement is being set up on the device's lane
+    HELD = "held"  # granted: the requester was told
+    CLOSING = "closing"  # its enforcement is being undone
+    CLOSED = "closed"  # report written; kept until its holder releases it (revoked)
+
+
+@dataclass(eq=False)
+class RegionState:
+    request: Request
+    session: Session
+    acquire_id: int | None
+    uid: int
+    requested_wall_s: float
+    phase: Phase = Phase.QUEUED
+    held: Held | None = None
+    report: RegionReport | None = None
+    enter_mono_s: float | None = None  # its enforcement set-up began
+    granted_mono_s: float | None = None  # the grant was sent
+    ending_mono_s: float | None = None  # released, revoked or abandoned
+    outcome: Outcome | None = None  # what ends it, once something has
+    why: str | None = None
+    release_id: int | None = None  # a release waiting for the report
+    gone: bool = False  # nobody to answer: cancelled, or the connection closed
+    frozen_jobs: list[int] = field(default_factory=list)  # siblings it stopped
+
+    @property
+    def region(self) -> int:
+        return self.request.region
+
+
+class Holds:
+    """Every region of one daemon; each method is called under the core's lock."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.regions: dict[int, RegionState] = {}
+        self.by_session: dict[Any, set[int]] = {}
+
+    # -- requests ------------------------------------------------------------------
+
+    def acquire(self, session: Session, msg: m.Acquire, req: Request, uid: int) -> None:
+        st = RegionState(req, session, msg.id, uid, time.time())
+        self.regions[req.region] = st
+        self.by_session.setdefault(session, set()).add(req.region)
+        self.d.events.emit("requested", region=req.region, job_id=req.job_id,
+                           device=req.device, label=req.label, tenant=req.tenant)
+        self.apply(self.d.scheduler.submit(req, time.monotonic()))
+
+    def of_session(self, session: Session) -> list[RegionState]:
+        return [self.regions[r] for r in self.by_session.get(session, ()) if r in self.regions]
+
+    def release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
+        st = self.regions.get(msg.region)
+        if st is None or st.session is not session or st.gone:
+            raise UnknownRegion(f"region {msg.region} is not held by this connection",
+                                region=msg.region)
+        if st.phase in (Phase.QUEUED, Phase.ENTERING):
+            raise UnknownRegion(f"region {msg.region} has not been granted yet",
+                                region=msg.region)
+        if st.phase is Phase.CLOSED:
+            self._forget(st)
+            assert st.report is not None
+            return {"report": st.report.to_dict()}
+        st.release_id = msg.id
+        if st.phase is Phase.HELD:
+            self._end(st, Outcome.RELEASED)
+        return None  # the reply comes when its enforcement is undone
+
+    def cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:
+        """The requester gives up on an acquire (interrupted while it waited)."""
+        st = next((s for s in self.of_session(session) if s.acquire_id == msg.acquire), None)
+        if st is None or st.gone:
+            return {"cancelled": "none", "region": None}
+        phase = st.phase
+        self.d.counters.cancelled += 1
+        self.d.events.emit("cancelled", region=st.region, job_id=st.request.job_id,
+                           reason="cancelled by its requester", phase=phase.value)
+        st.gone = True
+        if phase is Phase.QUEUED:
+            self._drop_queued(st)
+        elif phase is Phase.ENTERING:
+            st.outcome = st.outcome or Outcome.CANCELLED
+        elif phase is Phase.HELD:
+            self._end(st, Outcome.CANCELLED)
+        elif phase is Phase.CLOSED:
+            self._forget(st)
+        return {"cancelled": "granted" if phase in (Phase.HELD, Phase.CLOSING, Phase.CLOSED)
+                else phase.value, "region": st.region}
+
+    def revoke(self, st: RegionState, reason: str) -> str:
+        """End a region now (maximum hold passed, or a revoke request)."""
+        phase = st.phase
+        if phase is Phase.QUEUED:
+            self._drop_queued(st)
+            if not st.gone:
+                self.d.push(st.session, m.ErrorReply.of(
+                    RegionRevoked(f"region {st.region} revoked before its grant: {reason}",
+                                  region=st.region), st.acquire_id))
+        elif phase is Phase.ENTERING:
+            st.outcome, st.why = st.outcome or Outcome.REVOKED, st.why or reason
+        elif phase is Phase.HELD:
+            self.d.counters.revoked += 1
+            self._end(st, Outcome.REVOKED, reason)
+            self.d.push(st.session, m.Revoked(region=st.region, reason=reason))
+        return phase.value
+
+    def session_closed(self, session: Session) -> None:
+        for st in self.of_session(session):
+            st.gone = True
+            if st.phase is Phase.QUEUED:
+                self._drop_queued(st)
+            elif st.phase is Phase.ENTERING:
+                st.outcome = st.outcome or Outcome.OWNER_GONE
+            elif st.phase is Phase.HELD:
+                self._end(st, Outcome.OWNER_GONE)
+            elif st.phase is Phase.CLOSED:
+                self._forget(st)
+        self.by_session.pop(session, None)
+
+    def stop_all(self) -> None:
+        """The daemon is stopping: waiters get ``shutting_down``, holders are released."""
+        for st in [s for s in self.regions.values() if s.phase is Phase.QUEUED]:
+            self._drop_queued(st)
+            if not st.gone:
+                self.d.push(st.session, m.ErrorReply.of(
+                    ShuttingDown("the daemon is stopping"), st.acquire_id))
+        for st in list(self.regions.values()):
+            if st.phase is Phase.ENTERING:
+                st.outcome = st.outcome or Outcome.DAEMON_STOPPED
+            elif st.phase is Phase.HELD:
+                self._end(st, Outcome.DAEMON_STOPPED)
+
+    def held(self) -> int:
+        return sum(st.phase in (Phase.ENTERING, Phase.HELD, Phase.CLOSING)
+                   for st in self.regions.values())
+
+    # -- the scheduler's decisions -------------------------------------------------------
+
+    def apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            st = self.regions.get(d.request.region)
+            if st is None:
+                continue
+            if isinstance(d, Grant):
+                self._chosen(st)
+            elif isinstance(d, Revoke):
+                self.revoke(st, d.reason)
+            elif isinstance(d, Cancel):
+                self._timed_out(st, d.reason)
+        self.d.deadlines_changed()
+
+    def _chosen(self, st: RegionState) -> None:
+        req = st.request
+        if req.nested or not req.exclusive:  # nothing to set up: granted as it is
+            st.phase = Phase.HELD
+            self._granted(st, time.monotonic())
+            return
+        st.phase = Phase.ENTERING
+        self.d.lanes.submit(req.device, lambda: self._enter(st))
+
+    def _timed_out(self, st: RegionState, reason: str) -> None:
+        self.d.counters.cancelled += 1
+        self._forget(st)
+        self.d.events.emit("cancelled", region=st.region, job_id=st.request.job_id,
+                           reason=reason)
+        if not st.gone:
+            err = RegionTimeout(f"region on {st.request.device} {reason}",
+                                device=st.request.device, seconds=st.request.timeout_s)
+            self.d.push(st.session, m.ErrorReply.of(err, st.acquire_id))
+
+    # -- on the device's lane (never under the lock) ---------------------------------------
+
+    def _enter(self, st: RegionState) -> None:
+        with self.d.locked():
+            holder = self.d.jobs.get(st.request.job_id)
+            if st.outcome is not None or holder is None:
+                self._abort(st, UnknownJob(f"job {st.request.job_id} ended before its region "
+                                           "started") if holder is None else None)
+                return
+            siblings, others = self.d.siblings(st.request)
+            st.enter_mono_s = time.monotonic()
+        try:
+            held = self.d.exclusivity.enter(holder, siblings, st.request, others)
+        except KrexError as exc:
+            with self.d.locked():
+                self._abort(st, exc if isinstance(exc, EnforcementFailed)
+                            else EnforcementFailed(exc.message))
+            return
+        except Exception as exc:
+            log.exception("region %d: enforcement set-up failed", st.region)
+            with self.d.locked():
+                self._abort(st, EnforcementFailed(f"enforcement could not be set up: {exc!r}"))
+            return
+        with self.d.locked():
+            st.held = held
+            st.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
+            if st.outcome is None:
+                st.phase = Phase.HELD
+                self._granted(st, time.monotonic())
+                return
+            st.phase = Phase.CLOSING  # abandoned while it was being set up
+            st.ending_mono_s = time.monotonic()
+        self._exit(st)
+
+    def _exit(self, st: RegionState) -> None:
+        evidence: Evidence | None = None
+        if st.held is not None:
+            try:
+                evidence = st.held.exit()
+            except Exception as exc:
+                log.exception("region %d: undoing its enforcement failed", st.region)
+                evidence = Evidence(HostEvidence(), None, [Reason(
+                    ReasonCode.STEP_FAILED, f"undo: {exc!r}", {"step": "undo",
+                                                               "error": repr(exc)})])
+        with self.d.locked():
+            self._closed(st, evidence)
+
+    # -- transitions (under the lock) -----------------------------------------------------------
+
+    def _granted(self, st: RegionState, now: float) -> None:
+        req = st.request
+        st.granted_mono_s = now
+        self.d.scheduler.started(req.region, now)
+        if req.exclusive and not req.nested:  # what holds the device counts to its quota
+            self.d.ledger.start(str(req.tenant), req.region, now)
+        self.d.counters.granted += 1
+        self.d.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
+                           waited_s=self._waited_s(st), enforce_s=self._enforce_s(st),
+                           nested=req.nested)
+        if not st.gone:
+            self.d.push(st.session, m.Reply(re=st.acquire_id, data=self._grant_data(st)))
+
+    def _grant_data(self, st: RegionState) -> dict[str, Any]:
+        req = st.request
+        return {"region": req.region, "device": req.device, "waited_s": self._waited_s(st),
+                "enforce_s": self._enforce_s(st), "nested": req.nested,
+                "exclusive": req.exclusive, "max_hold_s": finite_or_none(req.max_hold_s),
+                "granted_mono_s": st.granted_mono_s, "tenant": req.tenant}
+
+    def _end(self, st: RegionState, outcome: Outcome, why: str | None = None) -> None:
+        """A held region ends: undo its enforcement on its lane (or now, when it has none)."""
+        st.outcome, st.why = outcome, why
+        st.ending_mono_s = time.monotonic()
+        st.phase = Phase.CLOSING
+        if st.held is None:
+            self._closed(st, None)
+        else:
+            self.d.lanes.submit(st.request.device, lambda: self._exit(st))
+
+    def _closed(self, st: RegionState, evidence: Evidence | None) -> None:
+        now = time.monotonic()
+        req = st.request
+        st.held = None
+        st.phase = Phase.CLOSED
+        outcome = st.outcome or Outcome.RELEASED
+        if st.granted_mono_s is None:  # abandoned while entering: it was never granted
+            self._unentered(st, outcome)
+        else:
+            st.report = self._report(st, evidence, outcome)
+            self.d.counters.released += outcome is Outcome.RELEASED
+            self.d.record_region(st.uid, st.report)
+            self._account(st, now)
+            self.d.events.emit(outcome.value, region=req.region, job_id=req.job_id,
+                               device=req.device, held_s=st.report.held_s, reason=st.why)
+        self.d.ledger.end(req.region, now)
+        frozen = st.frozen_jobs if evidence is not None and _stopped(evidence) else []
+        decisions = self.d.scheduler.release(req.region, now, frozen)
+        if st.release_id is not None and not st.gone and st.report is not None:
+            self.d.push(st.session, m.Reply(re=st.release_id,
+                                            data={"report": st.report.to_dict()}))
+            self._forget(st)
+        elif st.gone or st.report is None or outcome is not Outcome.REVOKED:
+            self._forget(st)
+        self.apply(decisions)
+
+    def _unentered(self, st: RegionState, outcome: Outcome) -> None:
+        """Set up and undone without a grant: the requester (if any) gets an error."""
+        self.d.events.emit("abandoned", region=st.region, job_id=st.request.job_id,
+                           outcome=outcome.value)
+        if st.gone:
+            return
+        err: KrexError = (RegionRevoked(f"region {st.region} revoked before its grant: "
+                                        f"{st.why}", region=st.region)
+                          if outcome is Outcome.REVOKED
+                          else ShuttingDown("the daemon is stopping"))
+        self.d.push(st.session, m.ErrorReply.of(err, st.acquire_id))
+
+    def _abort(self, st: RegionState, exc: KrexError | None) -> None:
+        """The region could not be (or need not be) set up: it ends without a grant."""
+        if exc is not None:
+            self.d.counters.errors += 1
+            self.d.events.emit("aborted", region=st.region, job_id=st.request.job_id,
+                               error=exc.code, message=exc.message)
+            if not st.gone:
+                self.d.push(st.session, m.ErrorReply.of(exc, st.acquire_id))
+        elif not st.gone:
+            self._unentered(st, st.outcome or Outcome.DAEMON_STOPPED)
+        self._forget(st)
+        self.apply(self.d.scheduler.release(st.region, time.monotonic()))
+
+    def _drop_queued(self, st: RegionState) -> None:
+        self._forget(st)
+        self.apply(self.d.scheduler.release(st.region, time.monotonic()))
+
+    def _forget(self, st: RegionState) -> None:
+        self.regions.pop(st.region, None)
+        mine = self.by_session.get(st.session)
+        if mine is not None:
+            mine.discard(st.region)
+
+    # -- evidence -------------------------------------------------------------------------
+
+    def _waited_s(self, st: RegionState) -> float:
+        req = st.request
+        chosen = st.enter_mono_s or req.granted_mono_s or req.requested_mono_s
+        return max(0.0, chosen - req.requested_mono_s)
+
+    def _enforce_s(self, st: RegionState) -> float:
+        if st.enter_mono_s is None or st.granted_mono_s is None:
+            return 0.0
+        return max(0.0, st.granted_mono_s - st.enter_mono_s)
+
+    def _account(self, st: RegionState, now: float) -> None:
+        assert st.report is not None
+        job = self.d.jobs.get(st.request.job_id)
+        if job is not None:
+            a = job.account
+            a.regions += 1
+            a.waited_s += st.report.waited_s
+            a.enforce_s += st.report.enforce_s
+            a.held_s += st.report.held_s
+        if st.enter_mono_s is not None and st.report.host is not None \
+                and _stopped_host(st.report.host):
+            for job_id in st.frozen_jobs:
+                sibling = self.d.jobs.get(job_id)
+                if sibling is not None:
+                    sibling.account.frozen_s += now - st.enter_mono_s
+
+    def _report(self, st: RegionState, evidence: Evidence | None,
+                outcome: Outcome) -> RegionReport:
+        req = st.request
+        job: Job | None = self.d.jobs.get(req.job_id)
+        granted = st.granted_mono_s or time.monotonic()
+        ended = st.ending_mono_s or time.monotonic()
+        reasons = list(evidence.reasons) if evidence is not None else []
+        reasons += _outcome_reasons(req, outcome, st.why)
+        if req.exclusive and not req.nested:
+            reasons += self.d.foreign_reasons(granted, ended)
+        return RegionReport(
+            region=req.region, device=req.device, label=req.label, job_id=req.job_id,
+            job=job.name if job else None, mode=job.mode if job else None,
+            tenant=str(req.tenant) if req.tenant is not None else None, outcome=outcome,
+            nested=req.nested, exclusive=req.exclusive, waited_s=self._waited_s(st),
+            enforce_s=self._enforce_s(st), held_s=max(0.0, ended - granted),
+            max_hold_s=finite_or_none(req.max_hold_s), requested_mono_s=req.requested_mono_s,
+            granted_mono_s=st.granted_mono_s, released_mono_s=ended,
+            requested_wall_s=st.requested_wall_s,
+            jobs_served_while_waiting=req.jobs_served_while_waiting,
+            host=evidence.host if evidence else None,
+            device_audit=evidence.device_audit if evidence else None, reasons=reasons)
+
+
+def _stopped_host(host: HostEvidence) -> bool:
+    return bool(host.siblings_frozen or host.gated_jobs or host.locked_pids)
+
+
+def _stopped(evidence: Evidence) -> bool:
+    """Whether the region's enforcement stopped its siblings (they could not ask meanwhile)."""
+    return _stopped_host(evidence.host)
+
+
+_ENDED = {Outcome.REVOKED: ReasonCode.REVOKED, Outcome.OWNER_GONE: ReasonCode.OWNER_GONE,
+          Outcome.DAEMON_STOPPED: ReasonCode.DAEMON_STOPPED,
+          Outcome.CANCELLED: ReasonCode.CANCELLED}
+_ENDED_WHY = {Outcome.OWNER_GONE: "the holder's connection closed while it held the region",
+              Outcome.DAEMON_STOPPED: "the daemon stopped while the region was held",
+              Outcome.CANCELLED: "its requester cancelled the acquire as it was granted",
+              Outcome.REVOKED: "revoked"}
+
+
+def _outcome_reasons(req: Request, outcome: Outcome, why: str | None) -> list[Reason]:
+    """Why the region is not clean: from its job's mode and its end."""
+    out = []
+    if not req.exclusive:
+        out.append(Reason(ReasonCode.NOT_EXCLUSIVE, "exclusivity: job runs in mode none",
+                          {"mode": "none"}))
+    if outcome in _ENDED:
+        out.append(Reason(_ENDED[outcome], why or _ENDED_WHY[outcome],
+                          {"max_hold_s": finite_or_none(req.max_hold_s)}
+                          if outcome is Outcome.REVOKED else {}))
+    return out

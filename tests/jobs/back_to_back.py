@@ -1,0 +1,33 @@
+"""Take back-to-back regions (busy ``hold_ms`` each, then ``gap_ms`` of busy work
+outside) from ``start`` (monotonic) for ``seconds``; print one JSON line: this job's
+region count and time held (its own clock)."""
+
+import json
+import sys
+import time
+
+import krex
+
+start, seconds, hold_ms, gap_ms = (float(a) for a in sys.argv[1:5])
+
+
+def busy(ms: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < ms / 1e3:
+        pass
+
+
+with krex.region("cpu", label="warm-up"):
+    pass
+while time.monotonic() < start:
+    time.sleep(0.001)
+held = 0.0
+regions = 0
+while time.monotonic() < start + seconds:
+    with krex.region("cpu", label="b2b"):
+        t0 = time.monotonic()
+        busy(hold_ms)
+        held += time.monotonic() - t0
+    regions += 1
+    busy(gap_ms)
+print(json.dumps({"regions": regions, "held_s": held}), flush=True)

@@ -1,0 +1,190 @@
+"""A daemon that never wedges, through a real daemon and real timers (issue #12).
+
+Each test names what it failed on before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+
+import psutil
+import pytest
+from helpers import PY, Daemon, krex, reap, wait_for
+
+import krex as krex_api
+from krex.client.connection import Client
+from krex.errors import KrexError, LimitExceeded
+
+
+def _guardian(d: Daemon) -> psutil.Process:
+    assert d.proc is not None
+    for p in psutil.Process(d.proc.pid).children():
+        if "krex.enforce.guardian" in " ".join(p.cmdline()):
+            return p
+    raise AssertionError("no guardian")
+
+
+def test_ticker_does_not_spin_on_an_overdue_hold_it_cannot_revoke(runtime_dir):
+    """Before: a mode-none region past its maximum hold left a deadline in the past
+    and the ticker looped on a core (≈ 1 CPU-second per second)."""
+    d = Daemon(str(runtime_dir), "--max-hold-s", "0.2").start()
+    try:
+        with d.client() as c:
+            job = c.create_job(device="cpu", name="none-mode", mode="none")["job_id"]
+            grant = c.acquire(job, "cpu")
+            time.sleep(0.5)  # past its maximum hold: not revocable (mode none)
+            daemon = psutil.Process(d.proc.pid)
+            t0 = sum(daemon.cpu_times()[:2])
+            time.sleep(2.0)
+            used = sum(daemon.cpu_times()[:2]) - t0
+            report = c.release(grant["region"])["report"]
+        assert used < 0.4, f"the daemon used {used:.2f} CPU-s in 2 s of idling"
+        assert report["outcome"] == "released"
+    finally:
+        d.stop()
+
+
+def test_a_dead_guardian_is_restarted_and_regions_go_on(daemon):
+    """Before: a SIGKILLed guardian made enforcement raise BrokenPipeError on the
+    daemon's grant/release path, so the device was wedged with a half-released holder."""
+    sibling = krex("run", "--", PY, "-c", "import time; time.sleep(60)")
+    try:
+        with daemon.client() as c:
+            wait_for(lambda: any(j["root_pid"] for j in c.status()["jobs"]))
+            with krex_api.region("cpu", label="before") as r:
+                old = _guardian(daemon)
+                old.kill()
+                old.wait(5)
+            assert r.report is not None and r.report.outcome.value == "released"
+            wait_for(lambda: c.status()["counters"]["guardian_restarts"] >= 1, 5)
+            new = _guardian(daemon)
+            assert new.pid != old.pid
+            with krex_api.region("cpu", label="after") as r2:
+                pass
+            assert r2.report is not None and r2.report.outcome.value == "released"
+            sib = [p for p in psutil.Process(sibling.pid).children(recursive=True)] + [
+                psutil.Process(sibling.pid)]
+            assert all(p.status() != psutil.STATUS_STOPPED for p in sib)
+    finally:
+        reap(sibling)
+
+
+def test_accept_errors_do_not_end_the_daemon(runtime_dir):
+    """Before: an accept() failing with EMFILE raised out of the accept loop and the
+    daemon exited."""
+
+    class LowFdDaemon(Daemon):
+        def start(self, timeout_s: float = 20.0) -> Daemon:
+            env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+            self.proc = subprocess.Popen(
+                [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir],
+                stdout=subprocess.DEVNULL, env=env,
+                stderr=open(os.path.join(self.runtime_dir, "log"), "ab"),
+                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
+            wait_for(self._up, timeout_s)
+            return self
+
+    d = LowFdDaemon(str(runtime_dir)).start()
+    socks = []
+    try:
+        for _ in range(80):  # more than it has descriptors: accept() fails with EMFILE
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(d.socket)
+            socks.append(s)
+        wait_for(lambda: "accept() failed" in d.log(), 10)
+        for s in socks:
+            s.close()
+        socks = []
+        assert d.proc is not None and d.proc.poll() is None
+        wait_for(lambda: _status_ok(d), 10)
+    finally:
+        for s in socks:
+            s.close()
+        d.stop()
+
+
+def _status_ok(d: Daemon) -> bool:
+    try:
+        with d.client() as c:
+            return bool(c.status()["daemon"]["pid"])
+    except KrexError:
+        return False
+
+
+INTERRUPTED = textwrap.dedent("""
+    import signal, sys, time
+    import krex
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with krex.region("cpu", label="interrupted"):
+            print("granted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    time.sleep(30)  # stays alive: its connection stays open
+""")
+
+
+def test_an_interrupted_acquire_leaves_nothing_behind(daemon):
+    """Before: Ctrl-C while krex.region() waited left the request queued; the daemon
+    later granted it (freezing the others) to a client that had dropped the reply."""
+    with daemon.client() as c:
+        job = c.register(name="holder", device="cpu")["job_id"]
+        grant = c.acquire(job, "cpu")
+        waiter = subprocess.Popen([PY, "-c", INTERRUPTED], stdout=subprocess.PIPE, text=True)
+        try:
+            assert waiter.stdout is not None
+            assert waiter.stdout.readline().strip() == "interrupted"
+            c.release(grant["region"])
+            time.sleep(0.5)
+            st = c.status()["scheduler"]["cpu"]
+            assert st["holder"] is None and st["queue"] == []
+            again = c.acquire(job, "cpu", timeout_s=2)  # nobody holds it in the way
+            c.release(again["region"])
+        finally:
+            reap(waiter)
+
+
+def test_connections_per_uid_are_capped(runtime_dir):
+    d = Daemon(str(runtime_dir), "--max-connections-per-uid", "3").start()
+    clients = []
+    try:
+        clients = [d.client() for _ in range(3)]
+        with pytest.raises(LimitExceeded):
+            d.client()
+        clients.pop().close()
+        wait_for(lambda: _status_ok(d), 5)  # a slot is free again
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()
+
+
+def test_all_region_records_come_back_in_pages(daemon):
+    """Before: one reply held every record asked for; past the frame limit the
+    session died (`krex demo` asked for 20 000 records)."""
+    n = 520  # more than one page
+    for i in range(n):
+        with krex_api.region("cpu", label=f"r{i}"):
+            pass
+    with Client(daemon.socket, autostart=False) as c:
+        rows = c.regions(limit=None)
+        assert [r["label"] for r in rows][-n:] == [f"r{i}" for i in range(n)]
+        assert len(c.regions(limit=10)) == 10
+
+
+def test_sigterm_with_a_slow_ticker_still_stops(daemon):
+    """The daemon stops on SIGTERM promptly (ticker and lanes wind down)."""
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.proc.wait(15)

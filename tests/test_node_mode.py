@@ -1,0 +1,173 @@
+"""Node mode: one daemon for every user of the node, requests authorised by SO_PEERCRED.
+
+Two uids on this machine, without creating accounts: the clients run as
+uids 54321 and 54322 (no passwd entry is needed for the kernel's
+credentials), both in the socket's group 54320; a third uid outside the
+group cannot open the socket.  Needs root (setuid, and the daemon's
+cgroups); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+import pytest
+from helpers import REPO, Daemon, run_krex
+
+from krex.client.connection import Client
+from krex.errors import KrexError
+from krex.protocol import messages as m
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run clients as "
+                                "other uids (setuid)")
+UNIT = os.path.join(REPO, "contrib", "systemd", "krex.service")
+GROUP, ALICE, BOB, EVE = 54320, 54321, 54322, 54323
+
+class User:
+    """A forked child of this test running as ``uid`` (no exec: the interpreter under
+    /root may not be readable by other uids), answering commands over pipes."""
+
+    def __init__(self, uid: int, groups: list[int], socket_path: str,
+                 job: bool = True) -> None:
+        cmd_r, self._cmd_w = os.pipe()
+        self._out_r, out_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.close(self._cmd_w)
+                os.close(self._out_r)
+                os.setgroups(groups)
+                os.setgid(groups[0] if groups else uid)
+                os.setuid(uid)
+                self._serve(socket_path, os.fdopen(cmd_r), os.fdopen(out_w, "w"), job)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(cmd_r)
+        os.close(out_w)
+        self._out = os.fdopen(self._out_r)
+
+    @staticmethod
+    def _serve(socket_path, commands, out, with_job) -> None:
+        try:
+            c = Client(socket_path, autostart=False)
+            job = c.register(name="node-user", device="cpu")["job_id"] if with_job else None
+        except (KrexError, OSError) as exc:
+            out.write(json.dumps({"error": getattr(exc, "code", type(exc).__name__)}) + "\n")
+            out.flush()
+            return
+        out.write(json.dumps({"job_id": job}) + "\n")
+        out.flush()
+        for line in commands:
+            cmd, *arg = line.split()
+            if cmd == "quit":  # (no EOF to wait for: later forks hold our pipe too)
+                return
+            try:
+                if cmd == "acquire":
+                    res = c.acquire(job, "cpu", timeout_s=float(arg[0]) if arg else None)
+                elif cmd == "release":
+                    res = c.release(int(arg[0]))["report"]
+                elif cmd == "revoke":
+                    res = c.conn.call(m.Revoke(region=int(arg[0])))
+                else:
+                    res = c.status()
+            except KrexError as exc:
+                res = {"error": exc.code}
+            out.write(json.dumps(res) + "\n")
+            out.flush()
+
+    def hello(self) -> dict:
+        return json.loads(self._out.readline())
+
+    def send(self, line: str) -> None:
+        os.write(self._cmd_w, (line + "\n").encode())
+
+    def ask(self, line: str) -> dict:
+        self.send(line)
+        return json.loads(self._out.readline())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._cmd_w, b"quit\n")
+        os.close(self._cmd_w)
+        self._out.close()
+        deadline = time.monotonic() + 10
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.01)
+
+
+@pytest.fixture
+def node_daemon():
+    base = tempfile.mkdtemp(prefix="krex-node-")
+    os.chmod(base, 0o755)  # the other uids must reach the runtime directory
+    d = Daemon(os.path.join(base, "rt"), "--node", "--group", str(GROUP))
+    os.makedirs(d.runtime_dir, mode=0o750)
+    try:
+        d.start()
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_root
+def test_two_users_share_one_node_daemon_each_acting_only_on_its_own(node_daemon):
+    st = os.stat(node_daemon.socket)
+    assert st.st_gid == GROUP and st.st_mode & 0o777 == 0o660
+    alice = User(ALICE, [GROUP], node_daemon.socket)
+    bob = User(BOB, [GROUP], node_daemon.socket)  # a job: frozen while Alice holds
+    bobs_shell = User(BOB, [GROUP], node_daemon.socket, job=False)  # no job: never frozen
+    users = [alice, bob, bobs_shell]
+    try:
+        assert "job_id" in alice.hello() and "job_id" in bob.hello()
+        assert bobs_shell.hello() == {"job_id": None}
+        grant = alice.ask("acquire")
+        region = grant["region"]
+        assert grant["tenant"] == f"uid:{ALICE}"
+        assert bobs_shell.ask(f"revoke {region}") == {"error": "access_denied"}
+        assert bobs_shell.ask(f"release {region}") == {"error": "unknown_region"}
+        seen = bobs_shell.ask("status")
+        assert seen["other_jobs"] == 1 and [j["uid"] for j in seen["jobs"]] == [BOB]
+        assert seen["scheduler"]["cpu"]["holder"]["label"] is None  # not Bob's to see
+        # Alice's region excludes Bob's job (frozen by the node daemon): his acquire is
+        # granted only after her release.
+        bob.send("acquire")
+        time.sleep(0.5)
+        report = alice.ask(f"release {region}")
+        assert report["outcome"] == "released" and report["clean"], report
+        theirs = bob.hello()  # the acquire's reply
+        assert theirs["tenant"] == f"uid:{BOB}"
+        assert theirs["granted_mono_s"] > report["released_mono_s"]
+        assert bob.ask(f"release {theirs['region']}")["outcome"] == "released"
+    finally:
+        for u in users:
+            u.close()
+
+
+@needs_root
+def test_a_user_outside_the_group_cannot_connect(node_daemon):
+    eve = User(EVE, [EVE], node_daemon.socket)
+    try:
+        assert eve.hello() == {"error": "access_denied"}  # EACCES: the group's directory
+    finally:
+        eve.close()
+
+
+def test_the_systemd_unit_starts_a_node_daemon_with_flags_krex_serve_takes():
+    lines = open(UNIT).read().splitlines()
+    (start,) = [line for line in lines if line.startswith("ExecStart=")]
+    argv = start.split("=", 1)[1].split()
+    assert argv[1:4] == ["serve", "--node", "--group"]
+    helptext = run_krex("serve", "--help").stdout
+    assert all(a in helptext for a in argv if a.startswith("--"))
