@@ -217,6 +217,10 @@ class Exclusivity:
         enforcement = self.enforcer.enter(
             holder_target, [self.target(j) for j in siblings], max_hold_s=hold,
             pre_ops=[drain] if drain else [], others=[self.target(j) for j in others])
+        if is_gpu(request.device) and not self.config.gate:
+            enforcement.gaps.append(Reason.mechanism(
+                "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
+                "GPU work may run during the region", disabled=True))
         audit = nvml_audit(request.device)
         if audit is not None:
             audit.begin({r.pid for r in holder_target.processes()})
