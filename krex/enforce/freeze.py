@@ -7,6 +7,11 @@ each thread is in state T).  The cgroup backends freeze each job's cgroup and
 SIGSTOP any process of the job that is outside it (an ad-hoc job, a job
 started before its cgroup existed).
 
+A freeze that does not complete within ``timeout_s`` does not raise: the op
+keeps what it stopped (undone on revert) and says why in ``incomplete``; the
+enforcer records the step as timed out and the region is not clean
+(``step_timeout``).  Errors still raise.
+
 SIGSTOP caveat: a process group that becomes orphaned while a member is
 stopped gets SIGHUP from the kernel.  The daemon starts every job in a new
 session (``start_new_session=True``); such groups are never "orphaned by the
