@@ -26,9 +26,8 @@ Writes results/hogs.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -47,25 +46,56 @@ KERNELS = {"compute-1ms": 50, "compute-10ms": 10}  # samples per region
 MARGIN_PCT = 1.5
 
 
-def start_hogs() -> list[int]:
-    """The three loops, detached (a shell starts them and exits): not descendants of
-    this process, whose ad-hoc job would otherwise count them as its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-    py = sys.executable
-    mem = os.path.join(HERE, "programs", "cpu_sibling.py")
-    script = (f"{py} -c 'while 1: pass' >/dev/null 2>&1 & echo $!; "
-              f"{py} -c 'while 1: pass' >/dev/null 2>&1 & echo $!; "
-              f"{py} {mem} mem >/dev/null 2>&1 & echo $!")
-    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
-                         start_new_session=True, check=True).stdout
-    time.sleep(0.5)  # let them get going
-    return [int(x) for x in out.split()]
+# The hogs' launcher is started before this process takes its first region: this
+# process then joins its ad-hoc job's cgroup, and whatever it spawned afterwards (even
+# detached) would belong to the holder's job -- isolated with it, counted as its own.
+LAUNCHER = r"""
+import json, subprocess, sys
+argvs, hogs = json.loads(sys.argv[1]), []
+try:
+    for line in sys.stdin:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        hogs = []
+        if line.strip() == "start":
+            hogs = [subprocess.Popen(a, stdout=subprocess.DEVNULL) for a in argvs]
+        print(" ".join(str(h.pid) for h in hogs), flush=True)
+finally:
+    for h in hogs:
+        h.kill()
+"""
 
 
-def stop_hogs(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+class Hogs:
+    """Two plain CPU loops and one memory-bound copy loop, outside krex."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+        cpu = [sys.executable, "-c", "while 1: pass"]
+        mem = [sys.executable, os.path.join(HERE, "programs", "cpu_sibling.py"), "mem"]
+        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps([cpu, cpu, mem])],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+
+    def _say(self, what: str) -> list[int]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return [int(x) for x in self.proc.stdout.readline().split()]
+
+    def start(self) -> list[int]:
+        pids = self._say("start")
+        time.sleep(0.5)  # let them get going
+        return pids
+
+    def stop(self) -> None:
+        self._say("stop")
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 def regions(fn, samples: int, n: int) -> list[dict]:
@@ -84,19 +114,19 @@ def regions(fn, samples: int, n: int) -> list[dict]:
     return out
 
 
-def run(rounds: int, n: int) -> dict[str, dict]:
+def run(hogs: Hogs, rounds: int, n: int) -> dict[str, dict]:
     sizes: dict[str, int] = {}
     kernels = {k: fn for k, (_, fn) in cpu_kernels((1.0, 10.0), sizes).items() if k in KERNELS}
     data: dict[str, dict[str, list]] = {k: {"alone": [], "hogs": []} for k in kernels}
     for _ in range(rounds):
         for name, fn in kernels.items():
             data[name]["alone"].append(regions(fn, KERNELS[name], n))
-        hogs = start_hogs()
+        hogs.start()
         try:
             for name, fn in kernels.items():
                 data[name]["hogs"].append(regions(fn, KERNELS[name], n))
         finally:
-            stop_hogs(hogs)
+            hogs.stop()
     return {name: summarize(d["alone"], d["hogs"]) for name, d in data.items()}
 
 
@@ -135,8 +165,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--regions", type=int, default=20, help="per kernel, phase and round")
     args = ap.parse_args()
-    with private_daemon():
-        out = run(args.rounds, args.regions)
+    hogs = Hogs()
+    try:
+        with private_daemon():
+            out = run(hogs, args.rounds, args.regions)
+    finally:
+        hogs.close()
     path = write_results("hogs", {"rounds": args.rounds, "regions": args.regions,
                                   "load_average": os.getloadavg(), "kernels": out})
     rows = [[name, f"{r['floor_p95_pct']:+.2f}", f"{r['all_p95_pct']:+.1f}",
