@@ -212,7 +212,17 @@ def _runnable(pid: int, tid: int, cores: set[int]) -> dict | None:
     if len(fields) < 37 or fields[0] != b"R" or int(fields[36]) not in cores:
         return None
     comm = data[data.find(b"(") + 1:close].decode(errors="replace")
-    return {"pid": pid, "tid": tid, "comm": comm, "cpu": int(fields[36])}
+    return {"pid": pid, "tid": tid, "comm": comm, "cpu": int(fields[36]),
+            "cmdline": _cmdline(pid)}
+
+
+def _cmdline(pid: int) -> str:
+    """The command line's first 160 characters ('' for kernel threads, or when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(160).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 class SelfWatch:
