@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from helpers import reap, wait_for
+from helpers import CONTENTION, reap, wait_for
 from test_enforce_support import (
     Sibling,
     assert_frozen_then_resumes,
@@ -258,7 +258,7 @@ def test_enforcer_region_report(backend, tmp_path, instance):
         assert report.freeze_backend == backend and report.siblings_frozen == 1
         assert report.processes_frozen == 1
         assert all(s.ok and s.apply_ms >= 0 and s.revert_ms >= 0 for s in report.steps)
-        assert region.reasons == []
+        assert [r for r in region.reasons if r.code.value not in CONTENTION] == []
         assert report.holder_involuntary_switches >= 0
         assert region.exit() is report  # idempotent
     finally:

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from helpers import PY, REPO, Daemon, krex, reap, wait_for
+from helpers import CONTENTION, PY, REPO, Daemon, clean_but_contention, krex, reap, wait_for
 
 from krex.enforce.cgroups import CgroupLayout
 from krex.errors import KrexError
@@ -68,7 +68,7 @@ def test_sibling_makes_no_progress_inside_a_region(backend_daemon, tmp_path):
     inside = [t for t in stamps(out) if seen["t_in"] < t < seen["t_out"]]
     assert inside == []
     host = seen["report"]["host"]
-    assert seen["report"]["clean"], seen["report"]
+    assert clean_but_contention(seen["report"]), seen["report"]
     assert host["siblings_frozen"] == 1 and host["freeze_backend"].startswith(
         backend_daemon.extra[1])
 
@@ -104,7 +104,7 @@ def test_revoked_region_thaws_siblings_and_is_not_clean(daemon, tmp_path):
         reap(sib)
     rep = seen["report"]
     assert rep["outcome"] == "revoked" and not rep["clean"]
-    assert [r["code"] for r in rep["reasons"]] == ["revoked"]
+    assert [r["code"] for r in rep["reasons"] if r["code"] not in CONTENTION] == ["revoked"]
     # Frozen right after the grant, running again well before the holder let go.
     ts = stamps(out)
     assert [t for t in ts if seen["t_in"] < t < seen["t_in"] + 0.25e9] == []
@@ -156,7 +156,7 @@ def test_first_sigterm_lets_the_holder_finish_second_forces(runtime_dir, monkeyp
         _, err = holder.communicate(timeout=30)
         assert holder.returncode == 0, err  # its release was still served
         seen = json.loads((tmp_path / "h.json").read_text())
-        assert seen["report"]["clean"]
+        assert clean_but_contention(seen["report"]), seen["report"]
         assert d.proc.wait(15) == 0
         wait_for(lambda: stamps(out)[-1] > seen["t_out"], 5)  # thawed at the end
         # A second signal exits at once, still thawing.

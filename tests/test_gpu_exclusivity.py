@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from helpers import PY, REPO, Daemon, krex, reap
+from helpers import PY, REPO, Daemon, clean_but_contention, krex, reap
 
 from krex.devices import fakegpu
 
@@ -61,10 +61,14 @@ def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatc
         assert seen["median_ms"] < 1.15, seen["median_ms"]
         host = seen["report"]["host"]
         assert host["gated_jobs"] == 1 and len(host["drain_acks_ms"]) == 1
-        assert seen["clean"]
+        assert clean_but_contention(seen["report"]), seen["report"]
     else:
         # Negative control: frozen on the host, its queue still time-slices the device.
         assert seen["median_ms"] > 1.4, seen["median_ms"]
+        # ... and the report says the gate and drain were off (issue 11): not clean.
+        assert not seen["report"]["clean"]
+        off = [r for r in seen["report"]["reasons"] if r["code"] == "mechanism_disabled"]
+        assert [r["evidence"]["mechanism"] for r in off] == ["gate_drain"], seen["report"]
 
 
 def test_a_sibling_that_goes_around_the_gate_makes_the_region_not_clean(runtime_dir,
@@ -109,7 +113,7 @@ def test_checkpoint_lock_backend_waits_for_queued_work(runtime_dir, monkeypatch)
     host = seen["report"]["host"]
     assert host["steps"][0]["name"] == "checkpoint_lock"
     assert len(host["locked_pids"]) >= 1
-    assert seen["clean"], seen["report"]
+    assert clean_but_contention(seen["report"]), seen["report"]
 
 
 def test_checkpoint_lock_times_out_like_a_drain(runtime_dir, monkeypatch):

@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "devices": {"protocol"},
     "enforce": {"devices", "protocol"},
     "workers": {"enforce", "devices", "protocol"},
-    "client": {"workers", "devices", "protocol"},
+    "client": {"workers", "enforce", "devices", "protocol"},
     "measure": {"client", "devices", "protocol"},
     "daemon": {"workers", "enforce", "devices", "protocol"},
     "eval": {"measure", "client", "workers", "devices", "protocol"},

@@ -11,6 +11,9 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
+from helpers import clean_but_contention
+
 import krex
 from krex.measure import CpuTimer, MeasureWarning, checks
 
@@ -25,6 +28,8 @@ def _busy(ms: float) -> None:
 
 def test_a_quiet_1ms_measurement_raises_no_warning(daemon):
     m = krex.measure(lambda: _busy(1.0))
+    if not m.region.clean and clean_but_contention(m.region):
+        pytest.skip(f"the machine is not quiet: {m.region.why_not_clean()}")
     assert m.warnings == [], m.warning_details
     assert m.trusted and m.region.clean
     assert 0.9 < m.median_ms < 1.5

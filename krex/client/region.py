@@ -13,6 +13,7 @@ is interrupted (Ctrl-C, a signal handler's exception) withdraws the request
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -95,6 +96,7 @@ class Region:
         self.grant: dict[str, Any] | None = None
         self._nested = False
         self._t0 = 0.0
+        self._watch: Any = None  # a nested region's own counters (krex.enforce.contention)
 
     @property
     def region_id(self) -> int | None:
@@ -107,6 +109,7 @@ class Region:
         self._nested = depth > 0
         self._t0 = time.monotonic()
         if self._nested:
+            self._watch = _self_watch()
             return self
         try:
             try:
@@ -117,6 +120,8 @@ class Region:
             _state.depth[self.device] = depth
             raise
         _state.outer[self.device] = self.grant
+        if self.grant.get("nested"):  # inside a whole-job hold: nothing enforced of its own
+            self._watch = _self_watch()
         return self
 
     def _acquire(self, conn: Connection) -> dict[str, Any]:
@@ -130,18 +135,28 @@ class Region:
     def __exit__(self, *exc: object) -> None:
         _state.depth[self.device] -= 1
         if self._nested:
-            self.report = self._nested_report()
+            self.report = self._judged(self._nested_report())
             return
         _state.outer.pop(self.device, None)
         conn = _connection()
         assert self.grant is not None
         rid = self.grant["region"]
-        self.report = RegionReport.from_dict(conn.call(m.Release(region=rid))["report"])
+        self.report = self._judged(
+            RegionReport.from_dict(conn.call(m.Release(region=rid))["report"]))
         pushed = conn.revoked.pop(rid, None)
         if self.report.revoked:
             reason = pushed or self.report.why_not_clean()
             warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
                           stacklevel=2)
+
+    def _judged(self, report: RegionReport) -> RegionReport:
+        """A nested region judged by its own holder's evidence, like a daemon region."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return report
+        host, reasons = watch.finish()
+        return dataclasses.replace(report, host=report.host or host,
+                                   reasons=[*report.reasons, *reasons])
 
     def _nested_report(self) -> RegionReport:
         """What is known of a region inside an outer one of this thread: the outer
@@ -164,6 +179,12 @@ class Region:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _self_watch() -> Any:
+    from krex.enforce.contention import SelfWatch  # only nested regions pay the import
+
+    return SelfWatch()
 
 
 def region(device: str | None = None, *, max_hold_s: float | None = None,

@@ -29,7 +29,7 @@ from krex.enforce.gatedrain import GatedJob, GateDrain
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.job import JobTarget
-from krex.enforce.process import PROTECTED, ProcessRef
+from krex.enforce.process import PROTECTED, ProcessRef, threads_of
 from krex.errors import KrexError
 from krex.protocol.report import DeviceAudit, HostEvidence, Reason, ReasonCode
 
@@ -189,7 +189,23 @@ class Exclusivity:
             sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
             self.fakegpu = FakeGpu(sock, core=self._fakegpu_core(),
                                    ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
+            self._keep_off_reserved(self.fakegpu.proc.pid)
         return self.fakegpu
+
+    def _keep_off_reserved(self, pid: int) -> None:
+        """The fake device stands for a GPU, which takes no host CPU: every thread of its
+        server (and the threads they start later, which inherit the mask) stays off the
+        holder's reserved cores, as its execution thread already does."""
+        reserved = set(self.enforcer.cores())
+        rest = [c for c in self.enforcer.all_cores if c not in reserved]
+        if not reserved or not rest:
+            return
+        for thread in threads_of(ProcessRef.of(pid)):
+            try:
+                mask = os.sched_getaffinity(thread.tid)
+                os.sched_setaffinity(thread.tid, [c for c in mask if c in rest] or rest)
+            except OSError:
+                pass
 
     def _fakegpu_core(self) -> int | None:
         """The fake device's own core: as configured, else the first core that is not
@@ -217,6 +233,10 @@ class Exclusivity:
         enforcement = self.enforcer.enter(
             holder_target, [self.target(j) for j in siblings], max_hold_s=hold,
             pre_ops=[drain] if drain else [], others=[self.target(j) for j in others])
+        if is_gpu(request.device) and not self.config.gate:
+            enforcement.gaps.append(Reason.mechanism(
+                "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
+                "GPU work may run during the region", disabled=True))
         audit = nvml_audit(request.device)
         if audit is not None:
             audit.begin({r.pid for r in holder_target.processes()})

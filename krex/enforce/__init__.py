@@ -12,7 +12,8 @@ cgroups, sweep), ``job`` (a job's processes), ``operation`` (the undoable
 operation shape), ``freeze`` (cgroup2 / cgroup1 / SIGSTOP), ``isolation``
 (cpuset + per-thread affinity), ``undo`` (records the guardian replays),
 ``guardian`` (the process that undoes everything if the daemon dies),
-``schedstat`` (holder switches and migrations), ``enforcer`` (order, ExitStack,
+``schedstat`` (holder counters: switches, migrations, CPU time, run delay),
+``contention`` (was the holder preempted, by whom), ``enforcer`` (order, ExitStack,
 report), ``doctor`` (what this machine supports).  See docs/enforce.md.
 Imports stay lazy: the guardian process must start fast.
 """

@@ -29,8 +29,27 @@ def capabilities(layout: CgroupLayout | None = None) -> dict:
         "cpuset": layout.cpuset,
         "reasons": dict(layout.reasons),
     }
+    info["unmanaged"] = unmanaged_mode()
     info["advice"] = advice(info, layout)
     return info
+
+
+def unmanaged_mode() -> dict[str, Any]:
+    """How this machine handles tasks krex does not manage on the holder's cores:
+    never moved; judged by the holder's run delay where the kernel reports it."""
+    from krex.enforce.contention import delay_measurable, delay_threshold_ns, kernel_tick
+
+    tick_s, source = kernel_tick()
+    if delay_measurable():
+        mode, why = "evidence", ("not moved off the reserved cores; a region where they "
+                                 "kept the holder waiting is reported not clean "
+                                 "(holder_preempted, foreign_task)")
+    else:
+        mode, why = "none", ("not moved, and this kernel reports no run delay "
+                             "(CONFIG_SCHED_INFO off): every region says contention_check "
+                             "is unavailable")
+    return {"mode": mode, "why": why, "tick_ms": round(tick_s * 1e3, 3), "tick_source": source,
+            "threshold_ms_at_100ms": round(delay_threshold_ns(100_000_000) / 1e6, 3)}
 
 
 def advice(info: dict, layout: CgroupLayout) -> list[str]:
@@ -105,6 +124,12 @@ def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
                          caps["freeze_chosen"] or "none", advice))
     checks += [_check(f"isolate: {name}", info["ok"], info["why"] or "available", advice)
                for name, info in caps["isolate"].items()]
+    unmanaged = caps["unmanaged"]
+    checks.append(_check(f"unmanaged tasks: {unmanaged['mode']}", unmanaged["mode"] != "none",
+                         f"{unmanaged['why']} (tick {unmanaged['tick_ms']} ms from "
+                         f"{unmanaged['tick_source']})",
+                         "use a kernel with CONFIG_SCHED_INFO (schedstat) so contention is "
+                         "judged"))
     checks.append(_check("measure cores", bool(caps["measure_cores"]),
                          f"{caps['measure_cores']} of {caps['all_cores']}",
                          "CPU isolation needs at least 2 cores"))

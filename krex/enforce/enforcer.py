@@ -18,11 +18,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from krex.enforce.cgroups import CgroupLayout
+from krex.enforce.contention import (
+    Contention,
+    delay_measurable,
+    judge,
+    ns_to_ms,
+    unmeasurable,
+)
 from krex.enforce.freeze import FREEZERS, SignalFreeze
 from krex.enforce.isolation import CpuIsolation, default_cores
 from krex.enforce.job import JobTarget
 from krex.enforce.operation import Operation
-from krex.enforce.schedstat import HolderCounters
+from krex.enforce.schedstat import Counts, HolderCounters
 from krex.errors import EnforcementFailed
 from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
 
@@ -140,6 +147,7 @@ class Enforcer:
         enforcement = Enforcement(self, holder, siblings)
         enforcement.gaps.extend(skipped)
         enforcement.counters = HolderCounters.begin(holder_refs)
+        enforcement.t0_ns = time.monotonic_ns()
         enforcement.start(list(pre_ops) + ops, max_hold_s + self.config.lease_margin_s)
         return enforcement
 
@@ -161,6 +169,9 @@ class Enforcement:
         self.lease_id = next(_lease_ids)
         self.stack = contextlib.ExitStack()
         self.counters: HolderCounters | None = None
+        self.t0_ns = time.monotonic_ns()
+        self.contention: Contention | None = None
+        self.contention_reasons: list[Reason] = []
         self.report: HostEvidence | None = None
         self.revoked = False
         self.freeze_step: Step | None = None
@@ -212,6 +223,9 @@ class Enforcement:
         finally:
             step.apply_ms = round((time.perf_counter() - t0) * 1e3, 3)
         step.ok, step.backend = True, _backend(op)
+        incomplete = getattr(op, "incomplete", None)
+        if incomplete:  # timed out: what it did stays applied (and is undone at exit)
+            step.ok, step.timed_out, step.error = False, True, str(incomplete)
         if op.name == "freeze":
             self.freeze_step = step
             frozen_count = getattr(op, "frozen_count", None)
@@ -232,8 +246,8 @@ class Enforcement:
     def reasons(self) -> list[Reason]:
         """Why this region's host enforcement is not clean: gaps, failed steps, lease expiry."""
         out = list(self.gaps)
-        out += [Reason(ReasonCode.STEP_FAILED, f"{s.name}: {s.error}",
-                       {"step": s.name, "error": s.error}) for s in self.steps if not s.ok]
+        out += [_step_reason(s) for s in self.steps if not s.ok]
+        out += self.contention_reasons
         if self.revoked:
             out.append(Reason(ReasonCode.LEASE_EXPIRED,
                               "lease: the guardian's lease expired: region revoked",
@@ -244,6 +258,7 @@ class Enforcement:
         """Revert in reverse order, end the lease, return the host evidence."""
         if self.report is not None:
             return self.report
+        self._judge()  # before anything is thawed or moved back
         self.stack.close()
         guardian = self.enforcer.guardian
         if guardian is not None and self.leased is not None:
@@ -252,17 +267,44 @@ class Enforcement:
         self.report = self._report()
         return self.report
 
+    def _judge(self) -> None:
+        """Read the holder's counters once at region end and judge contention."""
+        if self.counters is None:
+            return
+        isolated = any(op.name == "isolate" for op in self.applied)
+        cores = self.enforcer.cores() if isolated else self.enforcer.all_cores
+        self.contention = Contention(self.counters.totals(), time.monotonic_ns() - self.t0_ns,
+                                     cores, confined=isolated)
+        if not delay_measurable():
+            self.contention_reasons = [unmeasurable()]
+            return
+        pids = {r.pid for r in self.counters.refs}
+        self.contention_reasons = judge(self.contention, pids)
+
     def _report(self) -> HostEvidence:
         freeze = self.freeze_step
-        switches, migrations = self.counters.deltas() if self.counters else (0, None)
+        c = self.contention
+        totals = c.totals if c is not None else Counts()
         return HostEvidence(
             steps=self.steps,
             siblings_frozen=len(self.siblings) if freeze else 0,
             processes_frozen=(freeze.processes or 0) if freeze else 0,
             freeze_backend=freeze.backend if freeze else "off",
-            holder_involuntary_switches=switches,
-            holder_migrations=migrations,
+            holder_involuntary_switches=totals.switches,
+            holder_migrations=totals.migrations,
+            holder_run_delay_ms=ns_to_ms(totals.delay_ns),
+            holder_cpu_ms=ns_to_ms(totals.cpu_ns),
+            run_delay_threshold_ms=ns_to_ms(c.threshold_ns) if c is not None else None,
+            holder_cores=list(c.cores) if c is not None else None,
         )
+
+
+def _step_reason(step: Step) -> Reason:
+    if step.timed_out:
+        return Reason(ReasonCode.STEP_TIMEOUT, f"{step.name}: did not finish in time: {step.error}",
+                      {"step": step.name, "error": step.error})
+    return Reason(ReasonCode.STEP_FAILED, f"{step.name}: {step.error}",
+                  {"step": step.name, "error": step.error})
 
 
 __all__ = ["EnforceConfig", "Enforcer", "Enforcement", "FREEZE_CHOICES", "SignalFreeze"]

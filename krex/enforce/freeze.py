@@ -7,6 +7,11 @@ each thread is in state T).  The cgroup backends freeze each job's cgroup and
 SIGSTOP any process of the job that is outside it (an ad-hoc job, a job
 started before its cgroup existed).
 
+A freeze that does not complete within ``timeout_s`` does not raise: the op
+keeps what it stopped (undone on revert) and says why in ``incomplete``; the
+enforcer records the step as timed out and the region is not clean
+(``step_timeout``).  Errors still raise.
+
 SIGSTOP caveat: a process group that becomes orphaned while a member is
 stopped gets SIGHUP from the kernel.  The daemon starts every job in a new
 session (``start_new_session=True``); such groups are never "orphaned by the
@@ -83,6 +88,7 @@ class SignalFreeze:
         self.covered = covered or set  # PIDs another mechanism already froze
         self.stopped: list[ProcessRef] = []
         self._planned: list[ProcessRef] | None = None
+        self.incomplete: str | None = None  # set when a process did not stop in time
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -109,6 +115,8 @@ class SignalFreeze:
         batch = self._plan()
         for _round in range(8):  # children forked while we stop their parents
             self._stop(batch)
+            if self.incomplete:
+                return
             batch = [r for r in self._candidates() if r.state() not in _STOPPED]
             if not batch:
                 return
@@ -122,8 +130,10 @@ class SignalFreeze:
         sent = [r for r in refs if r.pid not in covered and r.send_signal(signal.SIGSTOP)]
         self.stopped.extend(sent)
         if not wait_until(lambda: all(_fully_stopped(r) for r in sent), self.timeout_s):
+            # Not an abort: the region runs, the stopped stay stopped until revert, and
+            # the report says so (step_timeout).
             slow = [_describe(r) for r in sent if not _fully_stopped(r)]
-            raise EnforcementFailed(f"processes {slow} did not stop within {self.timeout_s} s")
+            self.incomplete = f"processes {slow} did not stop within {self.timeout_s} s"
 
     def revert(self) -> None:
         for ref in self.stopped:
@@ -154,6 +164,7 @@ class _CgroupFreeze:
         self.timeout_s = timeout_s
         self.dirs = [d for t in targets if (d := _cgroup_dir(t, self.attr))]
         self.frozen: list[str] = []
+        self._slow: str | None = None
         self.stragglers = SignalFreeze(
             [], timeout_s=timeout_s, exclude=exclude, covered=self._covered
         )
@@ -195,8 +206,14 @@ class _CgroupFreeze:
             self.frozen.append(d)
         if not wait_until(lambda: all(self._is_frozen(d) for d in self.dirs), self.timeout_s):
             slow = [d for d in self.dirs if not self._is_frozen(d)]
-            raise EnforcementFailed(f"cgroups {slow} did not freeze within {self.timeout_s} s")
+            self._slow = f"cgroups {slow} did not freeze within {self.timeout_s} s"
         self.stragglers.apply()
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the freeze is incomplete (timed out), or None."""
+        parts = [p for p in (self._slow, self.stragglers.incomplete) if p]
+        return "; ".join(parts) or None
 
     def revert(self) -> None:
         self.stragglers.revert()

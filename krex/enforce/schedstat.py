@@ -1,10 +1,13 @@
-"""Scheduler counters of the holder: involuntary switches and CPU migrations.
+"""Scheduler counters of the holder over a region.
 
-Read per thread from ``/proc/PID/task/TID/status``
-(``nonvoluntary_ctxt_switches``) and ``/proc/PID/task/TID/sched``
-(``se.nr_migrations``, present when the kernel has CONFIG_SCHED_DEBUG).
-A :class:`HolderCounters` snapshot taken at region start gives the deltas at
-region end; threads born during the region count from zero.
+Per thread, read once at region start and once at region end:
+``/proc/PID/task/TID/schedstat`` (CPU time and *run delay*: nanoseconds the
+thread was runnable but waiting for a CPU; the kernel's CONFIG_SCHED_INFO),
+``/proc/PID/task/TID/status`` (``nonvoluntary_ctxt_switches``) and, where
+the kernel has CONFIG_SCHED_DEBUG, ``/proc/PID/task/TID/sched``
+(``se.nr_migrations``).  A :class:`HolderCounters` snapshot taken at region
+start gives the deltas at region end; threads born during the region count
+from zero.  :mod:`krex.enforce.contention` judges the deltas.
 """
 
 from __future__ import annotations
@@ -12,6 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from krex.enforce.process import ProcessRef, ThreadRef, threads_of
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One thread's counters (or a sum of deltas); None where the kernel has no such file."""
+
+    switches: int = 0  # involuntary context switches
+    migrations: int | None = None
+    cpu_ns: int | None = None  # time on a CPU
+    delay_ns: int | None = None  # runnable but waiting for a CPU
 
 
 def _field(path: str, key: str) -> int | None:
@@ -43,18 +56,35 @@ def _sched(path: str) -> tuple[int, int] | None:
     return values["nr_involuntary_switches"], values["se.nr_migrations"]
 
 
-def _thread_counts(t: ThreadRef) -> tuple[int, int | None]:
-    base = f"/proc/{t.pid}/task/{t.tid}"
+def _schedstat(path: str) -> tuple[int, int] | None:
+    """(CPU ns, run-delay ns): fields 1 and 2 of a ``schedstat`` file."""
+    try:
+        with open(path) as f:
+            cpu, delay = f.read().split()[:2]
+        return int(cpu), int(delay)
+    except (OSError, ValueError):
+        return None
+
+
+def thread_counts(pid: int, tid: int) -> Counts:
+    base = f"/proc/{pid}/task/{tid}"
+    stat = _schedstat(base + "/schedstat")
+    cpu, delay = stat if stat is not None else (None, None)
     both = _sched(base + "/sched")  # one file per thread where the kernel has it
     if both is not None:
-        return both
-    return _field(base + "/status", "nonvoluntary_ctxt_switches") or 0, None
+        return Counts(both[0], both[1], cpu, delay)
+    return Counts(_field(base + "/status", "nonvoluntary_ctxt_switches") or 0, None, cpu, delay)
+
+
+def _sum(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 @dataclass
 class HolderCounters:
     refs: list[ProcessRef]
-    start: dict[ThreadRef, tuple[int, int | None]] = field(default_factory=dict)
+    start: dict[ThreadRef, Counts] = field(default_factory=dict)
 
     @classmethod
     def begin(cls, refs: list[ProcessRef]) -> HolderCounters:
@@ -62,16 +92,32 @@ class HolderCounters:
         counters.start = counters._read()
         return counters
 
-    def _read(self) -> dict[ThreadRef, tuple[int, int | None]]:
-        return {t: _thread_counts(t) for ref in self.refs if ref.alive() for t in threads_of(ref)}
+    def _read(self) -> dict[ThreadRef, Counts]:
+        return {t: thread_counts(t.pid, t.tid)
+                for ref in self.refs if ref.alive() for t in threads_of(ref)}
+
+    def thread_ids(self) -> set[int]:
+        return {t.tid for t in self.start}
+
+    def totals(self) -> Counts:
+        """The sums of every holder thread's deltas since :meth:`begin` (read now)."""
+        per_thread = [_delta(self.start.get(t), now) for t, now in self._read().items()]
+        return Counts(sum(d.switches for d in per_thread),
+                      _sum([d.migrations for d in per_thread]),
+                      _sum([d.cpu_ns for d in per_thread]),
+                      _sum([d.delay_ns for d in per_thread]))
 
     def deltas(self) -> tuple[int, int | None]:
         """(involuntary switches, migrations or None if unreadable) since begin."""
-        switches, migrations, have_migrations = 0, 0, False
-        for thread, (sw, mig) in self._read().items():
-            sw0, mig0 = self.start.get(thread, (0, 0))
-            switches += max(0, sw - sw0)
-            if mig is not None:
-                have_migrations = True
-                migrations += max(0, mig - (mig0 or 0))
-        return switches, migrations if have_migrations else None
+        totals = self.totals()
+        return totals.switches, totals.migrations
+
+
+def _minus(now: int | None, then: int | None) -> int | None:
+    return None if now is None else max(0, now - (then or 0))
+
+
+def _delta(then: Counts | None, now: Counts) -> Counts:
+    then = then or Counts(0, 0, 0, 0)
+    return Counts(max(0, now.switches - then.switches), _minus(now.migrations, then.migrations),
+                  _minus(now.cpu_ns, then.cpu_ns), _minus(now.delay_ns, then.delay_ns))

@@ -125,9 +125,10 @@ def throttle(start: dict[str, Any], end: dict[str, Any], report: RegionReport) -
 
 
 def region(report: RegionReport) -> list[Finding]:
-    """Warnings from the region report (none for a nested region: the outer one judges)."""
+    """Warnings from the region report (a nested region: only its own evidence's reasons,
+    the outer one judges the rest)."""
     if report.nested:
-        return []
+        return [(MeasureWarning.REGION_NOT_CLEAN, _why_not_clean(report))] if report.reasons else []
     out: list[Finding] = []
     gaps = report.gaps()
     if not report.enforced or gaps:
@@ -156,7 +157,9 @@ def should_retry(report: RegionReport) -> bool:
     A region that is not clean only because a mechanism is missing on this
     machine (a *gap* reason) would be just as unclean the next time.
     """
-    if report.nested or not report.enforced:
+    if report.nested:
+        return bool(report.reasons) and not report.gaps()  # its own holder was preempted
+    if not report.enforced:
         return False
     if report.revoked:
         return True

@@ -12,8 +12,9 @@ A region is *clean* when it ended by release and no :class:`Reason` says
 otherwise: ``clean`` is derived from ``outcome`` and ``reasons``, never
 stored, so the two cannot disagree.  Every reason has a machine-readable
 :class:`ReasonCode`, a one-line message and optional evidence.  A region
-nested in an outer region of the same thread is judged by the outer one:
-its ``clean`` is ``None``.
+nested in an outer region of the same thread is judged by the outer one
+and by its own holder's evidence: its ``clean`` is ``None`` unless that
+evidence gives a reason, then ``False``.
 
 Timings carry their unit in their name (``waited_s``, ``held_s``, ``apply_ms``);
 timestamps say their clock (``*_mono_s``: ``time.monotonic()`` of this host,
@@ -59,6 +60,9 @@ class ReasonCode(str, Enum):
     DEVICE_NOT_IDLE = "device_not_idle"  # locked siblings' submitted work not seen to finish
     CANCELLED = "cancelled"  # the requester cancelled: the region was never used
     FOREIGN_DAEMON = "foreign_daemon"  # another user's krex daemon ran on the node meanwhile
+    HOLDER_PREEMPTED = "holder_preempted"  # the holder waited for its CPUs past the threshold
+    FOREIGN_TASK = "foreign_task"  # another task was runnable on the holder's cores
+    STEP_TIMEOUT = "step_timeout"  # an enforcement step did not finish in time
 
     @property
     def gap(self) -> bool:
@@ -103,6 +107,7 @@ class Step:
     revert_ms: float | None = None
     error: str | None = None
     processes: int | None = None  # freeze: the processes it stopped
+    timed_out: bool = False  # did not finish in time: the region ran with it incomplete
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -122,6 +127,10 @@ class HostEvidence:
     freeze_backend: str = "off"  # cgroup2 | cgroup1 | signal | off
     holder_involuntary_switches: int | None = None  # the holder's, during the region
     holder_migrations: int | None = None  # None where the kernel does not count them
+    holder_run_delay_ms: float | None = None  # runnable but waiting for a CPU (None: unknown)
+    holder_cpu_ms: float | None = None  # the holder's threads' CPU time during the region
+    run_delay_threshold_ms: float | None = None  # above it: holder_preempted
+    holder_cores: list[int] | None = None  # where the holder could run
     gated_jobs: int | None = None  # gate/drain: sibling jobs whose gates were closed
     gate_idle_jobs: list[int] = field(default_factory=list)  # ... that never launched GPU work
     drain_acks_ms: dict[int, float] = field(default_factory=dict)  # pid -> ack latency
@@ -196,9 +205,10 @@ class RegionReport:
 
     @property
     def clean(self) -> bool | None:
-        """True: released with no reason against it; None: nested (the outer region judges)."""
+        """True: released with no reason against it; None: nested with no reason against
+        it (the outer region judges the rest)."""
         if self.outcome is Outcome.NESTED:
-            return None
+            return False if self.reasons else None
         return self.outcome is Outcome.RELEASED and not self.reasons
 
     @property
