@@ -5,10 +5,10 @@ every ``node_poll_s`` — what the daemon exposes to any client, nothing of its
 internals.  Regions are kept for ``timeline_s`` (the node page's timeline)
 and handed to the metrics once.
 
-Attribution: a region belongs to a tenant when the daemon's record names one
-(``tenant``, once the daemon carries it), else when the service knows it —
-an evaluation's regions by their ids, an exec's by its worker's pid and the
-program's run (``started_mono_s`` … ``ended_mono_s``).  Regions not
+Attribution: a region belongs to a tenant when the service knows it — an
+evaluation's regions by their ids, an exec's by its worker's pid and the
+program's run (``started_mono_s`` … ``ended_mono_s``) — else when the
+daemon's record names one other than its default ``uid:N``.  Regions not
 attributed within ``ATTRIBUTION_S`` of their end are ``local`` (not the
 service's).
 """
@@ -126,8 +126,6 @@ class NodeWatcher:
         return ready
 
     def _tenant_locked(self, r: dict[str, Any]) -> str | None:
-        if r.get("tenant"):
-            return str(r["tenant"])
         found = self._by_region.pop(int(r.get("region") or 0), None)
         if found:
             return found
@@ -137,6 +135,11 @@ class NodeWatcher:
             for wpid, start, end, tenant in reversed(self._runs):
                 if wpid == pid and start <= at <= end:
                     return tenant
+        named = str(r.get("tenant") or "")
+        # The daemon names every region's tenant; ``uid:N`` is only its default (the
+        # peer's uid — the service's own for its workers), so it does not tell.
+        if named and not named.startswith("uid:"):
+            return named
         return None
 
     def _trim_locked(self) -> None:
