@@ -107,8 +107,20 @@ class CandidateRun:
         self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
-        self.fingerprint: dict[str, tuple[int, ...]] = {}
+        self.fingerprint: dict[guard.Key, Any] = {}
+        self.built: dict[str, Any] = {}  # case id -> arguments as built, never handed out
         self.trusted: list[str] = []
+
+    def args(self, case: dict[str, Any]) -> tuple[Any, ...]:
+        """Fresh arguments of one case: a copy of the ones built for it — or built again
+        when a copy could differ from a fresh build (views, objects other than arrays)."""
+        pristine = self.built.get(case["id"])
+        if pristine is None:
+            pristine = build(self.make, case)
+            if not values.copyable(pristine):
+                return pristine
+            self.built[case["id"]] = pristine
+        return values.copy_tree(pristine)
 
     # -- before the candidate exists -------------------------------------------------
 
@@ -120,7 +132,7 @@ class CandidateRun:
             self.ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
             outputs, hashes, t0 = {}, {}, time.monotonic()
             for case in job["reference_cases"]:
-                args = build(self.make, case)
+                args = self.args(case)
                 hashes[case["id"]] = values.tree_digest(args)
                 arrays: dict[str, Any] = {}  # copied at once: a reused output buffer is fine
                 outputs[case["id"]] = (values.flatten(self.ref(*args), arrays, case["id"]),
@@ -169,8 +181,11 @@ class CandidateRun:
             self.out["stage_s"][name] = time.monotonic() - t0
 
     def _checked(self, cases: list[dict[str, Any]], label: str | None = None) -> None:
-        for case in cases:
-            args = build(self.make, case)
+        kept = []  # each case's inputs live until the stage ends: equal-sized copies would
+        for case in cases:  # reuse a freed address, and an address-keyed cache would then
+            # read as a wrong output instead of the identity probe's stale one
+            args = self.args(case)
+            kept.append(args)
             before = values.tree_digest(args)
             result = _call(case["stage"], self.cand, *args)
             self.out["aliases"] += [{**a, "case": case["id"]} for a in values.aliases(result, args)]
@@ -199,9 +214,9 @@ class CandidateRun:
 
     def _identity(self) -> None:
         first, second = self.job["cases"]["identity"]
-        args = build(self.make, first)
+        args = self.args(first)
         _call("identity", self.cand, *args)
-        refilled = values.refill(args, build(self.make, second))
+        refilled = values.refill(args, self.args(second))
         self.out["identity_refilled"] = refilled
         if refilled:
             self.outputs["identity"] = _call("identity", self.cand, *args)
@@ -213,8 +228,8 @@ class CandidateRun:
             return
         job, opts = self.job, self.job["timing"]
         rotation = job["cases"]["rotation"]
-        a = probe.Calls(self.ref, [build(self.make, c) for c in rotation], "reference")
-        b = probe.Calls(self.cand, [build(self.make, c) for c in rotation], "candidate")
+        a = probe.Calls(self.ref, [self.args(c) for c in rotation], "reference")
+        b = probe.Calls(self.cand, [self.args(c) for c in rotation], "candidate")
         digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
