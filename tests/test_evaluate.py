@@ -119,6 +119,20 @@ def test_a_changed_candidate_file_is_a_new_request(daemon_m, tmp_path):
     assert not second.reused and second.candidate["sha256"] != first.candidate["sha256"]
 
 
+def test_rewritten_reference_outputs_are_caught_by_their_announced_digest(daemon_m):
+    """The reference's outputs are written and their SHA-256 announced on stdout before the
+    candidate is imported; a candidate that rewrites them (here to zeros, and returns
+    zeros) is caught by the digest — the pre-check and the judge alone would pass it."""
+    for _ in range(REPEATS):
+        ev = evaluate("rewrite_reference.py:fn")
+        tampered = [f for f in ev.findings if f.code.name == "KREX_TAMPERED"]
+        assert tampered and "changed after the candidate was imported" in tampered[0].message
+        assert tampered[0].evidence["sha256"] != tampered[0].evidence["announced"]
+        assert ev.verdict == "invalid" and not ev.ok, ev.summary()
+        assert "WRONG_OUTPUT" not in ev.codes()  # the rewrite worked: only the digest sees it
+        assert ev.timing.get("verdict") == "faster", ev.summary()
+
+
 def test_bad_specs_and_a_failing_reference_are_errors_not_verdicts(daemon_m, tmp_path):
     with pytest.raises(BadRequest):
         krex.evaluate(REF, "nope.py:fn", INPUTS)

@@ -312,3 +312,20 @@ def test_records_refuse_another_schema_version(tmp_path):
     (tmp_path / "junk.sqlite3").write_text("not a database")
     with pytest.raises(RecordsError):
         RecordStore(str(tmp_path / "junk.sqlite3"))
+
+
+# -- copies of built inputs ----------------------------------------------------------------
+
+
+def test_built_inputs_are_copied_only_when_a_copy_equals_a_fresh_build():
+    x, f = np.arange(12, dtype=np.float32).reshape(3, 4).copy(), np.asfortranarray(np.ones((3, 4)))
+    tree = (x, [f, {"k": np.float32(2)}], 3, None)
+    assert values.copyable(tree)
+    copy = values.copy_tree(tree)
+    assert type(copy[1]) is list and copy[1][0].flags.f_contiguous and copy[2:] == (3, None)
+    assert not np.shares_memory(copy[0], x) and values.tree_digest(copy) == values.tree_digest(tree)
+    copy[0][0, 0] = 99  # the copy is the caller's: the built original never changes
+    assert x[0, 0] == 0
+    # negative controls: views (their base would be lost) and objects krex cannot copy
+    assert not values.copyable((x.T,)) and not values.copyable((x[1:],))
+    assert not values.copyable((object(),)) and not values.copyable(((1, 2), set()))

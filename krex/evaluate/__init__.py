@@ -8,8 +8,9 @@ unclear / invalid), speedup with its interval, correctness, named
 database (``krex.records``).
 
 A pure pipeline over ``workers`` and ``measure`` (no transport code):
-``pipeline`` plans the cases and runs two programs in warm workers —
-``worker.run_reference`` and ``worker.run_candidate`` (correctness,
+``pipeline`` plans the cases and runs one program in a warm worker —
+``worker.run_candidate`` (the reference's outputs, announced before the
+candidate is imported, then correctness,
 identity probe, ``krex.compare`` with input rotation and the counters of
 ``probe``/``counters``, the tamper check of ``guard``) — then ``judge``
 decides in this process from what came back (``values``: trees, files,

@@ -1,11 +1,13 @@
-"""``krex.evaluate``: plan the cases, run the two programs in warm workers, judge, record.
+"""``krex.evaluate``: plan the cases, run the program in a warm worker, judge, record.
 
 A pure pipeline over ``workers`` (through the daemon's pool, the same one
 ``krex exec`` uses) and ``measure`` (``compare``, run inside the candidate's
-worker): no transport code here.  The reference and the candidate run as two
-programs at once, each in its own worker process; their outputs come back
-as files in a private directory and are judged in this process, where no
-candidate code runs.
+worker): no transport code here.  One program per evaluation: it computes
+the reference's outputs and announces their SHA-256 on stdout before it
+imports the candidate, then runs the candidate.  Outputs come back as files
+in a private directory and are judged in this process, where no candidate
+code runs; reference files that do not match the announcement fail the
+evaluation.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import os
 import secrets
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,10 @@ from krex.evaluate.result import Evaluation
 
 OUTPUT_TAIL_CHARS = 4000
 ROTATION_SEED, HELD_OUT_SEED, IDENTITY_SEED = 1000, 2000, 3000
-MIN_PAIRS = 30  # compare's floor before it may stop on a clear verdict
+MIN_PAIRS = 30  # compare's floor before it may stop on a clear verdict (12 cost `same`
+# verdicts in bench_evaluate: 27/32 right, against 32/32 with 30)
+WARMUP_MS = 1.0  # one call per side: both were called several times before the timing
+ANNOUNCE_WITHIN_CHARS = 1 << 20  # stdout read for the reference announcement, at most
 MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
 
 
@@ -165,12 +169,13 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
     cases = plan(options)
     workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
     try:
-        jobs = _jobs(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
-        ref_result, cand_result, tail = _programs(jobs, device, timeout_s)
-        ref_meta = _reference_meta(ref_result, tail)
-        ref_tree = values.load(os.path.join(workdir, "reference"))
+        job = _job(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
+        cand_result, tail, announced = _program(job, device, timeout_s)
+        ref_tree, ref_meta, changed = _reference(os.path.join(workdir, "reference"), announced,
+                                                 cand_result, tail)
         cand_tree = _load_if_there(os.path.join(workdir, "candidate"))
         summary, status, early = _candidate_outcome(cand_result, timeout_s)
+        early += [changed] if changed else []
         verdict_of = judging.judge(cases, ref_tree, cand_tree, summary, options)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -186,7 +191,7 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
         inputs=specs["inputs"].to_dict(), options={**options, "timeout_s": timeout_s},
         correctness=verdict_of.correctness, timing=comparison,
         integrity=_integrity(summary), provenance=_provenance(summary, ref_meta, cand_result),
-        elapsed_s=time.monotonic() - t0, output_tail=tail[-1][-OUTPUT_TAIL_CHARS:],
+        elapsed_s=time.monotonic() - t0, output_tail=tail[-OUTPUT_TAIL_CHARS:],
     )  # fmt: skip
 
 
@@ -194,10 +199,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _jobs(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
-          cases: dict[str, Any], workdir: str, label: str) -> dict[str, dict[str, Any]]:
-    common = {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
-              "dir": workdir, "device": device}
+def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
+         cases: dict[str, Any], workdir: str, label: str) -> dict[str, Any]:
     ref_cases = cases["correctness"] + cases["rotation"] + cases["identity"][1:] \
         + cases["held_out"]
     # compare stops once its interval is within ±2w (our "same") or outside it with 1 excluded
@@ -206,64 +209,88 @@ def _jobs(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
-              "min_time_s": MIN_MEASURED_S}
-    return {
-        "reference": {**common, "cases": ref_cases},
-        "candidate": {**common, "candidate": specs["candidate"].to_dict(), "cases": cases,
-                      "timing": timing, "label": label, "atol": options["atol"],
-                      "rtol": options["rtol"]},
-    }
+              "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}
+    return {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
+            "dir": workdir, "device": device, "reference_cases": ref_cases,
+            "candidate": specs["candidate"].to_dict(), "cases": cases, "timing": timing,
+            "label": label, "atol": options["atol"], "rtol": options["rtol"]}
 
 
-def _programs(jobs: dict[str, dict[str, Any]], device: str,
-              timeout_s: float) -> tuple[Any, Any, list[str]]:
-    """Both programs at once, each through its own connection (so each in its own worker)."""
+class _Output:
+    """The program's output: a bounded tail, and the first reference announcement on stdout."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+        self.chunks: list[str] = []
+        self.head: str | None = ""  # stdout so far, until the announcement is found
+        self.announced: str | None = None
+
+    def __call__(self, stream: str, text: str) -> None:
+        self.chunks.append(text)
+        if len(self.chunks) > 256:
+            del self.chunks[:128]
+        if stream != "stdout" or self.announced is not None or self.head is None:
+            return
+        self.head += text  # only until the announcement (it comes before any candidate code)
+        at = self.head.find(self.mark)
+        end = self.head.find("\n", at) if at >= 0 else -1
+        if end >= 0:
+            self.announced, self.head = self.head[at + len(self.mark):end].strip(), None
+        elif len(self.head) > ANNOUNCE_WITHIN_CHARS:
+            self.head = None  # the reference printed this much first: no announcement taken
+
+    def tail(self) -> str:
+        return "".join(self.chunks)
+
+
+def _program(job: dict[str, Any], device: str, timeout_s: float) -> tuple[Any, str, str | None]:
+    """(result, output tail, the announced SHA-256 of the reference's files)."""
     from krex.evaluate import worker
 
-    outputs: dict[str, list[str]] = {"reference": [], "candidate": []}
-    box: dict[str, Any] = {}
-
-    def reference() -> None:
-        try:
-            box["result"] = _submit(worker.run_reference, jobs["reference"], device, timeout_s,
-                                    outputs["reference"])
-        except BaseException as exc:  # noqa: BLE001  (re-raised on the caller's thread)
-            box["error"] = exc
-
-    thread = threading.Thread(target=reference, name="krex-evaluate-reference", daemon=True)
-    thread.start()
-    try:
-        cand = _submit(worker.run_candidate, jobs["candidate"], device, timeout_s,
-                       outputs["candidate"])
-    finally:
-        thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"], cand, ["".join(outputs["reference"]), "".join(outputs["candidate"])]
+    sink = _Output(worker.REFERENCE_MARK)
+    result = _submit(worker.run_candidate, job, device, timeout_s, sink)
+    return result, sink.tail(), sink.announced
 
 
 def _submit(fn: Callable[..., Any], job: dict[str, Any], device: str, timeout_s: float,
-            sink: list[str]) -> Any:
+            sink: Callable[[str, str], None]) -> Any:
     from krex.client import Client
     from krex.workers import ExecRequest
-
-    def keep(stream: str, text: str) -> None:
-        sink.append(text)
-        if len(sink) > 256:
-            del sink[:128]
 
     req = ExecRequest.for_callable(fn, job)
     req.timeout_s = timeout_s
     with Client() as client:
-        return client.execute(req, device=device, on_output=keep)
+        return client.execute(req, device=device, on_output=sink)
 
 
-def _reference_meta(result: Any, tail: list[str]) -> dict[str, Any]:
-    if not result.ok:
+def _reference(path: str, announced: str | None, result: Any,
+               tail: str) -> tuple[Any, dict[str, Any], Finding | None]:
+    """(outputs, metadata, a finding) of the reference, as announced before the candidate
+    was imported; the finding when the files no longer match the announcement."""
+    from krex.evaluate.worker import reference_digest
+
+    summary = result.returned() if result.status == "ok" else None
+    if isinstance(summary, dict) and summary.get("status") == "reference_error":
+        raise EvaluationFailed(f"the reference or the inputs builder failed: "
+                               f"{summary.get('exception')}\n"
+                               f"{str(summary.get('traceback') or tail)[-2000:]}")
+    if announced is None:
         why = result.exception or f"{result.status} (exit code {result.exit_code})"
-        raise EvaluationFailed(f"the reference or the inputs builder failed: {why}\n"
-                               f"{(result.traceback or tail[0])[-2000:]}")
-    return dict(result.returned())
+        raise EvaluationFailed(f"the reference's outputs were never announced: {why}\n"
+                               f"{(result.traceback or tail)[-2000:]}")
+    try:
+        found = reference_digest(path)
+        tree = values.load(path)
+        with open(path + ".meta.json") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        return None, {}, Finding(Code.KREX_TAMPERED, "the reference's outputs, written before "
+                                 f"the candidate was imported, could not be read: {exc}", {})
+    if found != announced:
+        return None, {}, Finding(Code.KREX_TAMPERED, "the reference's outputs changed after "
+                                 "the candidate was imported", {"sha256": found,
+                                                                "announced": announced})
+    return tree, meta, None
 
 
 def _load_if_there(path: str) -> tuple[dict[str, Any], dict[str, Any]] | None:

@@ -246,11 +246,17 @@ class ProbeBox:
 
 
 def run(sides: list[Calls], timer: Any, threads: counters.ThreadCpu, box: ProbeBox) -> None:
-    """The whole return probe: single calls watched, then a burst per side."""
-    box.calls = return_probe(sides, timer, threads)
+    """The whole return probe: single calls watched, then a burst per side.
+
+    Without the interposer (``cpu``) only the candidate is probed: the
+    reference's calls are the baseline of launch counts, which do not exist
+    there, and its quiet windows would only lengthen the region.
+    """
     box.bursts = []
-    if counters.device_launches() is None:
-        return  # no interposer (cpu): nothing queued anywhere to drain
+    if counters.device_launches() is None:  # no interposer: nothing queued anywhere to drain
+        box.calls = return_probe([s for s in sides if s.side == "candidate"], timer, threads)
+        return
+    box.calls = return_probe(sides, timer, threads)
     for calls in sides:
         per_call = [c.synced_ms for c in box.calls if c.side == calls.side]
         box.bursts.append(burst(calls, timer, sorted(per_call)[len(per_call) // 2]))

@@ -165,7 +165,40 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return structures, arrays
 
 
-# -- in-place refill and aliasing (in the worker) ---------------------------------------
+# -- copies, in-place refill and aliasing (in the worker) --------------------------------
+
+
+def copyable(tree: Any) -> bool:
+    """True when :func:`copy_tree` gives what a fresh build would: containers of
+    arrays that own their memory (a view's copy would lose its base) and plain values."""
+    if is_tensor(tree):
+        return type(tree).__name__ == "Tensor" and tree._base is None and not tree.requires_grad
+    if is_array(tree):
+        return type(tree).__name__ == "ndarray" and tree.base is None or _numpy_scalar(tree)
+    if isinstance(tree, (tuple, list)):
+        return type(tree) in (tuple, list) and all(copyable(x) for x in tree)
+    if isinstance(tree, dict):
+        return type(tree) is dict and all(copyable(x) for x in tree.values())
+    return tree is None or type(tree) in (bool, int, float, str)
+
+
+def _numpy_scalar(x: Any) -> bool:
+    import numpy as np
+
+    return isinstance(x, np.generic)  # immutable: shared, not copied
+
+
+def copy_tree(tree: Any) -> Any:
+    """A deep copy of a :func:`copyable` tree: new arrays (same device, dtype, layout)."""
+    if is_tensor(tree):
+        return tree.clone()  # same device, dtype and strides (preserve_format)
+    if is_array(tree):
+        return tree if _numpy_scalar(tree) else tree.copy(order="K")
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(copy_tree(x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: copy_tree(v) for k, v in tree.items()}
+    return tree
 
 
 def refill(dst: Any, src: Any) -> int:

@@ -1,22 +1,25 @@
-"""The two programs an evaluation runs in warm workers.
+"""The one program an evaluation runs in a warm worker: :func:`run_candidate`.
 
-:func:`run_reference` (its own program, often its own worker) builds every
-input case from its seed, calls the reference and writes the outputs and the
-inputs' hashes.  :func:`run_candidate` runs everything that touches the
-candidate, in this order: load inputs builder and reference, warm the
-measuring machinery, take the thread baseline and the fingerprint of trusted
-modules, *then* import the candidate; correctness cases (fresh inputs per
-call, mutation and aliasing checked), the determinism re-run, the identity
-probe (same input objects, new contents), the A/B timing through
-``krex.compare`` with input rotation and counters around every sample, the
-return probe at the end of the region, the held-out cases, and the
-fingerprint again.  Outputs go to files (``values.save``); the returned dict
-is small and JSON-able.  Judging happens in the evaluator, never here: this
-process ran the candidate's code.
+Everything happens in one worker, in this order: load the inputs builder
+and the reference, build every case from its seed and call the reference
+on it, write the reference's outputs (``reference.json``/``.npz``, with the
+inputs' hashes) and announce their SHA-256 on stdout — *before* the
+candidate exists, so the evaluator can tell if anything changed them later
+—, warm the measuring machinery, take the thread baseline and the
+fingerprint of trusted modules, *then* import the candidate; correctness
+cases (fresh inputs per call, mutation and aliasing checked), the
+determinism re-run, the identity probe (same input objects, new contents),
+the A/B timing through ``krex.compare`` with input rotation and counters
+around every sample, the return probe at the end of the region, the
+held-out cases, and the fingerprint again.  Outputs go to files
+(``values.save``); the returned dict is small and JSON-able.  Judging
+happens in the evaluator, never here: this process ran the candidate's code.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import time
@@ -40,16 +43,21 @@ def _tuples(shape: Any) -> Any:
     return tuple(_tuples(s) for s in shape) if isinstance(shape, list) else shape
 
 
-def run_reference(job: dict[str, Any]) -> dict[str, Any]:
-    make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
-    ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
-    outputs, hashes, t0 = {}, {}, time.monotonic()
-    for case in job["cases"]:
-        args = build(make, case)
-        hashes[case["id"]] = values.tree_digest(args)
-        outputs[case["id"]] = ref(*args)
-    values.save(os.path.join(job["dir"], "reference"), outputs)
-    return {"input_hashes": hashes, "seconds": time.monotonic() - t0, "pid": os.getpid()}
+REFERENCE_MARK = "krex-evaluate-reference-sha256:"  # the announcement's prefix on stdout
+REFERENCE_FILES = (".json", ".npz", ".meta.json")  # after the ``reference`` path, digest order
+
+
+def reference_digest(path: str) -> str:
+    """SHA-256 over the reference's files, in :data:`REFERENCE_FILES` order."""
+    h = hashlib.sha256()
+    for suffix in REFERENCE_FILES:
+        with open(path + suffix, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+class ReferenceFailed(Exception):
+    """The inputs builder or the reference raised: no verdict, the request is broken."""
 
 
 PROBE_HOLD_S = 20.0  # the region's maximum hold beyond the timing loop: the return probe
@@ -75,6 +83,11 @@ def _call(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
 def run_candidate(job: dict[str, Any]) -> dict[str, Any]:
     run = CandidateRun(job)
     try:
+        run.reference()
+    except ReferenceFailed as exc:
+        return {"status": "reference_error", "exception": str(exc),
+                "traceback": traceback.format_exc()[-8000:]}
+    try:
         run.prepare()
         run.stages()
     except Stage as failed:
@@ -94,25 +107,54 @@ class CandidateRun:
         self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
-        self.fingerprint: dict[str, tuple[int, ...]] = {}
+        self.fingerprint: dict[guard.Key, Any] = {}
+        self.built: dict[str, Any] = {}  # case id -> arguments as built, never handed out
         self.trusted: list[str] = []
+
+    def args(self, case: dict[str, Any]) -> tuple[Any, ...]:
+        """Fresh arguments of one case: a copy of the ones built for it — or built again
+        when a copy could differ from a fresh build (views, objects other than arrays)."""
+        pristine = self.built.get(case["id"])
+        if pristine is None:
+            pristine = build(self.make, case)
+            if not values.copyable(pristine):
+                return pristine
+            self.built[case["id"]] = pristine
+        return values.copy_tree(pristine)
 
     # -- before the candidate exists -------------------------------------------------
 
+    def reference(self) -> None:
+        """Every case's reference output, on file and announced, before the candidate exists."""
+        job = self.job
+        try:
+            self.make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
+            self.ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
+            outputs, hashes, t0 = {}, {}, time.monotonic()
+            for case in job["reference_cases"]:
+                args = self.args(case)
+                hashes[case["id"]] = values.tree_digest(args)
+                arrays: dict[str, Any] = {}  # copied at once: a reused output buffer is fine
+                outputs[case["id"]] = (values.flatten(self.ref(*args), arrays, case["id"]),
+                                       arrays)
+        except BaseException as exc:  # SystemExit too: the request itself is broken
+            raise ReferenceFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.expected = {c["id"]: outputs[c["id"]] for c in job["cases"]["correctness"]}
+        path = os.path.join(job["dir"], "reference")
+        values.save(path, {}, outputs)
+        with open(path + ".meta.json", "w") as f:
+            json.dump({"input_hashes": hashes, "seconds": time.monotonic() - t0,
+                       "pid": os.getpid()}, f)
+        _announce(f"{REFERENCE_MARK}{reference_digest(path)}")
+
     def prepare(self) -> None:
         job = self.job
-        self.make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
-        self.ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
         from krex.measure import make_timer
         from krex.measure.regions import get_region_factory
 
         self.timer = make_timer(self.device)
         self.region_factory = get_region_factory()
         counters.device_launches()
-        for case in job["cases"]["correctness"]:  # also warms the reference's lazy pools
-            arrays: dict[str, Any] = {}
-            result = values.flatten(self.ref(*build(self.make, case)), arrays, case["id"])
-            self.expected[case["id"]] = (result, arrays)
         self.timer.synchronize()
         self.out["provenance"] = _provenance(self.device, self.timer)
         self.threads = counters.ThreadCpu()
@@ -139,8 +181,11 @@ class CandidateRun:
             self.out["stage_s"][name] = time.monotonic() - t0
 
     def _checked(self, cases: list[dict[str, Any]], label: str | None = None) -> None:
-        for case in cases:
-            args = build(self.make, case)
+        kept = []  # each case's inputs live until the stage ends: equal-sized copies would
+        for case in cases:  # reuse a freed address, and an address-keyed cache would then
+            # read as a wrong output instead of the identity probe's stale one
+            args = self.args(case)
+            kept.append(args)
             before = values.tree_digest(args)
             result = _call(case["stage"], self.cand, *args)
             self.out["aliases"] += [{**a, "case": case["id"]} for a in values.aliases(result, args)]
@@ -169,9 +214,9 @@ class CandidateRun:
 
     def _identity(self) -> None:
         first, second = self.job["cases"]["identity"]
-        args = build(self.make, first)
+        args = self.args(first)
         _call("identity", self.cand, *args)
-        refilled = values.refill(args, build(self.make, second))
+        refilled = values.refill(args, self.args(second))
         self.out["identity_refilled"] = refilled
         if refilled:
             self.outputs["identity"] = _call("identity", self.cand, *args)
@@ -183,8 +228,8 @@ class CandidateRun:
             return
         job, opts = self.job, self.job["timing"]
         rotation = job["cases"]["rotation"]
-        a = probe.Calls(self.ref, [build(self.make, c) for c in rotation], "reference")
-        b = probe.Calls(self.cand, [build(self.make, c) for c in rotation], "candidate")
+        a = probe.Calls(self.ref, [self.args(c) for c in rotation], "reference")
+        b = probe.Calls(self.cand, [self.args(c) for c in rotation], "candidate")
         digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
@@ -243,6 +288,14 @@ class CandidateRun:
         except Exception as exc:  # noqa: BLE001  (an output krex cannot copy is the candidate's)
             self.out.update({"status": "error", "stage": "outputs",
                              "exception": f"{type(exc).__name__}: {exc}"})
+
+
+def _announce(line: str) -> None:
+    """One line on fd 1, unbuffered: it reaches the evaluator before the candidate can run."""
+    sys.stdout.flush()
+    data = f"\n{line}\n".encode()
+    while data:
+        data = data[os.write(1, data):]
 
 
 def _request_recycle(reason: str) -> None:

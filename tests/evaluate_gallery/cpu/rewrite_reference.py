@@ -1,0 +1,37 @@
+"""A hack on its own module (it acts at import): rewrite the reference's expected outputs.
+
+When it is imported the reference's outputs are already on file in the
+evaluation's directory (and the pre-check's copy in memory): it finds both
+through the importing frames, turns every expected array to zeros and then
+returns zeros — right against the rewritten reference, and very fast.  The
+announced digest of the reference's files is what catches it.
+"""
+
+import sys
+
+import numpy as np
+
+
+def _rewrite():
+    frame = sys._getframe(1)
+    while frame is not None:
+        run = frame.f_locals.get("self")
+        job = getattr(run, "job", None)
+        if isinstance(job, dict) and "dir" in job:
+            for _, arrays in run.expected.values():
+                for key in arrays:
+                    arrays[key] = np.zeros_like(arrays[key])
+            path = f"{job['dir']}/reference.npz"
+            with np.load(path) as data:
+                zeros = {k: np.zeros_like(data[k]) for k in data.files}
+            np.savez(path, **zeros)
+            return True
+        frame = frame.f_back
+    return False
+
+
+REWRITTEN = _rewrite()
+
+
+def fn(x):
+    return np.zeros_like(x)
