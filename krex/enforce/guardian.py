@@ -125,15 +125,20 @@ class GuardianClient:
                          "undo": records})
 
     def expired(self) -> set[int]:
-        """Lease ids the guardian has expired (and undone) so far."""
-        if self.proc is not None and self.proc.stdout is not None:
-            with contextlib.suppress(BlockingIOError, OSError, TypeError):
-                self._buf += os.read(self.proc.stdout.fileno(), 65536) or b""
-            *lines, self._buf = self._buf.split(b"\n")
-            for line in lines:
-                if line.startswith(b"expired "):
-                    self._expired.add(int(line.split()[1]))
-        return set(self._expired)
+        """Lease ids the guardian has expired (and undone) so far.
+
+        Under the lock: a restart (the ticker's) replaces ``proc`` and reads the new
+        guardian's ``ready`` line; read here unlocked, a lane's release could take that
+        line first and leave the restart waiting its whole start timeout."""
+        with self._lock:
+            if self.proc is not None and self.proc.stdout is not None:
+                with contextlib.suppress(BlockingIOError, OSError, TypeError):
+                    self._buf += os.read(self.proc.stdout.fileno(), 65536) or b""
+                *lines, self._buf = self._buf.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"expired "):
+                        self._expired.add(int(line.split()[1]))
+            return set(self._expired)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close the pipe (the guardian undoes any lease still active) and reap it."""
