@@ -91,7 +91,7 @@ def test_holder_threads_on_reserved_cores_others_off(runtime_dir, monkeypatch, t
         d.stop()
     assert len(seen["inside"]) >= 4  # every thread of the holder ...
     assert all(set(cpus) <= reserved for cpus in seen["inside"].values())  # ... is moved
-    assert all(not set(cpus) & reserved for cpus in seen["inside_sibling"].values())
+    assert all(not set(cpus) & reserved for cpus in seen["inside_sibling"].values()), seen
     assert seen["after"] == seen["before"]  # placement restored exactly
     assert all(set(c) & reserved for c in sibling_after.values())
 

@@ -65,9 +65,12 @@ class ManagedJob:
               **popen: Any) -> subprocess.Popen:
         """Start ``argv`` as the job's root process (``env``: ours unless given)."""
         child_env = merge_env(dict(os.environ) if env is None else env, self.info["env"])
+        # Holding its device already (command mode): its processes are in the holder's
+        # slot, out of the device's frozen subtree; the child joins them there.
+        cgroups = {**self.info["cgroups"], **((self.hold or {}).get("cgroups") or {})}
         try:
             self.proc = subprocess.Popen(argv, env=child_env,
-                                         preexec_fn=join_cgroups(self.info["cgroups"]), **popen)
+                                         preexec_fn=join_cgroups(cgroups), **popen)
         except OSError as exc:
             raise command_error(argv[0], exc) from None
         self.client.attach_job(self.job_id, self.proc.pid)

@@ -159,7 +159,7 @@ class Daemon:
             tenant = self.access.tenant(session.peer, msg.tenant)
             adhoc = self._new_job(session, _text(msg.name, "name") or f"pid-{me.pid}", device,
                                   "region", "adhoc", me, tenant)
-            adhoc.cgroups = self.exclusivity.create_cgroups(adhoc.job_id)
+            adhoc.cgroups = self.exclusivity.create_cgroups(adhoc.job_id, adhoc.device)
             self.exclusivity.adopt(adhoc.cgroups, me)
         return {"job_id": adhoc.job_id, "device": adhoc.device, "mode": adhoc.mode,
                 "tenant": adhoc.tenant}
@@ -172,7 +172,7 @@ class Daemon:
         tenant = self.access.tenant(session.peer, msg.tenant)
         job = self._new_job(session, _text(msg.name, "name") or "job", device, msg.mode,
                             "managed", self._pid_of(session), tenant)
-        job.cgroups = self.exclusivity.create_cgroups(job.job_id)
+        job.cgroups = self.exclusivity.create_cgroups(job.job_id, job.device)
         return {"job_id": job.job_id, "device": device, "mode": job.mode, "tenant": tenant,
                 **self.job_env(job)}
 
@@ -271,7 +271,7 @@ class Daemon:
                                     "region", "worker", me, uid=os.getuid(),
                                     tenant=f"daemon:{os.getuid()}"))
             self._job_created(job)
-            job.cgroups = self.exclusivity.create_cgroups(job.job_id)
+            job.cgroups = self.exclusivity.create_cgroups(job.job_id, device)
             return job
 
     def worker_started(self, job_id: int, pid: int) -> None:

@@ -30,6 +30,7 @@ from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.job import JobTarget
 from krex.enforce.process import PROTECTED, ProcessRef, threads_of
+from krex.enforce.slot import HolderSlot
 from krex.errors import KrexError
 from krex.protocol.report import DeviceAudit, HostEvidence, Reason, ReasonCode
 
@@ -71,6 +72,11 @@ class _Region:
         if isinstance(drain, CheckpointLock):
             enforcement.gaps.extend(Reason.mechanism(d["what"], d["why"])
                                     for d in drain.not_locked)
+
+    def slot_paths(self) -> dict[str, str]:
+        """kind -> the holder's slot directory, for the hierarchies it was moved in."""
+        return {kind: dst for op in self.enforcement.applied if isinstance(op, HolderSlot)
+                for kind, (_, dst) in op.moves.items()}
 
     def exit(self) -> Evidence:
         host = self.enforcement.exit()
@@ -138,9 +144,11 @@ class Exclusivity:
 
     # -- per job -------------------------------------------------------------------
 
-    def create_cgroups(self, job_id: int) -> JobCgroups | None:
+    def create_cgroups(self, job_id: int, device: str = "cpu") -> JobCgroups | None:
+        """The job's cgroups, under its device's subtree: created while a region holds
+        the device, they are frozen from birth, and so is whatever joins them."""
         try:
-            cg = self.layout.create_job(self.instance, job_id)
+            cg = self.layout.create_job(self.instance, job_id, device)
         except OSError as exc:
             log.info("job %d gets no cgroup: %s", job_id, exc)
             return None
@@ -161,7 +169,7 @@ class Exclusivity:
     def cgroup_paths(self, cgroups: JobCgroups | None) -> dict[str, str | None]:
         if cgroups is None:
             return {}
-        return {"v2": cgroups.v2, "freezer": cgroups.freezer, "cpuset": cgroups.cpuset}
+        return cgroups.paths()  # in joining order: the freezing hierarchies last
 
     def job_env(self, job: Any) -> dict[str, str]:
         """What a job's processes need: the interposer on a gate file, the fake driver."""
@@ -290,7 +298,10 @@ class Exclusivity:
         tracked = list(job.members)
         if job.kind == "adhoc":
             tracked.append(job.owner)
-        return JobTarget(job.job_id, root=job.root, pgid=job.pgid, cgroups=job.cgroups,
+        # An ad-hoc job's process group is its caller's (a shell pipeline, say): it is
+        # never signalled as a group, only the job's own processes and descendants.
+        pgid = None if job.kind == "adhoc" else job.pgid
+        return JobTarget(job.job_id, root=job.root, pgid=pgid, cgroups=job.cgroups,
                          tracked=tracked)
 
     # -- the node --------------------------------------------------------------------

@@ -289,7 +289,11 @@ class Holds:
         return {"region": req.region, "device": req.device, "waited_s": self._waited_s(st),
                 "enforce_s": self._enforce_s(st), "nested": req.nested,
                 "exclusive": req.exclusive, "max_hold_s": finite_or_none(req.max_hold_s),
-                "granted_mono_s": st.granted_mono_s, "tenant": req.tenant}
+                "granted_mono_s": st.granted_mono_s, "tenant": req.tenant,
+                # where the holder's processes are for its region: a process it starts
+                # meanwhile (``krex run --mode command``'s child) joins these, not its
+                # job's cgroups under the frozen device subtree
+                "cgroups": slot_paths(st.held)}
 
     def _end(self, st: RegionState, outcome: Outcome, why: str | None = None) -> None:
         """A held region ends: undo its enforcement on its lane (or now, when it has none)."""
@@ -412,6 +416,11 @@ class Holds:
             jobs_served_while_waiting=req.jobs_served_while_waiting,
             host=evidence.host if evidence else None,
             device_audit=evidence.device_audit if evidence else None, reasons=reasons)
+
+
+def slot_paths(held: Held | None) -> dict[str, str]:
+    paths = getattr(held, "slot_paths", None)
+    return paths() if paths is not None else {}
 
 
 def _stopped_host(host: HostEvidence) -> bool:

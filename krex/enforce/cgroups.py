@@ -2,9 +2,21 @@
 
 The layout is probed at run time from ``/proc/self/mounts``: a cgroup2 mount
 (``/sys/fs/cgroup`` on pure v2 machines, ``/sys/fs/cgroup/unified`` on hybrid
-ones), a v1 ``freezer`` and a v1 ``cpuset`` hierarchy.  Each job gets
-``<hierarchy>/krex-<instance>/job-<id>`` in every usable hierarchy.  Instance
-names carry the daemon's PID and start time (:func:`instance_name`) so that
+ones), a v1 ``freezer`` and a v1 ``cpuset`` hierarchy.  krex's tree lives under
+the daemon's *own* cgroup in each hierarchy (its systemd unit, Slurm step or
+pod; never the hierarchy root unless the daemon is there), so the caller's
+limits hold for every job.  Per device, everyone on the device but the region
+holder is one subtree (:class:`DeviceCgroups`)::
+
+    <own cgroup>/krex-<instance>/dev-<device>/job-<id>   each job (v2, freezer)
+    <own cgroup>/krex-<instance>/dev-<device>            the device's jobs (v1 cpuset)
+    <own cgroup>/krex-<instance>/hold-<device>           the holder's slot
+
+Freezing ``dev-<device>`` freezes every job of the device with one write, and
+a job created (or a process joining one) while it is frozen is frozen from
+birth.  The holder's few processes move to ``hold-<device>`` for its region
+and back after (cgroups cannot be renamed across parents).  Instance names
+carry the daemon's PID and start time (:func:`instance_name`) so that
 :meth:`CgroupLayout.sweep` can tell leftovers of dead daemons from live ones.
 """
 
@@ -65,20 +77,61 @@ def _own_v2_dir(root: str) -> str:
     return root
 
 
+def _own_v1_dir(mount: str, controller: str) -> str:
+    """This process's cgroup in a v1 hierarchy (the mount point if unknown or gone)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, names, path = line.rstrip("\n").split(":", 2)
+                if controller in names.split(","):
+                    own = os.path.join(mount, path.lstrip("/"))
+                    return own if os.path.isdir(own) else mount
+    except (OSError, ValueError):
+        pass
+    return mount
+
+
+@dataclass
+class DeviceCgroups:
+    """One device's subtree: ``parent`` holds every job of the device, ``slot`` the
+    region holder (kind -> directory; kinds ``v2``, ``freezer``, ``cpuset``)."""
+
+    device: str
+    parent: dict[str, str] = field(default_factory=dict)
+    slot: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class JobCgroups:
-    """The cgroup directories of one job (None where a hierarchy is unusable)."""
+    """The cgroup directories of one job (None where a hierarchy is unusable).
+
+    ``v2`` and ``freezer`` are the job's own directories; ``cpuset`` is the job's
+    own one on v2, else (v1) its device's parent, shared by the device's jobs.
+    """
 
     v2: str | None = None
     freezer: str | None = None
     cpuset: str | None = None
+    device: DeviceCgroups | None = None
+    verified: tuple | None = field(default=None, compare=False)  # anchors seen inside
 
     def dirs(self) -> list[str]:
+        """Every directory to join, the freezing ones last: a process joining a frozen
+        job is already in its cpuset when it stops."""
         seen: list[str] = []
-        for d in (self.v2, self.freezer, self.cpuset):
+        for d in (self.cpuset, self.v2, self.freezer):
             if d and d not in seen:
                 seen.append(d)
         return seen
+
+    def own(self) -> list[str]:
+        """The job's own directories (removed with the job)."""
+        shared = self.device.parent.values() if self.device else ()
+        return [d for d in self.dirs() if d not in shared]
+
+    def paths(self) -> dict[str, str | None]:
+        """kind -> directory, in joining order (what ``krex run``'s child joins)."""
+        return {"cpuset": self.cpuset, "v2": self.v2, "freezer": self.freezer}
 
     def join_self(self) -> None:
         """Move the calling process into every directory (for ``preexec_fn``).
@@ -105,12 +158,29 @@ class JobCgroups:
 
     def pids(self) -> list[int]:
         """Members (every hierarchy holds the same ones: join and adopt write all)."""
-        dirs = self.dirs()
+        dirs = self.own()
         return sorted(_procs(dirs[0])) if dirs else []
 
     def remove(self) -> None:
-        for d in self.dirs():
+        for d in self.own():
             _remove_dir(d)
+
+
+def move_all(src: str, dst: str, rounds: int = 4) -> list[int]:
+    """Move every process of ``src`` into ``dst`` (again while forks keep adding); the
+    PIDs moved.  O(processes of ``src``)."""
+    moved: list[int] = []
+    for _ in range(rounds):
+        pids = _procs(src)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                write(dst + "/cgroup.procs", str(pid))
+                moved.append(pid)
+            except (ProcessLookupError, OSError):
+                pass
+    return moved
 
 
 def _procs(d: str) -> list[int]:
@@ -121,14 +191,14 @@ def _procs(d: str) -> list[int]:
 
 
 def _hierarchy_root(d: str) -> str:
-    """The mount point above ``.../krex-<instance>/job-<id>``."""
+    """The cgroup above ``.../krex-<instance>/...``: the daemon's own (its caller's)."""
     while os.path.basename(d) and not os.path.basename(d).startswith(_PREFIX):
         d = os.path.dirname(d)
     return os.path.dirname(d)
 
 
 def _remove_dir(d: str) -> None:
-    """Thaw, move any remaining processes up to the hierarchy root, rmdir."""
+    """Thaw, move any remaining processes up to the cgroup krex's tree is in, rmdir."""
     if not os.path.isdir(d):
         return
     _thaw_dir(d)
@@ -191,7 +261,7 @@ class CgroupLayout:
             return
         root = "/sys/fs/cgroup" if "/sys/fs/cgroup" in roots else roots[0]
         self.v2_root = root
-        for base in (root, _own_v2_dir(root)):
+        for base in dict.fromkeys((_own_v2_dir(root), root)):  # the caller's own first
             if os.access(base + "/cgroup.procs", os.W_OK) and _probe_freeze(base):
                 self.v2_base, self.v2_writable = base, True
                 break
@@ -205,11 +275,12 @@ class CgroupLayout:
         if not paths:
             self.reasons[name] = f"no cgroup v1 {name} hierarchy mounted"
             return
-        setattr(self, name, paths[0])
-        ok = os.access(paths[0], os.W_OK) and os.access(paths[0] + "/cgroup.procs", os.W_OK)
+        base = _own_v1_dir(paths[0], name)
+        setattr(self, name, base)
+        ok = os.access(base, os.W_OK) and os.access(base + "/cgroup.procs", os.W_OK)
         setattr(self, f"{name}_writable", ok)
         if not ok:
-            self.reasons[name] = f"{paths[0]} not writable (need root)"
+            self.reasons[name] = f"{base} not writable (need root)"
 
     def bases(self) -> dict[str, str]:
         """Usable hierarchy -> the directory krex-<instance> dirs go in."""
@@ -222,19 +293,41 @@ class CgroupLayout:
             out["cpuset"] = self.cpuset
         return out
 
-    def create_job(self, instance: str, job_id: int) -> JobCgroups:
-        job = JobCgroups()
+    def device(self, instance: str, device: str = "cpu") -> DeviceCgroups:
+        """The device's subtree (``dev-`` parent and ``hold-`` slot), made on first use."""
+        dev = DeviceCgroups(device)
+        name = _dir_name(device)
         for kind, base in self.bases().items():
             inst = os.path.join(base, _PREFIX + instance)
-            path = os.path.join(inst, f"job-{job_id}")
+            parent, slot = os.path.join(inst, "dev-" + name), os.path.join(inst, "hold-" + name)
             try:
                 _make(base, inst, kind)
-                _make(inst, path, kind)
+                _make(inst, parent, kind)
+                _make(inst, slot, kind)
+            except OSError as e:
+                self.reasons[f"{kind}-create"] = f"{parent}: {e}"
+                continue
+            dev.parent[kind], dev.slot[kind] = parent, slot
+        if "v2" in dev.parent and self.v2_cpuset and "cpuset" not in dev.parent \
+                and os.path.exists(dev.slot["v2"] + "/cpuset.cpus"):
+            dev.parent["cpuset"], dev.slot["cpuset"] = dev.parent["v2"], dev.slot["v2"]
+        return dev
+
+    def create_job(self, instance: str, job_id: int, device: str = "cpu") -> JobCgroups:
+        dev = self.device(instance, device)
+        job = JobCgroups(device=dev)
+        for kind, parent in dev.parent.items():
+            if kind == "cpuset" and parent != dev.parent.get("v2"):
+                job.cpuset = parent  # v1: a cpuset per device, not per job
+                continue
+            path = os.path.join(parent, f"job-{job_id}")
+            try:
+                _make(parent, path, kind)
             except OSError as e:
                 self.reasons[f"{kind}-create"] = f"{path}: {e}"
                 continue
             setattr(job, kind, path)
-        if job.v2 and self.v2_cpuset and not job.cpuset:
+        if job.v2 and "cpuset" in dev.parent and not job.cpuset:
             job.cpuset = job.v2
         return job
 
@@ -251,6 +344,10 @@ class CgroupLayout:
                     _remove_tree(os.path.join(base, name))
                     removed.append(os.path.join(base, name))
         return removed
+
+
+def _dir_name(device: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", device)
 
 
 def _listdir(d: str) -> list[str]:
@@ -312,8 +409,10 @@ def _no_domain_rebuild(path: str) -> None:
         pass
 
 
-def _remove_tree(inst: str) -> None:
-    for name in _listdir(inst):
-        if os.path.isdir(os.path.join(inst, name)):
-            _remove_dir(os.path.join(inst, name))
-    _remove_dir(inst)
+def _remove_tree(top: str) -> None:
+    """Children first (jobs under their device), each thawed and emptied, then ``top``."""
+    _thaw_dir(top)
+    for name in _listdir(top):
+        if os.path.isdir(os.path.join(top, name)):
+            _remove_tree(os.path.join(top, name))
+    _remove_dir(top)

@@ -25,11 +25,12 @@ from krex.enforce.contention import (
     ns_to_ms,
     unmeasurable,
 )
-from krex.enforce.freeze import FREEZERS, SignalFreeze
-from krex.enforce.isolation import CpuIsolation, default_cores
+from krex.enforce.freeze import FREEZERS, SignalFreeze, SubtreeFreeze
+from krex.enforce.isolation import CpuIsolation, SlotIsolation, default_cores
 from krex.enforce.job import JobTarget
 from krex.enforce.operation import Operation
 from krex.enforce.schedstat import Counts, HolderCounters
+from krex.enforce.slot import HolderSlot
 from krex.errors import EnforcementFailed
 from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from krex.enforce.guardian import GuardianClient
 
 FREEZE_CHOICES = ("auto", "cgroup2", "cgroup1", "signal", "off")
+_SUBTREE_KINDS = {"cgroup2": "v2", "cgroup1": "freezer"}  # backends that freeze a subtree
 _lease_ids = itertools.count(1)
 
 
@@ -116,8 +118,29 @@ class Enforcer:
         ops: list = []
         skipped: list[Reason] = []
         backend, why = self.freeze_backend()
+        kind = _SUBTREE_KINDS.get(backend or "")
+        dev = holder.cgroups.device if holder.cgroups else None
+        subtree = kind is not None and dev is not None and kind in dev.parent
+        slot = HolderSlot(holder)
+        for k in ("v2", "freezer"):
+            if not subtree or k != kind:
+                slot.moves.pop(k, None)
+        if not (self.config.isolate and "cpuset" in (dev.slot if dev else {})):
+            slot.moves.pop("cpuset", None)
+        if slot.moves:
+            ops.append(slot)  # out of its device's subtree before that is frozen
+        frozen: set[str] = set()
         if backend is None:
             skipped.append(Reason.mechanism("freeze", why, disabled=self.config.freeze == "off"))
+        elif subtree and kind is not None and dev is not None:
+            devices = {dev.device: dev.parent[kind]}
+            for t in siblings:
+                d = t.cgroups.device if t.cgroups else None
+                if d is not None and kind in d.parent:
+                    devices[d.device] = d.parent[kind]
+            frozen = set(devices)
+            ops.append(SubtreeFreeze(kind, list(devices.values()), siblings,
+                                     timeout_s=self.config.freeze_timeout_s, exclude=exclude))
         else:
             ops.append(
                 FREEZERS[backend](siblings, timeout_s=self.config.freeze_timeout_s, exclude=exclude)
@@ -125,7 +148,10 @@ class Enforcer:
         if self.config.isolate:
             # Frozen siblings cannot run: only unfrozen jobs need moving off the cores.
             movable = list(others) + ([] if backend else list(siblings))
-            ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
+            if "cpuset" in slot.moves:
+                ops.append(SlotIsolation(holder, movable, frozen, self.cores(), self.all_cores))
+            else:
+                ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
         else:
             skipped.append(Reason.mechanism("isolate", "disabled by configuration (isolate=false)",
                                             disabled=True))
@@ -229,7 +255,8 @@ class Enforcement:
         if op.name == "freeze":
             self.freeze_step = step
             frozen_count = getattr(op, "frozen_count", None)
-            step.processes = frozen_count() if frozen_count is not None else None
+            if frozen_count is not None and not getattr(op, "count_at_exit", False):
+                step.processes = frozen_count()
         self.applied.append(op)
         self.stack.callback(self._revert, op, step)
 
@@ -259,6 +286,7 @@ class Enforcement:
         if self.report is not None:
             return self.report
         self._judge()  # before anything is thawed or moved back
+        self._count_frozen()
         self.stack.close()
         guardian = self.enforcer.guardian
         if guardian is not None and self.leased is not None:
@@ -266,6 +294,12 @@ class Enforcement:
             guardian.end(self.lease_id)
         self.report = self._report()
         return self.report
+
+    def _count_frozen(self) -> None:
+        """Processes a subtree freeze stopped: counted at the end, off the grant path."""
+        for op in self.applied:
+            if op.name == "freeze" and getattr(op, "count_at_exit", False) and self.freeze_step:
+                self.freeze_step.processes = op.frozen_count()
 
     def _judge(self) -> None:
         """Read the holder's counters once at region end and judge contention."""

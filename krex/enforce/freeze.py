@@ -242,7 +242,7 @@ class CgroupV2Freeze(_CgroupFreeze):
     freeze_value, thaw_value, undo_kind = "1", "0", "thaw_v2"
 
     def _is_frozen(self, d: str) -> bool:
-        return "frozen 1" in read(d + "/cgroup.events")
+        return _v2_frozen(d)
 
 
 class CgroupV1Freeze(_CgroupFreeze):
@@ -252,7 +252,99 @@ class CgroupV1Freeze(_CgroupFreeze):
     freeze_value, thaw_value, undo_kind = "FROZEN", "THAWED", "thaw_v1"
 
     def _is_frozen(self, d: str) -> bool:
-        return read(d + "/freezer.state") == "FROZEN"
+        return _v1_frozen(d)
+
+
+def _v2_frozen(d: str) -> bool:
+    return "frozen 1" in read(d + "/cgroup.events")
+
+
+def _v1_frozen(d: str) -> bool:
+    return read(d + "/freezer.state") == "FROZEN"  # FREEZING until every descendant is
+
+
+class SubtreeFreeze:
+    """Freeze whole device subtrees, one write each, whatever the number of siblings.
+
+    ``parents`` are the device parents (``dev-<device>``) of one hierarchy
+    (``kind``: ``v2`` or ``freezer``); every job of those devices is frozen with
+    them, and so is any job created or process joining one until the thaw (a
+    cgroup made under a frozen parent is frozen from birth).  The holder is not
+    among them: :class:`~krex.enforce.slot.HolderSlot` moved it out first.
+    Sibling jobs with processes outside their cgroup (``stragglers``) are also
+    SIGSTOPped, exactly their own processes.
+    """
+
+    name = "freeze"
+    count_at_exit = True  # processes frozen are counted for the report, off the grant path
+
+    def __init__(self, kind: str, parents: list[str], siblings: list[JobTarget], *,
+                 timeout_s: float = 2.0, exclude: set[int] | None = None) -> None:
+        cls = CgroupV2Freeze if kind == "v2" else CgroupV1Freeze
+        self.kind, self.cls = kind, cls
+        self.backend = cls.backend
+        self.parents = list(dict.fromkeys(parents))
+        self.siblings = siblings
+        self.timeout_s = timeout_s
+        loose = [t for t in siblings if t.may_run_outside()]
+        self.stragglers = SignalFreeze(loose, timeout_s=timeout_s, exclude=exclude,
+                                       covered=lambda: _pids_in(loose, kind))
+        self.frozen: list[str] = []
+        self._slow: str | None = None
+
+    def available(self) -> tuple[bool, str]:
+        missing = [d for d in self.parents if not os.path.exists(os.path.join(d, self.cls.control))]
+        if missing or not self.parents:
+            return False, f"no {self.cls.control} in {missing[0] if missing else 'any parent'}"
+        return True, ""
+
+    def undo_records(self) -> list[dict]:
+        thaw = [{"kind": self.cls.undo_kind, "path": d} for d in self.parents]
+        return thaw + self.stragglers.undo_records()
+
+    def apply(self) -> None:
+        for d in self.parents:
+            write(os.path.join(d, self.cls.control), self.cls.freeze_value)
+            self.frozen.append(d)
+        is_frozen = _v2_frozen if self.kind == "v2" else _v1_frozen
+        if not wait_until(lambda: all(is_frozen(d) for d in self.parents), self.timeout_s):
+            slow = [d for d in self.parents if not is_frozen(d)]
+            self._slow = f"cgroups {slow} did not freeze within {self.timeout_s} s"
+        if self.stragglers.targets:
+            self.stragglers.apply()
+
+    @property
+    def incomplete(self) -> str | None:
+        parts = [p for p in (self._slow, self.stragglers.incomplete) if p]
+        return "; ".join(parts) or None
+
+    def revert(self) -> None:
+        self.stragglers.revert()
+        for d in self.frozen:
+            try:
+                write(os.path.join(d, self.cls.control), self.cls.thaw_value)
+            except FileNotFoundError:
+                pass
+        self.frozen = []
+
+    def frozen_count(self) -> int:
+        return len(_pids_in(self.siblings, self.kind)) + self.stragglers.frozen_count()
+
+    @property
+    def full_backend(self) -> str:
+        return self.backend + ("+signal" if self.stragglers.stopped else "")
+
+
+def _pids_in(targets: list[JobTarget], kind: str) -> set[int]:
+    pids: set[int] = set()
+    for t in targets:
+        d = _cgroup_dir(t, kind)
+        if d:
+            try:
+                pids.update(int(x) for x in read(d + "/cgroup.procs").split())
+            except OSError:
+                pass
+    return pids
 
 
 FREEZERS = {"cgroup2": CgroupV2Freeze, "cgroup1": CgroupV1Freeze, "signal": SignalFreeze}

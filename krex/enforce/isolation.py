@@ -80,7 +80,9 @@ class CpuIsolation:
         return [(self.holder, True)] + [(t, False) for t in self.others]
 
     def _cpuset_dirs(self) -> list[tuple[str, bool]]:
-        return [(t.cgroups.cpuset, h) for t, h in self._jobs() if t.cgroups and t.cgroups.cpuset]
+        """Jobs' own cpusets (a v1 device cpuset is shared: :class:`SlotIsolation`'s)."""
+        return [(t.cgroups.cpuset, h) for t, h in self._jobs()
+                if t.cgroups and t.cgroups.cpuset and t.cgroups.cpuset in t.cgroups.own()]
 
     def _plan(self) -> None:
         if self._planned:
@@ -168,3 +170,86 @@ def _parse_cpulist(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         cpus.extend(range(int(lo), int(hi or lo) + 1))
     return cpus
+
+
+class SlotIsolation:
+    """CPU isolation in a few writes, whatever the number of jobs.
+
+    The holder's slot (``hold-<device>``, where :class:`~krex.enforce.slot.HolderSlot`
+    moved it) is its reserved-core cpuset; every other device's subtree (parent and
+    slot) not frozen by this region is narrowed to the remaining cores with one
+    write each, and put back on revert.  Jobs with processes outside their cgroups
+    (and the holder, if it has such) fall back to per-thread affinity
+    (:class:`CpuIsolation`).  O(devices) writes, not O(jobs).
+    """
+
+    name = "isolate"
+    backend = "cpuset-slot"
+
+    def __init__(self, holder: JobTarget, others: list[JobTarget], frozen: set[str],
+                 # frozen: the devices whose subtrees this region froze
+                 cores: list[int], all_cores: list[int]) -> None:
+        dev = holder.cgroups.device if holder.cgroups else None
+        self.slot = dev.slot.get("cpuset") if dev else None
+        self.cores, self.all_cores = sorted(cores), sorted(all_cores)
+        self.rest = [c for c in self.all_cores if c not in self.cores]
+        dirs: dict[str, None] = {}
+        for t in others:
+            other = t.cgroups.device if t.cgroups else None
+            if other is None or other.device in frozen:
+                continue  # a frozen device's jobs cannot run: no need to move them
+            for d in (other.parent.get("cpuset"), other.slot.get("cpuset")):
+                if d and d != self.slot:
+                    dirs[d] = None
+        self.narrow = list(dirs)
+        self.previous: dict[str, str] = {}
+        loose = [_bare(t) for t in others if t.may_run_outside()]
+        bare_holder = _bare(holder) if holder.may_run_outside() else JobTarget(-1)
+        self.loose = (CpuIsolation(bare_holder, loose, cores, all_cores)
+                      if loose or bare_holder.job_id != -1 else None)
+
+    def available(self) -> tuple[bool, str]:
+        if not self.slot:
+            return False, "the holder has no cpuset slot"
+        if not self.cores or not self.rest:
+            return False, "no cores to reserve, or none left for the other jobs"
+        return True, ""
+
+    def undo_records(self) -> list[dict]:
+        # After a crash nobody stays pinned: the slot gets every core back.
+        records: list[dict[str, Any]] = [{"kind": "cpuset", "path": self.slot,
+                                          "cpus": _cpulist(self.all_cores)}]
+        self._plan()
+        records += [{"kind": "cpuset", "path": d, "cpus": v} for d, v in self.previous.items()]
+        return records + (self.loose.undo_records() if self.loose else [])
+
+    def _plan(self) -> None:
+        for d in self.narrow:
+            if d not in self.previous:
+                self.previous[d] = read(d + "/cpuset.cpus")
+
+    def apply(self) -> None:
+        assert self.slot is not None
+        self._plan()
+        if _parse_cpulist(read(self.slot + "/cpuset.cpus")) != self.cores:
+            write(self.slot + "/cpuset.cpus", _cpulist(self.cores))
+        rest = _cpulist(self.rest)
+        for d in self.narrow:
+            write(d + "/cpuset.cpus", rest)
+        if self.loose is not None:
+            self.loose.apply()
+
+    def revert(self) -> None:
+        if self.loose is not None:
+            self.loose.revert()
+        for d, cpus in self.previous.items():
+            try:
+                write(d + "/cpuset.cpus", cpus or "\n")
+            except FileNotFoundError:
+                pass
+
+
+def _bare(target: JobTarget) -> JobTarget:
+    """The job without its cgroups: its processes found from /proc (affinity only)."""
+    return JobTarget(target.job_id, root=target.root, pgid=target.pgid, cgroups=None,
+                     tracked=list(target.tracked))

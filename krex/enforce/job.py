@@ -49,6 +49,28 @@ class JobTarget:
                 refs[ref.pid] = ref
         return sorted(refs.values(), key=lambda r: r.pid)
 
+    def may_run_outside(self) -> bool:
+        """Whether a process of the job may be outside its cgroup (so a cgroup freeze
+        would miss it).  Checked once per set of anchors, then remembered: processes
+        born inside a cgroup stay there, so no read or /proc walk per grant."""
+        cg = self.cgroups
+        if cg is None:
+            return True
+        anchors = tuple((a.pid, a.start_time) for a in self._anchors())
+        if cg.verified == anchors:
+            return False
+        if not cg.own():
+            return True
+        if not anchors:
+            return False  # nothing yet: what it starts joins the cgroup before exec
+        if self.cgroup_only() is None:
+            return True
+        cg.verified = anchors
+        return False
+
+    def _anchors(self) -> list[ProcessRef]:
+        return ([self.root] if self.root else []) + list(self.tracked)
+
     def cgroup_only(self) -> list[int] | None:
         """The job's PIDs if its cgroup holds all of it, else None (needs a scan)."""
         in_cgroup = self.cgroups.pids() if self.cgroups else []

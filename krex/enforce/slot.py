@@ -1,0 +1,81 @@
+"""The holder's slot: the region holder leaves its device's subtree for its region.
+
+Every job of a device lives under the device's parent cgroup, which the
+freeze step freezes with one write (:class:`~krex.enforce.freeze.SubtreeFreeze`).
+The holder must not be frozen with them, and cgroups cannot be renamed across
+parents, so :class:`HolderSlot` moves the holder's processes (a few, whatever
+the number of siblings) from its job cgroup to the device's ``hold-`` slot
+before the freeze, and back after the thaw.  Processes the holder forks during
+the region are born in the slot and go back with it.  In the v1 cpuset
+hierarchy the slot is also the holder's reserved-core partition, so this move
+is the holder's half of CPU isolation.
+
+Undo after a crash needs nothing of its own: a process left in the slot is
+thawed and, by the isolation step's undo record, given every core back; the
+next daemon's sweep moves it out of the dead instance's tree.
+"""
+
+from __future__ import annotations
+
+from krex.enforce.cgroups import DeviceCgroups, move_all, write
+from krex.enforce.job import JobTarget
+
+
+class HolderSlot:
+    """Move ``holder``'s processes into its device's slot; back on revert."""
+
+    name = "slot"
+    backend = "cgroup"
+
+    def __init__(self, holder: JobTarget) -> None:
+        self.holder = holder
+        cg = holder.cgroups
+        self.device: DeviceCgroups | None = cg.device if cg is not None else None
+        # kind -> (the job's directory in that hierarchy, the slot's)
+        self.moves: dict[str, tuple[str, str]] = {}
+        if cg is not None and self.device is not None:
+            for kind, src in (("v2", cg.v2), ("freezer", cg.freezer), ("cpuset", cg.cpuset)):
+                dst = self.device.slot.get(kind)
+                if src and dst and not (kind == "cpuset" and src == cg.v2):
+                    self.moves[kind] = (src, dst)
+        self.moved: list[int] = []
+        self.applied = False
+
+    def available(self) -> tuple[bool, str]:
+        if not self.moves:
+            return False, "the holder has no cgroup under a device subtree"
+        return True, ""
+
+    def undo_records(self) -> list[dict]:
+        return []  # see the module docstring
+
+    def apply(self) -> None:
+        self.applied = True
+        lead = next((k for k in ("v2", "freezer") if k in self.moves), None)
+        if lead is not None:
+            self.moved = move_all(*self.moves[lead])
+        else:  # only the cpuset moves, and a v1 one is shared: the job's PIDs, no more
+            assert self.holder.cgroups is not None
+            self.moved = self.holder.cgroups.pids()
+        for kind, (_, dst) in self.moves.items():
+            if kind != lead:
+                self._follow(dst)
+
+    def _follow(self, dst: str) -> None:
+        """The other hierarchies: the same processes (v1 cpuset dirs are shared by the
+        device's jobs, so move exactly the holder's PIDs, not the directory)."""
+        for pid in self.moved:
+            try:
+                write(dst + "/cgroup.procs", str(pid))
+            except (ProcessLookupError, OSError):
+                pass
+
+    def revert(self) -> None:
+        if not self.applied:
+            return
+        for src, dst in self.moves.values():
+            move_all(dst, src)  # the slot holds only the holder's processes
+        self.applied = False
+
+    def pids(self) -> list[int]:
+        return list(self.moved)

@@ -1,0 +1,330 @@
+"""The per-device cgroup layout: one write freezes a device, latecomers frozen from birth,
+the holder in its slot, undo after crashes (issue 18, issue 11 item 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from helpers import PY, reap, spawn, wait_for
+from test_enforce_support import (
+    Sibling,
+    assert_frozen_then_resumes,
+    hold,
+    layout_or_skip,
+    stamps_after,
+    start_holder,
+)
+
+from krex.enforce import freeze as freeze_mod
+from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read
+from krex.enforce.enforcer import EnforceConfig, Enforcer
+from krex.enforce.job import JobTarget
+from krex.enforce.process import ProcessRef
+from krex.enforce.undo import replay
+
+CGROUP_BACKENDS = ["cgroup2", "cgroup1"]
+KIND = {"cgroup2": "v2", "cgroup1": "freezer"}
+
+# Writes its first instruction's time (monotonic) to PATH, then exits.
+FIRST = "import sys, time; open(sys.argv[1], 'w').write(repr(time.monotonic()))"
+
+
+@pytest.fixture
+def instance():
+    name = instance_name(f"s{time.monotonic_ns()}x")
+    yield name
+    CgroupLayout.probe().remove_instance(name)
+
+
+def _holder(layout: CgroupLayout, instance: str):
+    proc = start_holder(threads=1)
+    cg = layout.create_job(instance, 1)
+    assert cg.adopt(ProcessRef.of(proc.pid))
+    return proc, JobTarget(1, root=ProcessRef.of(proc.pid), pgid=proc.pid, cgroups=cg)
+
+
+def _cgroup_of(pid: int, kind: str) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            n, names, path = line.strip().split(":", 2)
+            if (kind == "v2" and n == "0") or kind in names.split(","):
+                return path
+    return ""
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+@pytest.mark.parametrize("subtree", [True, False], ids=["subtree", "per-job"])
+def test_freezing_a_device_is_one_write_whatever_the_siblings(backend, subtree, tmp_path,
+                                                               instance, monkeypatch):
+    """One write freezes 6 siblings; the per-job layout (negative control) needs 6."""
+    layout = layout_or_skip(backend)
+    sibs, holder = [], None
+    writes: list[str] = []
+    real = freeze_mod.write
+    monkeypatch.setattr(freeze_mod, "write", lambda p, v: (writes.append(p), real(p, v)))
+    try:
+        holder, target = _holder(layout, instance)
+        if not subtree:
+            target.cgroups = None  # no device subtree: the per-job freezers
+        sibs = [Sibling(str(tmp_path), i, layout.create_job(instance, i)) for i in range(2, 8)]
+        enforcer = Enforcer(EnforceConfig(freeze=backend, isolate=False), layout, None)
+        region = enforcer.enter(target, [s.target for s in sibs], max_hold_s=5)
+        frozen_writes = list(writes)
+        frozen_at, thawed_at = hold(0.3)
+        report = region.exit()
+        for sib in sibs:
+            assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        assert len(frozen_writes) == (1 if subtree else 6), frozen_writes
+        assert report.processes_frozen == 6 and report.siblings_frozen == 6
+        assert all(s.ok for s in report.steps), report.steps
+    finally:
+        for sib in sibs:
+            sib.kill()
+        if holder:
+            reap(holder)
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_holder_runs_in_its_slot_and_goes_back_with_its_children(backend, tmp_path, instance):
+    layout = layout_or_skip(backend)
+    kind = KIND[backend]
+    holder = sib = None
+    try:
+        holder, target = _holder(layout, instance)
+        sib = Sibling(str(tmp_path), 2, layout.create_job(instance, 2))
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        region = enforcer.enter(target, [sib.target], max_hold_s=5)
+        try:
+            during = _cgroup_of(holder.pid, kind)
+            child = spawn(["sleep", "30"])  # stands in for a fork of the holder: joins its slot
+            slot = target.cgroups.device.slot[kind]
+            with open(slot + "/cgroup.procs", "w") as f:
+                f.write(str(child.pid))
+            frozen_at, thawed_at = hold(0.2)
+        finally:
+            report = region.exit()
+        assert during.endswith("/hold-cpu"), during
+        assert _cgroup_of(holder.pid, kind).endswith("/dev-cpu/job-1")
+        assert child.pid in _procs(getattr(target.cgroups, kind))
+        assert _procs(slot) == []
+        assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        assert [s.name for s in report.steps] == ["slot", "freeze", "isolate"]
+        reap(child)
+    finally:
+        if sib:
+            sib.kill()
+        if holder:
+            reap(holder)
+
+
+def _start_latecomer(cgroups, path: str) -> tuple[threading.Thread, list]:
+    """Start a job process in ``cgroups`` from a thread: a frozen child blocks its
+    parent's Popen until it may exec, like ``krex run``'s wrapper."""
+    box: list = []
+
+    def start() -> None:
+        box.append(spawn([PY, "-c", FIRST, path], start_new_session=True,
+                         preexec_fn=cgroups.join_self))
+
+    th = threading.Thread(target=start)
+    th.start()
+    return th, box
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS + ["off"])
+def test_a_job_created_during_a_region_runs_no_instruction_until_it_ends(backend, tmp_path,
+                                                                       instance):
+    """The latecomer rule by construction; with freezing off (negative control) it runs."""
+    layout = layout_or_skip(backend)
+    holder = None
+    path = str(tmp_path / "first")
+    th, box = None, []
+    try:
+        holder, target = _holder(layout, instance)
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        region = enforcer.enter(target, [], max_hold_s=5)
+        try:
+            entered_at = time.monotonic()
+            late = layout.create_job(instance, 9)  # created while the device is held
+            th, box = _start_latecomer(late, path)
+            time.sleep(0.4)
+        finally:
+            released_at = time.monotonic()
+            region.exit()
+        th.join(10)
+        wait_for(lambda: os.path.exists(path) and os.path.getsize(path) > 0, timeout_s=10)
+        first = float(open(path).read())
+        if backend == "off":
+            assert entered_at < first < released_at, "control: the latecomer ran meanwhile"
+        else:
+            assert first > released_at, f"latecomer ran {released_at - first:.3f} s in region"
+    finally:
+        if th is not None:
+            th.join(10)
+        for p in box:
+            reap(p)
+        if holder:
+            reap(holder)
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_isolation_is_the_slot_and_one_write_per_other_device(backend, tmp_path, instance):
+    layout = layout_or_skip(backend)
+    if not layout.cpuset_writable:
+        pytest.skip(f"no writable cpuset: {layout.reasons}")
+    all_cores = sorted(os.sched_getaffinity(0))
+    if len(all_cores) < 2:
+        pytest.skip("needs 2 cores")
+    holder = other = None
+    try:
+        holder, target = _holder(layout, instance)
+        other = Sibling(str(tmp_path), 3, layout.create_job(instance, 3, "fakegpu:0"))
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        cores = enforcer.cores()
+        region = enforcer.enter(target, [], max_hold_s=5, others=[other.target])
+        try:
+            mine = os.sched_getaffinity(holder.pid)
+            theirs = os.sched_getaffinity(other.proc.pid)
+            records = [r for op in region.applied for r in op.undo_records()]
+        finally:
+            region.exit()
+        assert sorted(mine) == cores
+        assert not set(theirs) & set(cores)
+        assert sorted(os.sched_getaffinity(other.proc.pid)) == all_cores
+        slot = target.cgroups.device.slot["cpuset"]
+        assert {"kind": "cpuset", "path": slot, "cpus": ",".join(map(str, all_cores))} in records
+    finally:
+        if other:
+            other.kill()
+        if holder:
+            reap(holder)
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_undo_records_alone_thaw_the_device_and_unpin_the_holder(backend, tmp_path, instance):
+    """What the guardian replays when the daemon is gone (no revert runs)."""
+    layout = layout_or_skip(backend)
+    holder = sib = None
+    try:
+        holder, target = _holder(layout, instance)
+        sib = Sibling(str(tmp_path), 2, layout.create_job(instance, 2))
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        region = enforcer.enter(target, [sib.target], max_hold_s=5)
+        records = [r for op in reversed(region.applied) for r in op.undo_records()]
+        frozen_at, _ = hold(0.2)
+        assert replay(records) == []
+        thawed_at = time.monotonic()
+        assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        if layout.cpuset_writable:
+            assert sorted(os.sched_getaffinity(holder.pid)) == sorted(os.sched_getaffinity(0))
+        region.exit()
+    finally:
+        if sib:
+            sib.kill()
+        if holder:
+            reap(holder)
+
+
+# Stands in for the daemon: guardian, the new layout, a region held, then waits to be
+# killed.  argv: backend, journal, instance, sibling pid, holder pid.
+DAEMON = r"""
+import json, sys, time
+from krex.enforce.cgroups import CgroupLayout
+from krex.enforce.enforcer import EnforceConfig, Enforcer
+from krex.enforce.guardian import GuardianClient
+from krex.enforce.job import JobTarget
+from krex.enforce.process import ProcessRef
+backend, journal, instance, sib, hold = sys.argv[1:3] + [sys.argv[3]] + list(map(int, sys.argv[4:]))
+layout = CgroupLayout.probe()
+guardian = GuardianClient()
+guardian.start("standin", journal)
+def job(i, pid):
+    cg = layout.create_job(instance, i)
+    cg.adopt(ProcessRef.of(pid))
+    return JobTarget(i, root=ProcessRef.of(pid), pgid=pid, cgroups=cg)
+sibling, holder = job(2, sib), job(1, hold)
+enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
+enforcer.enter(holder, [sibling], max_hold_s=60)
+print(json.dumps({"guardian": guardian.pid, "frozen_at": time.monotonic()}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_sigkill_of_daemon_thaws_the_device_subtree_within_a_second(backend, tmp_path,
+                                                                    instance):
+    layout = layout_or_skip(backend)
+    sib = daemon = holder = None
+    try:
+        holder = start_holder(threads=1)
+        sib = Sibling(str(tmp_path), 2)
+        journal = str(tmp_path / "journal.json")
+        daemon = spawn([PY, "-c", DAEMON, backend, journal, instance, str(sib.proc.pid),
+                        str(holder.pid)])
+        info = json.loads(daemon.stdout.readline())
+        time.sleep(0.3)
+        assert not stamps_after(sib.path, info["frozen_at"]), "sibling ran while frozen"
+        killed_at = time.monotonic()
+        daemon.kill()
+        wait_for(lambda: sib.progressed_after(killed_at), timeout_s=10)
+        resumed_at = stamps_after(sib.path, killed_at)[0]
+        assert resumed_at - killed_at < 1.0, f"thawed {resumed_at - killed_at:.3f} s after SIGKILL"
+        if layout.cpuset_writable:  # the holder, still in its slot, has every core again
+            wait_for(lambda: sorted(os.sched_getaffinity(holder.pid))
+                     == sorted(os.sched_getaffinity(0)), timeout_s=5)
+        dev = layout.device(instance)
+        parent = dev.parent[KIND[backend]]
+        state = read(parent + ("/cgroup.freeze" if backend == "cgroup2" else "/freezer.state"))
+        assert state in ("0", "THAWED")
+    finally:
+        if daemon:
+            reap(daemon)
+        if sib:
+            sib.kill()
+        if holder:
+            os.kill(holder.pid, signal.SIGKILL)
+            reap(holder)
+
+
+PROBE = ("import json; from krex.enforce.cgroups import CgroupLayout; "
+         "print(json.dumps(CgroupLayout.probe().bases()))")
+
+
+def test_cgroups_live_under_the_callers_own_cgroup(instance):
+    """A daemon started inside a cgroup (a systemd unit, a Slurm step) makes krex's tree
+    there, not at the hierarchy root; started at the root (control), at the root."""
+    import subprocess
+
+    layout = CgroupLayout.probe()
+    bases = layout.bases()
+    if not bases:
+        pytest.skip(f"no writable cgroup hierarchy: {layout.reasons}")
+    caller = {k: os.path.join(b, f"krex-{instance}-caller") for k, b in bases.items()}
+    for kind, d in caller.items():
+        os.makedirs(d, exist_ok=True)
+        if kind == "cpuset":
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(read(os.path.join(bases[kind], name)))
+    try:
+        def join() -> None:
+            for d in caller.values():
+                with open(d + "/cgroup.procs", "w") as f:
+                    f.write("0")
+
+        inside = json.loads(subprocess.run([PY, "-c", PROBE], preexec_fn=join, check=True,
+                                           capture_output=True, text=True).stdout)
+        outside = json.loads(subprocess.run([PY, "-c", PROBE], check=True,
+                                            capture_output=True, text=True).stdout)
+    finally:
+        for d in caller.values():
+            os.rmdir(d)
+    for kind, d in caller.items():
+        if kind in inside:
+            assert os.path.normpath(inside[kind]) == os.path.normpath(d), (kind, inside)
+            assert os.path.normpath(outside[kind]) == os.path.normpath(bases[kind])
