@@ -1,6 +1,6 @@
 """Latency of host enforcement per region: freeze + isolate, and thaw.
 
-For each available freeze backend and 1, 4 and 16 busy sibling processes
+For each available freeze backend and 1, 4, 16 and 64 busy sibling processes
 (each its own job, in its own cgroup for the cgroup backends), enters and
 exits REGIONS regions around a sleeping holder and records the wall time of
 ``Enforcer.enter`` (freeze + isolate) and ``Enforcement.exit`` (thaw +
@@ -26,7 +26,7 @@ from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
 from krex.measure import stats
 
-SIBLINGS = (1, 4, 16)
+SIBLINGS = (1, 4, 16, 64)
 BUSY = "while True: pass"
 HOLDER = "import time; time.sleep(3600)"
 
@@ -46,7 +46,8 @@ def _summary(xs: list[float]) -> dict:
 
 
 def run_case(layout: CgroupLayout, backend: str, n: int, regions: int) -> dict:
-    instance = instance_name("bench") + f"-{backend}-{n}"
+    # the name must end in this process's pid-starttime, or daemons' sweeps remove it
+    instance = instance_name(f"bench{backend}{n}x")
     cg = (lambda i: layout.create_job(instance, i)) if backend != "signal" else (lambda i: None)
     procs: list[subprocess.Popen] = []
     try:
@@ -117,9 +118,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regions", type=int, default=50)
     parser.add_argument("--out", default="results/enforce.json")
+    parser.add_argument("--siblings", default=",".join(map(str, SIBLINGS)),
+                        help="sibling counts, comma-separated")
+    parser.add_argument("--backends", default="", help="freeze backends (default: all usable)")
     args = parser.parse_args()
     layout = CgroupLayout.probe()
-    rows = [run_case(layout, b, n, args.regions) for b in backends(layout) for n in SIBLINGS]
+    counts = [int(x) for x in args.siblings.split(",")]
+    chosen = args.backends.split(",") if args.backends else backends(layout)
+    rows = [run_case(layout, b, n, args.regions) for b in chosen for n in counts]
     meta = {
         "host": platform.node(),
         "cpus": os.cpu_count(),

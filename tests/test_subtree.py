@@ -216,10 +216,9 @@ def test_undo_records_alone_thaw_the_device_and_unpin_the_holder(backend, tmp_pa
         enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
         region = enforcer.enter(target, [sib.target], max_hold_s=5)
         records = [r for op in reversed(region.applied) for r in op.undo_records()]
-        frozen_at, _ = hold(0.2)
+        frozen_at, replayed_at = hold(0.2)
         assert replay(records) == []
-        thawed_at = time.monotonic()
-        assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        assert_frozen_then_resumes(sib, frozen_at, replayed_at)
         if layout.cpuset_writable:
             assert sorted(os.sched_getaffinity(holder.pid)) == sorted(os.sched_getaffinity(0))
         region.exit()
@@ -328,3 +327,37 @@ def test_cgroups_live_under_the_callers_own_cgroup(instance):
         if kind in inside:
             assert os.path.normpath(inside[kind]) == os.path.normpath(d), (kind, inside)
             assert os.path.normpath(outside[kind]) == os.path.normpath(bases[kind])
+
+
+@pytest.mark.parametrize("adhoc", [True, False], ids=["adhoc", "control-managed"])
+def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_path):
+    """An ad-hoc job's process group is its caller's (a shell pipeline): SIGSTOP goes to
+    the job's own processes only.  Control: a managed job's group (its own session,
+    started by krex) is stopped whole."""
+    from krex.daemon.exclusivity import Exclusivity
+    from krex.daemon.jobs import Job
+    from krex.enforce.freeze import SignalFreeze
+
+    import psutil
+
+    # a "pipeline": a shell leading a group of two commands; the job is the first one
+    shell = spawn(["sh", "-c", "sleep 30 & sleep 31 & wait"], start_new_session=True)
+    wait_for(lambda: len(psutil.Process(shell.pid).children()) == 2)
+    member, mate = sorted(psutil.Process(shell.pid).children(), key=lambda p: p.cmdline()[-1])
+    try:
+        owner = ProcessRef.of(member.pid)
+        job = Job(5, "j", "cpu", "region", "adhoc" if adhoc else "managed", owner,
+                  root=None if adhoc else owner, pgid=shell.pid)
+        target = Exclusivity.target(object.__new__(Exclusivity), job)
+        op = SignalFreeze([target])
+        op.apply()
+        try:
+            states = {p.pid: ProcessRef.of(p.pid).state() for p in (member, mate)}
+        finally:
+            op.revert()
+        assert states[member.pid] == "T"
+        assert states[mate.pid] == ("S" if adhoc else "T"), states
+    finally:
+        for p in (member, mate):
+            p.kill()
+        reap(shell)

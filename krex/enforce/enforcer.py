@@ -268,6 +268,9 @@ class Enforcement:
             step.ok = False
             step.error = (step.error or "") + f" revert: {type(e).__name__}: {e}"
         step.revert_ms = round((time.perf_counter() - t0) * 1e3, 3)
+        incomplete = getattr(op, "incomplete", None)
+        if incomplete and not step.timed_out:  # found out at the end (SubtreeFreeze)
+            step.ok, step.timed_out, step.error = False, True, str(incomplete)
 
     @property
     def reasons(self) -> list[Reason]:

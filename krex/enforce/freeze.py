@@ -291,6 +291,8 @@ class SubtreeFreeze:
                                        covered=lambda: _pids_in(loose, kind))
         self.frozen: list[str] = []
         self._slow: str | None = None
+        self._confirmed = False
+        self._applied_at = 0.0
 
     def available(self) -> tuple[bool, str]:
         missing = [d for d in self.parents if not os.path.exists(os.path.join(d, self.cls.control))]
@@ -306,12 +308,37 @@ class SubtreeFreeze:
         for d in self.parents:
             write(os.path.join(d, self.cls.control), self.cls.freeze_value)
             self.frozen.append(d)
-        is_frozen = _v2_frozen if self.kind == "v2" else _v1_frozen
-        if not wait_until(lambda: all(is_frozen(d) for d in self.parents), self.timeout_s):
-            slow = [d for d in self.parents if not is_frozen(d)]
-            self._slow = f"cgroups {slow} did not freeze within {self.timeout_s} s"
+        self._applied_at = time.monotonic()
+        # Once the write returns, no task of the subtree runs another user instruction:
+        # one on a CPU is kicked into the freezer trap (an IPI, microseconds), one that
+        # waits for a CPU takes the trap on its way back to user space.  What remains
+        # until the kernel reports "frozen" is those tasks reaching the trap (they need
+        # a CPU for that, which the grant would otherwise spend waiting), so the grant
+        # looks once; the rest is confirmed when the region ends.
+        self._confirmed = self._all_frozen()
         if self.stragglers.targets:
             self.stragglers.apply()
+
+    def _all_frozen(self) -> bool:
+        is_frozen = _v2_frozen if self.kind == "v2" else _v1_frozen
+        return all(is_frozen(d) for d in self.parents)
+
+    def _confirm(self) -> None:
+        """At the region's end: the subtree must have reached "frozen" within the timeout
+        (a task stuck on its way, e.g. in uninterruptible sleep, makes the step timed out)."""
+        if self._confirmed or not self.frozen:
+            return
+        thawed = [d for d in self.parents
+                  if read(os.path.join(d, self.cls.control)) == self.cls.thaw_value]
+        if thawed:  # someone thawed it meanwhile (the guardian, on a lease's expiry)
+            self._slow = f"cgroups {thawed} were thawed before the region ended"
+            return
+        left = self.timeout_s - (time.monotonic() - self._applied_at)
+        self._confirmed = wait_until(self._all_frozen, max(0.0, left))
+        if not self._confirmed:
+            is_frozen = _v2_frozen if self.kind == "v2" else _v1_frozen
+            slow = [d for d in self.parents if not is_frozen(d)]
+            self._slow = f"cgroups {slow} did not freeze within {self.timeout_s} s"
 
     @property
     def incomplete(self) -> str | None:
@@ -319,6 +346,7 @@ class SubtreeFreeze:
         return "; ".join(parts) or None
 
     def revert(self) -> None:
+        self._confirm()
         self.stragglers.revert()
         for d in self.frozen:
             try:
