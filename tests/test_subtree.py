@@ -361,3 +361,45 @@ def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_pat
         for p in (member, mate):
             p.kill()
         reap(shell)
+
+
+def test_adopted_processes_go_back_where_they_came_from(instance):
+    """A registered (adopted) process leaves with its job's end for the cgroups it came
+    from; a process that joined at start (control) goes to the cgroup krex's tree is in."""
+    layout = CgroupLayout.probe()
+    bases = layout.bases()
+    if not bases:
+        pytest.skip(f"no writable cgroup hierarchy: {layout.reasons}")
+    caller = {k: os.path.join(b, f"krex-{instance}-unit") for k, b in bases.items()}
+    for kind, d in caller.items():
+        os.makedirs(d, exist_ok=True)
+        if kind == "cpuset":
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(read(os.path.join(bases[kind], name)))
+
+    def join_unit() -> None:
+        for d in caller.values():
+            with open(d + "/cgroup.procs", "w") as f:
+                f.write("0")
+
+    adopted = spawn(["sleep", "30"], preexec_fn=join_unit)
+    joined = None
+    try:
+        job = layout.create_job(instance, 1)
+        assert job.adopt(ProcessRef.of(adopted.pid))
+        joined = spawn(["sleep", "30"], preexec_fn=job.join_self)
+        assert adopted.pid in _procs(job.own()[0])
+        own = job.own()
+        job.remove()
+        for kind, d in caller.items():
+            if job.paths().get(kind):
+                assert adopted.pid in _procs(d), kind
+            if job.paths().get(kind) in own:  # (a v1 cpuset is the device's: it stays)
+                assert joined.pid in _procs(os.path.normpath(bases[kind])), kind
+    finally:
+        reap(adopted)
+        if joined:
+            reap(joined)
+        for d in caller.values():
+            os.rmdir(d)

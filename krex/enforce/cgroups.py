@@ -99,6 +99,7 @@ class DeviceCgroups:
     device: str
     parent: dict[str, str] = field(default_factory=dict)
     slot: dict[str, str] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)  # kind -> its hierarchy's root
 
 
 @dataclass
@@ -114,6 +115,8 @@ class JobCgroups:
     cpuset: str | None = None
     device: DeviceCgroups | None = None
     verified: tuple | None = field(default=None, compare=False)  # anchors seen inside
+    # processes adopted from elsewhere -> where they were (kind -> directory)
+    origins: dict[ProcessRef, dict[str, str]] = field(default_factory=dict, compare=False)
 
     def dirs(self) -> list[str]:
         """Every directory to join, the freezing ones last: a process joining a frozen
@@ -149,6 +152,8 @@ class JobCgroups:
         """Move a running process in (after a PID-reuse check)."""
         if not ref.alive() or not may_touch(ref.pid):
             return False
+        if self.device is not None:
+            self.origins[ref] = _origin(ref.pid, self.paths(), self.device.mounts)
         try:
             for d in self.dirs():
                 write(d + "/cgroup.procs", str(ref.pid))
@@ -162,8 +167,42 @@ class JobCgroups:
         return sorted(_procs(dirs[0])) if dirs else []
 
     def remove(self) -> None:
+        self.put_back()
         for d in self.own():
             _remove_dir(d)
+
+    def put_back(self) -> None:
+        """Adopted processes still in the job go back to the cgroups they came from
+        (their unit's, their step's: with its limits), not to krex's parent."""
+        for ref, origin in self.origins.items():
+            if not ref.alive():
+                continue
+            for kind, d in self.paths().items():
+                back = origin.get(kind)
+                if d and back and os.path.isdir(back) and ref.pid in _procs(d):
+                    try:
+                        write(back + "/cgroup.procs", str(ref.pid))
+                    except OSError:
+                        pass
+        self.origins.clear()
+
+
+def _origin(pid: int, paths: dict[str, str | None], mounts: dict[str, str]) -> dict[str, str]:
+    """The cgroup directory ``pid`` is in now, for each kind krex moves it in."""
+    out: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return out
+    for kind in (k for k, d in paths.items() if d and k in mounts):
+        for n, names, rel in lines:
+            v2_line = n == "0" and names == ""
+            if (kind == "v2" and v2_line) or (kind != "v2" and kind in names.split(",")) or \
+                    (kind == "cpuset" and v2_line and mounts[kind] == mounts.get("v2")):
+                out[kind] = os.path.join(mounts[kind], rel.lstrip("/"))
+                break
+    return out
 
 
 def move_all(src: str, dst: str, rounds: int = 4) -> list[int]:
@@ -236,6 +275,7 @@ class CgroupLayout:
     cpuset_writable: bool = False
     v2_cpuset: bool = False
     reasons: dict[str, str] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)  # kind -> hierarchy root
 
     @classmethod
     def probe(cls) -> CgroupLayout:
@@ -261,6 +301,7 @@ class CgroupLayout:
             return
         root = "/sys/fs/cgroup" if "/sys/fs/cgroup" in roots else roots[0]
         self.v2_root = root
+        self.mounts["v2"] = root
         for base in dict.fromkeys((_own_v2_dir(root), root)):  # the caller's own first
             if os.access(base + "/cgroup.procs", os.W_OK) and _probe_freeze(base):
                 self.v2_base, self.v2_writable = base, True
@@ -276,6 +317,7 @@ class CgroupLayout:
             self.reasons[name] = f"no cgroup v1 {name} hierarchy mounted"
             return
         base = _own_v1_dir(paths[0], name)
+        self.mounts[name] = paths[0]
         setattr(self, name, base)
         ok = os.access(base, os.W_OK) and os.access(base + "/cgroup.procs", os.W_OK)
         setattr(self, f"{name}_writable", ok)
@@ -295,7 +337,7 @@ class CgroupLayout:
 
     def device(self, instance: str, device: str = "cpu") -> DeviceCgroups:
         """The device's subtree (``dev-`` parent and ``hold-`` slot), made on first use."""
-        dev = DeviceCgroups(device)
+        dev = DeviceCgroups(device, mounts=dict(self.mounts))
         name = _dir_name(device)
         for kind, base in self.bases().items():
             inst = os.path.join(base, _PREFIX + instance)
@@ -311,6 +353,7 @@ class CgroupLayout:
         if "v2" in dev.parent and self.v2_cpuset and "cpuset" not in dev.parent \
                 and os.path.exists(dev.slot["v2"] + "/cpuset.cpus"):
             dev.parent["cpuset"], dev.slot["cpuset"] = dev.parent["v2"], dev.slot["v2"]
+            dev.mounts["cpuset"] = dev.mounts["v2"]
         return dev
 
     def create_job(self, instance: str, job_id: int, device: str = "cpu") -> JobCgroups:
