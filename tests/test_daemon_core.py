@@ -67,7 +67,7 @@ class ScriptedExclusivity:
         self.entered.append(request.device)
         return FakeHeld(len(siblings))
 
-    def create_cgroups(self, job_id):
+    def create_cgroups(self, job_id, device="cpu"):
         return None
 
     def adopt(self, cgroups, process):
