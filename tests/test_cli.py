@@ -78,9 +78,13 @@ def test_region_command_exit_code_and_report(daemon):
         assert "sh" in [r["label"] for r in c.regions()]
 
 
-def test_region_timeout_exits_124(daemon, tmp_path):
-    from helpers import krex, reap
+def test_region_timeout_exits_124(runtime_dir, monkeypatch, tmp_path):
+    from helpers import Daemon, krex, reap
 
+    # Without freezing: with it, a process registering during a held region is frozen
+    # until the region ends (a latecomer, issue 11) and cannot time out meanwhile.
+    d = Daemon(str(runtime_dir), "--freeze", "off").start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
     holder = krex("run", "--", PY, os.path.join(os.path.dirname(__file__), "jobs",
                                                 "hold_forever.py"))
     try:
@@ -89,6 +93,7 @@ def test_region_timeout_exits_124(daemon, tmp_path):
         assert out.returncode == 124 and "not granted within" in out.stderr
     finally:
         reap(holder)
+        d.stop()
 
 
 def test_status_json_and_table(daemon):

@@ -105,7 +105,9 @@ def test_holder_killed_inside_region_hands_over_within_1s(daemon, tmp_path):
         assert holder.stdout.readline().strip() == "inside"
         out = tmp_path / "w.jsonl"
         waiter = krex("run", "--", PY, os.path.join(JOBS, "region_recorder.py"), str(out), "1", "1")
-        wait_for(lambda: _queued(daemon) == 1, 20)
+        # The waiter is a latecomer: frozen from birth until the holder's region ends (it
+        # cannot even queue meanwhile), then it starts, asks and is granted.
+        wait_for(lambda: _jobs(daemon) == 2, 20)
         killed = time.monotonic_ns()
         # SIGKILL the job's process itself (the `krex run` owner stays and reaps it).
         with daemon.client() as c:
@@ -118,6 +120,11 @@ def test_holder_killed_inside_region_hands_over_within_1s(daemon, tmp_path):
         reap(holder)
         if waiter:
             reap(waiter)
+
+
+def _jobs(daemon):
+    with daemon.client() as c:
+        return len(c.status()["jobs"])
 
 
 def _queued(daemon):

@@ -334,11 +334,11 @@ def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_pat
     """An ad-hoc job's process group is its caller's (a shell pipeline): SIGSTOP goes to
     the job's own processes only.  Control: a managed job's group (its own session,
     started by krex) is stopped whole."""
+    import psutil
+
     from krex.daemon.exclusivity import Exclusivity
     from krex.daemon.jobs import Job
     from krex.enforce.freeze import SignalFreeze
-
-    import psutil
 
     # a "pipeline": a shell leading a group of two commands; the job is the first one
     shell = spawn(["sh", "-c", "sleep 30 & sleep 31 & wait"], start_new_session=True)
