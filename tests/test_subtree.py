@@ -48,6 +48,22 @@ def _holder(layout: CgroupLayout, instance: str):
     return proc, JobTarget(1, root=ProcessRef.of(proc.pid), pgid=proc.pid, cgroups=cg)
 
 
+def _end(sibs: list, holder) -> None:
+    for sib in sibs:
+        if sib:
+            sib.kill()
+    if holder:
+        reap(holder)
+
+
+def _region_with_a_sibling(layout: CgroupLayout, backend: str, tmp_path, instance: str):
+    holder, target = _holder(layout, instance)
+    sib = Sibling(str(tmp_path), 2, layout.create_job(instance, 2))
+    region = Enforcer(EnforceConfig(freeze=backend), layout, None).enter(
+        target, [sib.target], max_hold_s=5)
+    return holder, target, sib, region
+
+
 def _cgroup_of(pid: int, kind: str) -> str:
     with open(f"/proc/{pid}/cgroup") as f:
         for line in f:
@@ -83,10 +99,7 @@ def test_freezing_a_device_is_one_write_whatever_the_siblings(backend, subtree, 
         assert report.processes_frozen == 6 and report.siblings_frozen == 6
         assert all(s.ok for s in report.steps), report.steps
     finally:
-        for sib in sibs:
-            sib.kill()
-        if holder:
-            reap(holder)
+        _end(sibs, holder)
 
 
 @pytest.mark.parametrize("backend", CGROUP_BACKENDS)
@@ -95,10 +108,7 @@ def test_holder_runs_in_its_slot_and_goes_back_with_its_children(backend, tmp_pa
     kind = KIND[backend]
     holder = sib = None
     try:
-        holder, target = _holder(layout, instance)
-        sib = Sibling(str(tmp_path), 2, layout.create_job(instance, 2))
-        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
-        region = enforcer.enter(target, [sib.target], max_hold_s=5)
+        holder, target, sib, region = _region_with_a_sibling(layout, backend, tmp_path, instance)
         try:
             during = _cgroup_of(holder.pid, kind)
             child = spawn(["sleep", "30"])  # stands in for a fork of the holder: joins its slot
@@ -116,10 +126,7 @@ def test_holder_runs_in_its_slot_and_goes_back_with_its_children(backend, tmp_pa
         assert [s.name for s in report.steps] == ["slot", "freeze", "isolate"]
         reap(child)
     finally:
-        if sib:
-            sib.kill()
-        if holder:
-            reap(holder)
+        _end([sib], holder)
 
 
 def _start_latecomer(cgroups, path: str) -> tuple[threading.Thread, list]:
@@ -199,10 +206,7 @@ def test_isolation_is_the_slot_and_one_write_per_other_device(backend, tmp_path,
         slot = target.cgroups.device.slot["cpuset"]
         assert {"kind": "cpuset", "path": slot, "cpus": ",".join(map(str, all_cores))} in records
     finally:
-        if other:
-            other.kill()
-        if holder:
-            reap(holder)
+        _end([other], holder)
 
 
 @pytest.mark.parametrize("backend", CGROUP_BACKENDS)
@@ -211,10 +215,7 @@ def test_undo_records_alone_thaw_the_device_and_unpin_the_holder(backend, tmp_pa
     layout = layout_or_skip(backend)
     holder = sib = None
     try:
-        holder, target = _holder(layout, instance)
-        sib = Sibling(str(tmp_path), 2, layout.create_job(instance, 2))
-        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
-        region = enforcer.enter(target, [sib.target], max_hold_s=5)
+        holder, target, sib, region = _region_with_a_sibling(layout, backend, tmp_path, instance)
         records = [r for op in reversed(region.applied) for r in op.undo_records()]
         frozen_at, replayed_at = hold(0.2)
         assert replay(records) == []
@@ -223,10 +224,7 @@ def test_undo_records_alone_thaw_the_device_and_unpin_the_holder(backend, tmp_pa
             assert sorted(os.sched_getaffinity(holder.pid)) == sorted(os.sched_getaffinity(0))
         region.exit()
     finally:
-        if sib:
-            sib.kill()
-        if holder:
-            reap(holder)
+        _end([sib], holder)
 
 
 # Stands in for the daemon: guardian, the new layout, a region held, then waits to be
@@ -294,29 +292,39 @@ PROBE = ("import json; from krex.enforce.cgroups import CgroupLayout; "
          "print(json.dumps(CgroupLayout.probe().bases()))")
 
 
+def _unit(instance: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A caller's cgroup (a systemd unit, a Slurm step) in every usable hierarchy:
+    (hierarchy bases, kind -> the unit's directory)."""
+    bases = CgroupLayout.probe().bases()
+    if not bases:
+        pytest.skip("no writable cgroup hierarchy")
+    unit = {k: os.path.join(b, f"krex-{instance}-{name}") for k, b in bases.items()}
+    for kind, d in unit.items():
+        os.makedirs(d, exist_ok=True)
+        if kind == "cpuset":
+            for f_name in ("cpuset.cpus", "cpuset.mems"):
+                with open(os.path.join(d, f_name), "w") as f:
+                    f.write(read(os.path.join(bases[kind], f_name)))
+    return bases, unit
+
+
+def _joiner(unit: dict[str, str]):
+    def join() -> None:
+        for d in unit.values():
+            with open(d + "/cgroup.procs", "w") as f:
+                f.write("0")
+    return join
+
+
 def test_cgroups_live_under_the_callers_own_cgroup(instance):
     """A daemon started inside a cgroup (a systemd unit, a Slurm step) makes krex's tree
     there, not at the hierarchy root; started at the root (control), at the root."""
     import subprocess
 
-    layout = CgroupLayout.probe()
-    bases = layout.bases()
-    if not bases:
-        pytest.skip(f"no writable cgroup hierarchy: {layout.reasons}")
-    caller = {k: os.path.join(b, f"krex-{instance}-caller") for k, b in bases.items()}
-    for kind, d in caller.items():
-        os.makedirs(d, exist_ok=True)
-        if kind == "cpuset":
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                with open(os.path.join(d, name), "w") as f:
-                    f.write(read(os.path.join(bases[kind], name)))
+    bases, caller = _unit(instance, "caller")
     try:
-        def join() -> None:
-            for d in caller.values():
-                with open(d + "/cgroup.procs", "w") as f:
-                    f.write("0")
-
-        inside = json.loads(subprocess.run([PY, "-c", PROBE], preexec_fn=join, check=True,
+        inside = json.loads(subprocess.run([PY, "-c", PROBE], preexec_fn=_joiner(caller),
+                                           check=True,
                                            capture_output=True, text=True).stdout)
         outside = json.loads(subprocess.run([PY, "-c", PROBE], check=True,
                                             capture_output=True, text=True).stdout)
@@ -367,23 +375,8 @@ def test_adopted_processes_go_back_where_they_came_from(instance):
     """A registered (adopted) process leaves with its job's end for the cgroups it came
     from; a process that joined at start (control) goes to the cgroup krex's tree is in."""
     layout = CgroupLayout.probe()
-    bases = layout.bases()
-    if not bases:
-        pytest.skip(f"no writable cgroup hierarchy: {layout.reasons}")
-    caller = {k: os.path.join(b, f"krex-{instance}-unit") for k, b in bases.items()}
-    for kind, d in caller.items():
-        os.makedirs(d, exist_ok=True)
-        if kind == "cpuset":
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                with open(os.path.join(d, name), "w") as f:
-                    f.write(read(os.path.join(bases[kind], name)))
-
-    def join_unit() -> None:
-        for d in caller.values():
-            with open(d + "/cgroup.procs", "w") as f:
-                f.write("0")
-
-    adopted = spawn(["sleep", "30"], preexec_fn=join_unit)
+    bases, caller = _unit(instance, "unit")
+    adopted = spawn(["sleep", "30"], preexec_fn=_joiner(caller))
     joined = None
     try:
         job = layout.create_job(instance, 1)
