@@ -396,3 +396,28 @@ def test_adopted_processes_go_back_where_they_came_from(instance):
             reap(joined)
         for d in caller.values():
             os.rmdir(d)
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_node_scope_freezes_each_device_subtree_once(backend, tmp_path, instance, monkeypatch):
+    """Siblings on another device (``--freeze-scope node``): one write per device."""
+    layout = layout_or_skip(backend)
+    writes: list[str] = []
+    real = freeze_mod.write
+    monkeypatch.setattr(freeze_mod, "write", lambda p, v: (writes.append(p), real(p, v)))
+    holder, sibs = None, []
+    try:
+        holder, target = _holder(layout, instance)
+        sibs = [Sibling(str(tmp_path), i, layout.create_job(instance, i, "fakegpu:0"))
+                for i in (2, 3)]
+        region = Enforcer(EnforceConfig(freeze=backend, isolate=False), layout, None).enter(
+            target, [s.target for s in sibs], max_hold_s=5)
+        frozen_writes = list(writes)
+        frozen_at, thawed_at = hold(0.2)
+        region.exit()
+        for sib in sibs:
+            assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        assert sorted(os.path.basename(os.path.dirname(w)) for w in frozen_writes) == \
+            ["dev-cpu", "dev-fakegpu_0"], frozen_writes
+    finally:
+        _end(sibs, holder)
