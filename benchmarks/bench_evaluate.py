@@ -173,7 +173,7 @@ def breakdown(ev: Any) -> dict[str, Any]:
     """Where one evaluation's time went: the program's stages, the region's wait and hold."""
     region = (ev.timing or {}).get("region") or {}
     return {"elapsed_s": ev.elapsed_s, "stage_s": (ev.integrity or {}).get("stage_s", {}),
-            "pairs": (ev.timing or {}).get("pairs"),
+            "pairs": (ev.timing or {}).get("pairs"), "regions": (ev.timing or {}).get("attempts"),
             "region_waited_s": region.get("waited_s"), "region_enforce_s": region.get("enforce_s"),
             "region_held_s": region.get("held_s")}
 
@@ -256,7 +256,8 @@ def phases(flat: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = out.get(key, 0.0) + (r.get(key) or 0.0)
     pairs = [r["pairs"] for r in flat if r.get("pairs")]
     return {**{k: round(v, 3) for k, v in sorted(out.items())},
-            "pairs_mean": round(sum(pairs) / len(pairs), 1) if pairs else None}
+            "pairs_mean": round(sum(pairs) / len(pairs), 1) if pairs else None,
+            "regions_taken": sum(r.get("regions") or 0 for r in flat)}
 
 
 def main() -> int:
