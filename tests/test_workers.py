@@ -456,9 +456,9 @@ def test_after_a_crash_the_next_program_finds_a_spare_worker_ready(tmp_path, spa
         ready = (lambda: sum(not w["busy"] for w in p.status()["workers"]) == 1) if spare \
             else (lambda: p.status()["workers"][0]["busy"])
         wait_for(ready, timeout_s=30)
-        flag.touch()
+        crashed_wall_s = time.time()  # the crash comes after the flag: a replacement may
+        flag.touch()  # start before this thread sees the result, never before the flag
         t.join(30)
-        crashed_wall_s = time.time()
         nxt, _ = run(p, ok)
         started = {w["pid"]: w["started_wall_s"] for w in p.status()["workers"]}
     assert (out[0].status, out[0].exit_code) == ("crashed", 3)  # as `python crash.py` exits
