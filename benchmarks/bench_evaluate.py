@@ -150,7 +150,7 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[
                                    f"{c['index']}.py:fn", f"{folder}/inputs.py:make",
                                    device=device, cache=cache, fresh=True, records=db)
                 out = {"verdict": ev.verdict, "correct": ev.correct, "speedup": ev.speedup,
-                       "findings": ev.codes()}
+                       "findings": ev.codes(), **breakdown(ev)}
             except Exception as exc:  # noqa: BLE001  (a failed evaluation is counted as one)
                 out = {"verdict": "error", "error": repr(exc)[:300]}
             results[i].append({**c, **out, "seconds": time.monotonic() - t0})
@@ -167,6 +167,15 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[
         wall = time.monotonic() - t0
     shutil.rmtree(folder, ignore_errors=True)
     return summarize("krex", device, wall, results)
+
+
+def breakdown(ev: Any) -> dict[str, Any]:
+    """Where one evaluation's time went: the program's stages, the region's wait and hold."""
+    region = (ev.timing or {}).get("region") or {}
+    return {"elapsed_s": ev.elapsed_s, "stage_s": (ev.integrity or {}).get("stage_s", {}),
+            "pairs": (ev.timing or {}).get("pairs"), "regions": (ev.timing or {}).get("attempts"),
+            "region_waited_s": region.get("waited_s"), "region_enforce_s": region.get("enforce_s"),
+            "region_held_s": region.get("held_s")}
 
 
 # -- KCoral --------------------------------------------------------------------------------
@@ -231,7 +240,24 @@ def summarize(system: str, device: str, wall_s: float,
     return {"system": system, "device": device, "evaluations": len(flat), "wall_s": wall_s,
             "per_minute": len(flat) / wall_s * 60, "accuracy": len(right) / max(len(flat), 1),
             "by_expected": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_expected.items())},
-            "errors": sum(r["verdict"] == "error" for r in flat), "results": flat}
+            "errors": sum(r["verdict"] == "error" for r in flat), "phases": phases(flat),
+            "results": flat}
+
+
+def phases(flat: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds summed over all evaluations: each program stage, the region's wait and hold
+    (the hold is exclusive: the sum of holds is time no other evaluation could time)."""
+    out: dict[str, float] = {}
+    for r in flat:
+        for name, seconds in (r.get("stage_s") or {}).items():
+            out[f"stage:{name}"] = out.get(f"stage:{name}", 0.0) + seconds
+        for key in ("elapsed_s", "region_waited_s", "region_enforce_s", "region_held_s",
+                    "seconds"):
+            out[key] = out.get(key, 0.0) + (r.get(key) or 0.0)
+    pairs = [r["pairs"] for r in flat if r.get("pairs")]
+    return {**{k: round(v, 3) for k, v in sorted(out.items())},
+            "pairs_mean": round(sum(pairs) / len(pairs), 1) if pairs else None,
+            "regions_taken": sum(r.get("regions") or 0 for r in flat)}
 
 
 def main() -> int:
@@ -263,6 +289,10 @@ def main() -> int:
                                             "candidates": args.candidates, "cache": args.cache,
                                             "runs": runs, "table": table})
     print(table)
+    for r in runs:
+        if r["system"] == "krex":
+            print(f"\nkrex {r['device']} phases (s, summed over evaluations): "
+                  + json.dumps(r["phases"]))
     print(f"\nresults: {path}")
     return 0
 

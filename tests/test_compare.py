@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from krex.measure import FakeTimer, MeasureWarning, ScriptedRegions, compare
-from krex.measure.compare import verdict
+from krex.measure.compare import covering_pairs, verdict
 from krex.protocol.report import Reason, ReasonCode
 
 
@@ -150,3 +150,48 @@ def test_bench_measure_and_compare_refuse_the_same_bad_options():
             with pytest.raises(ValueError):
                 call(**bad)
     assert compare(a, b, timer=timer, region=regions, cache="hot").pairs > 0  # a good one runs
+
+
+# -- the sequential rule: a material effect may stop before the floor -----------------------
+
+EVALUATE_LIKE = {"same_within": 0.06, "confidence": 0.99, "order": "random", "cache": "hot",
+                 "warmup_ms": 1.0, "min_time_s": 0.0, "max_time_s": 1.0, "timeout_s": 3.0}
+
+
+def _sequential(ratio, noise_rel, seed, **kw):
+    timer, a, b, regions = _pair(ratio, noise_rel=noise_rel, seed=seed)
+    return compare(a, b, timer=timer, region=regions, **{**EVALUATE_LIKE, **kw})
+
+
+@pytest.mark.parametrize("ratio, expected", [(0.5, "faster"), (1 / 0.75, "slower")])
+def test_a_large_effect_stops_after_the_early_pairs(ratio, expected):
+    for seed in range(20):
+        c = _sequential(ratio, 0.1, seed, min_pairs=30, early_pairs=10)
+        assert c.verdict == expected and c.stop_reason == "clear"
+        assert 10 <= c.pairs < 30
+
+
+def test_an_effect_near_the_band_keeps_the_floor():
+    for seed in range(10):  # 4 % slower: outside "same"'s reach quickly, inside the 6 % band
+        c = _sequential(1.04, 0.03, seed, min_pairs=30, early_pairs=10)
+        assert c.pairs >= 30
+
+
+def test_early_pairs_below_the_sign_tests_reach_are_not_taken():
+    # at 99.8 % (the stricter check of confidence 0.99) a sign-test interval needs 10 pairs
+    assert covering_pairs(0.998) == 10 and covering_pairs(0.95) == 6
+    for seed in range(10):
+        assert _sequential(0.5, 0.1, seed, min_pairs=30, early_pairs=2).pairs >= 10
+
+
+def test_same_speed_gets_no_more_false_alarms_than_with_the_floor_and_an_eager_rule_does():
+    """Same-speed A/B, 10 % noise, 60 seeded runs: the early rule raises no false
+    faster/slower beyond the 30-pair floor's (95 % right needs <= 3 of 60); the negative
+    control, any clear verdict after 4 pairs, does raise them (8 of these 60)."""
+    def false_alarms(**kw):
+        return sum(_sequential(1.0, 0.1, seed, **kw).verdict in ("faster", "slower")
+                   for seed in range(60))
+
+    floor = false_alarms(min_pairs=30)
+    assert false_alarms(min_pairs=30, early_pairs=10) <= floor <= 3
+    assert false_alarms(min_pairs=4) > 3

@@ -248,6 +248,30 @@ def test_process_state_that_cannot_be_put_back_recycles(pool, tmp_path):
     assert result.ok and result.recycle_reason == "leaked_state: nice"
 
 
+def test_krex_modules_are_preloaded_and_a_replaced_one_recycles(pool, tmp_path):
+    loaded = write(tmp_path, "loaded.py", """
+        import sys
+        print(sorted(m for m in ("krex.measure.compare", "krex.evaluate.worker")
+                     if m in sys.modules))
+        """)
+    result, out = run(pool, loaded)
+    assert result.ok and result.recycle_reason is None
+    assert out["stdout"] == "['krex.evaluate.worker', 'krex.measure.compare']\n"
+    # a module global rebound: put back by the snapshot, the worker serves on
+    rebind = write(tmp_path, "rebind.py",
+                   "import krex.measure.stats as s\ns.median = lambda v: 0.0\n")
+    result, _ = run(pool, rebind)
+    assert result.ok and result.recycle_reason is None
+    # a method of a class replaced (the snapshot does not reach it): recycled (negative control)
+    patch = write(tmp_path, "patch.py", """
+        from krex.measure.timers import CpuTimer
+        CpuTimer.elapsed_ms = lambda self, p: 1.0
+        """)
+    result, _ = run(pool, patch)
+    assert result.ok and result.recycle_reason.startswith("krex_modified: ")
+    assert "krex.measure.timers.CpuTimer.elapsed_ms" in result.recycle_reason
+
+
 def test_atexit_handlers_run_when_the_program_ends(pool, tmp_path):
     prog = write(tmp_path, "ae.py", "import atexit\natexit.register(print, 'bye')\nprint('hi')\n")
     result, out = run(pool, prog)
@@ -269,7 +293,8 @@ def test_pool_scales_up_with_the_queue_and_down_when_idle(tmp_path, spare, most)
     """Up to ``max_workers`` under a queue, back down to ``min_workers + spare_workers``."""
     spec = PoolSpec("cpu", min_workers=1, max_workers=most, preload=[], idle_shutdown_s=0.3,
                     spare_workers=spare)
-    prog = write(tmp_path, "wait.py", "import time\ntime.sleep(0.5)\n")
+    # long enough for a worker to start (numpy and krex's own modules) while the others wait
+    prog = write(tmp_path, "wait.py", "import time\ntime.sleep(1.5)\n")
     with WorkerPool(spec) as p:
         results: list[ExecResult] = []
         threads = [threading.Thread(target=lambda: results.append(run(p, prog)[0]))
@@ -431,9 +456,9 @@ def test_after_a_crash_the_next_program_finds_a_spare_worker_ready(tmp_path, spa
         ready = (lambda: sum(not w["busy"] for w in p.status()["workers"]) == 1) if spare \
             else (lambda: p.status()["workers"][0]["busy"])
         wait_for(ready, timeout_s=30)
-        flag.touch()
+        crashed_wall_s = time.time()  # the crash comes after the flag: a replacement may
+        flag.touch()  # start before this thread sees the result, never before the flag
         t.join(30)
-        crashed_wall_s = time.time()
         nxt, _ = run(p, ok)
         started = {w["pid"]: w["started_wall_s"] for w in p.status()["workers"]}
     assert (out[0].status, out[0].exit_code) == ("crashed", 3)  # as `python crash.py` exits

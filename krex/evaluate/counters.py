@@ -30,15 +30,22 @@ LAUNCH_COUNTERS = ("launch_direct", "launch_dlsym", "launch_getproc")  # by reso
 
 
 class _Interposer:
-    lib: Any = None
-    launch_indices: tuple[int, ...] = ()
-    looked = False
+    """What was found in this process, looked up once (an instance, not class attributes:
+    a worker's canary treats a changed class attribute of krex as tampering)."""
+
+    def __init__(self) -> None:
+        self.lib: Any = None
+        self.launch_indices: tuple[int, ...] = ()
+        self.looked = False
+
+
+_FOUND = _Interposer()
 
 
 def _interposer() -> Any:
     """The preloaded interposer (its named counters), or None when it is not loaded."""
-    if not _Interposer.looked:
-        _Interposer.looked = True
+    if not _FOUND.looked:
+        _FOUND.looked = True
         from krex.devices.native import counter_names
 
         try:
@@ -46,9 +53,9 @@ def _interposer() -> Any:
             names = counter_names(lib)  # AttributeError: no interposer in this process
         except (AttributeError, OSError):
             return None
-        _Interposer.lib = lib
-        _Interposer.launch_indices = tuple(names.index(n) for n in LAUNCH_COUNTERS)
-    return _Interposer.lib
+        _FOUND.lib = lib
+        _FOUND.launch_indices = tuple(names.index(n) for n in LAUNCH_COUNTERS)
+    return _FOUND.lib
 
 
 def device_launches() -> int | None:
@@ -56,7 +63,7 @@ def device_launches() -> int | None:
     lib = _interposer()
     if lib is None:
         return None
-    return sum(int(lib.krex_interposer_counter(i)) for i in _Interposer.launch_indices)
+    return sum(int(lib.krex_interposer_counter(i)) for i in _FOUND.launch_indices)
 
 
 def thread_ids() -> set[int]:

@@ -33,7 +33,10 @@ from krex.evaluate.result import Evaluation
 OUTPUT_TAIL_CHARS = 4000
 ROTATION_SEED, HELD_OUT_SEED, IDENTITY_SEED = 1000, 2000, 3000
 MIN_PAIRS = 30  # compare's floor before it may stop on a clear verdict (12 cost `same`
-# verdicts in bench_evaluate: 27/32 right, against 32/32 with 30)
+# verdicts in bench_evaluate: 27/32 right, against 32/32 with 30) ...
+EARLY_PAIRS = 10  # ... unless the effect is material: the stricter interval wholly beyond
+# the ±2w band (a large true effect needs few pairs; 10 is where a sign-test interval
+# reaches compare's stricter 99.8 % at all)
 WARMUP_MS = 1.0  # one call per side: both were called several times before the timing
 ANNOUNCE_WITHIN_CHARS = 1 << 20  # stdout read for the reference announcement, at most
 MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
@@ -207,6 +210,7 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
     timing = {"cache": options["cache"], "same_within": 2 * options["same_within"],
               "confidence": options["confidence"], "max_time_s": options["max_time_s"],
               "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
+              "early_pairs": EARLY_PAIRS,
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
               "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}

@@ -82,18 +82,22 @@ def _call(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 def run_candidate(job: dict[str, Any]) -> dict[str, Any]:
     run = CandidateRun(job)
+    t0 = time.monotonic()
     try:
         run.reference()
     except ReferenceFailed as exc:
         return {"status": "reference_error", "exception": str(exc),
                 "traceback": traceback.format_exc()[-8000:]}
+    t1 = time.monotonic()
     try:
         run.prepare()
         run.stages()
     except Stage as failed:
         run.out.update({"status": "error", "stage": failed.stage, "exception": failed.text,
                         "traceback": failed.trace[-8000:]})
+    t2 = time.monotonic()
     run.finish()
+    run.out["stage_s"].update(reference=t1 - t0, finish=time.monotonic() - t2)
     return run.out
 
 
@@ -148,7 +152,7 @@ class CandidateRun:
         _announce(f"{REFERENCE_MARK}{reference_digest(path)}")
 
     def prepare(self) -> None:
-        job = self.job
+        job, started = self.job, time.monotonic()
         from krex.measure import make_timer
         from krex.measure.regions import get_region_factory
 
@@ -165,6 +169,7 @@ class CandidateRun:
         self.cand = _call("import", spec.load, spec.FnSpec.from_dict(job["candidate"]),
                           "candidate")
         self.out["stage_s"]["import"] = time.monotonic() - t0
+        self.out["stage_s"]["prepare"] = t0 - started
 
     # -- the stages ------------------------------------------------------------------
 

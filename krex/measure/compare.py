@@ -12,7 +12,11 @@ Verdict: ``same`` when the whole interval lies within ``±same_within``;
 ``faster`` / ``slower`` when it excludes 1 (and is not ``same``); else
 ``unclear``.  Sampling stops early once a verdict is clear at a stricter
 confidence (``1 - (1 - confidence) / 5``, a guard against optional-stopping
-false alarms), or at the time limits.
+false alarms), or at the time limits; not before ``min_pairs`` — except that a
+*material* effect, whose stricter interval lies wholly outside
+``±same_within`` (e.g. beyond 1.06 with a 6 % band), may stop after
+``early_pairs``: a large true effect needs few pairs, a verdict near the band
+keeps the floor.
 """
 
 from __future__ import annotations
@@ -58,6 +62,19 @@ class _Limits:
     timeout_s: float
     confidence: float
     same_within: float
+    early_pairs: int | None = None
+
+
+def material(low: float, high: float, same_within: float) -> bool:
+    """The whole interval lies beyond the ±same_within band: a difference, and a large one."""
+    return low > 1.0 + same_within or high < 1.0 / (1.0 + same_within)
+
+
+def covering_pairs(confidence: float) -> int:
+    """Fewest pairs whose sign-test interval reaches ``confidence`` at all: below it the
+    interval is the whole range of the ratios, and all of a few pairs on one side of a
+    band happens by chance far more often than ``1 - confidence``."""
+    return math.ceil(math.log2(2.0 / (1.0 - confidence)) - 1e-9)
 
 
 @dataclass
@@ -93,10 +110,13 @@ class _PairLoop:
         if held_s >= limit_s:
             return reason
         measured_s = (math.fsum(self.a_ms) + math.fsum(self.b_ms)) / 1e3
-        if len(self.a_ms) < lim.min_pairs or measured_s < lim.min_time_s:
-            return None
         strict = 1.0 - (1.0 - lim.confidence) / EARLY_STOP_ALPHA_DIVISOR
+        early = max(lim.early_pairs or lim.min_pairs, covering_pairs(strict))
+        if len(self.a_ms) < min(lim.min_pairs, early) or measured_s < lim.min_time_s:
+            return None
         _, low, high = speedup_interval(self.log_ratios(), strict)
+        if len(self.a_ms) < lim.min_pairs:
+            return "clear" if material(low, high, lim.same_within) else None
         return "clear" if verdict(low, high, lim.same_within) != UNCLEAR else None
 
     def log_ratios(self) -> list[float]:
@@ -139,6 +159,7 @@ def compare(
     seed: int = 0,
     warmup_ms: float = 25.0,
     min_pairs: int = 10,
+    early_pairs: int | None = None,
     min_time_s: float = 0.05,
     max_time_s: float = 2.0,
     timeout_s: float = 10.0,
@@ -160,7 +181,10 @@ def compare(
     est_a, est_b = loop.first_call_and_estimate(a), loop.first_call_and_estimate(b)
     for plan, est in ((a, est_a), (b, est_b)):
         loop.warm_up(plan, warmup_ms, est.call_ms)
-    limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within)
+    if early_pairs is not None and early_pairs < 1:
+        raise ValueError(f"early_pairs must be at least 1, not {early_pairs}")
+    limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within,
+                     early_pairs)
     block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
     blocks = max(1, loop.batch_size(block_wall_ms))
 

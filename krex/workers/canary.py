@@ -3,8 +3,11 @@
 ``Canary.take(context)`` observes what cannot (or should not) be put back by
 ``snapshot.restore``: threads, child processes, native libraries, process
 attributes (rlimits, niceness, session, dlopen flags), device health and
-memory.  ``Canary.verdict(before, after)`` returns ``None`` for a healthy
-worker, else the recycle reason, e.g. ``"leaked_thread: Thread-3 (spin)"``.
+memory, and krex's own modules (preloaded into every worker: a program that
+replaced one of their functions, code objects or class attributes would
+otherwise hand the change to the next program).  ``Canary.verdict(before,
+after)`` returns ``None`` for a healthy worker, else the recycle reason,
+e.g. ``"leaked_thread: Thread-3 (spin)"``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from krex.enforce.process import stat_fields
+from krex.workers import fingerprint
 
 _SYSTEM_PREFIXES = tuple(
     {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr/", "/lib/", "/lib64/", "/opt/"}
@@ -32,11 +36,13 @@ class Canary:
     libraries: set[str]
     process: dict[str, Any]
     memory_mb: float | None
+    krex: dict[fingerprint.Key, Any]  # bindings of krex's own modules
 
     @classmethod
     def take(cls, context: Any) -> Canary:
         return cls(threads=set(threading.enumerate()), libraries=native_libraries(),
-                   process=process_fingerprint(), memory_mb=context.memory_mb())
+                   process=process_fingerprint(), memory_mb=context.memory_mb(),
+                   krex=fingerprint.fingerprint(fingerprint.krex_modules()))
 
 
 _requested: list[str] = []  # reasons a program's trusted code gave (krex.evaluate's tamper check)
@@ -63,12 +69,21 @@ def verdict(before: Canary, context: Any, limit_mb: float, check_libraries: bool
         lambda: _memory_growth(before.memory_mb, context, limit_mb),
         lambda: _process_state(before.process),
         lambda: _new_libraries(before.libraries) if check_libraries else None,
+        lambda: _krex_modified(before.krex),
     )
     for check in checks:
         reason = check()
         if reason:
             return reason
     return None
+
+
+def _krex_modified(before: dict[fingerprint.Key, Any]) -> str | None:
+    """Runs after ``snapshot.restore``: module globals are back; what differs now is a
+    function's code or defaults, or a class attribute, replaced by the program."""
+    names = sorted({k[0] for k in before})
+    changed = fingerprint.changes(before, fingerprint.fingerprint(names))
+    return "krex_modified: " + ", ".join(changed[:3]) if changed else None
 
 
 def _leaked_threads(before: set[threading.Thread], grace_s: float = 0.05) -> str | None:

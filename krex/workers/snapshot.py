@@ -14,6 +14,8 @@ would be) and torch's defaults when torch is loaded.
 from __future__ import annotations
 
 import gc
+import itertools
+import operator
 import os
 import random
 import signal
@@ -154,10 +156,16 @@ def _is_extension(module: ModuleType) -> bool:
 
 
 def _restore_globals(snap: Snapshot) -> list[str]:
+    """Thousands of bindings after every program: a module whose bindings are all the
+    saved objects is skipped after one pass at C speed (set difference, ``map``)."""
     out = []
     for name, saved in snap.globals.items():
         namespace = vars(snap.modules[name])
-        for key in [k for k in namespace if not k.startswith("__") and k not in saved]:
+        added = [k for k in namespace.keys() - saved.keys() if not k.startswith("__")]
+        found = map(namespace.get, saved, itertools.repeat(_MISSING))  # a deleted None too
+        if not added and not any(map(operator.is_not, found, saved.values())):
+            continue
+        for key in added:
             del namespace[key]
             out.append(f"{name}.{key}")
         for key, value in saved.items():
