@@ -61,7 +61,7 @@ class Service:
 
         self.config = config
         self.tokens = TokenStore(config.tokens_path)
-        self.node = NodeWatcher(lambda: daemon_client("service"), config.node_poll_s,
+        self.node = NodeWatcher(daemon_client, config.node_poll_s,
                                 config.timeline_s)
         self.work = Work(config, finished=self._finished)
         self.jobs = JobStore(os.path.join(config.state_dir, jobs_name), self.work.kinds(),

@@ -6,9 +6,12 @@
 timed in a region (``krex.measure.command``).  Source text is written to the
 job's own folder under the state directory first.
 
-:func:`daemon_client` is the one place a daemon connection is made for a
-tenant: when the daemon accepts a tenant id from a trusted peer (stream
-``daemon``, docs/protocol.md), that is where it is passed.
+Each job runs as its tenant in the daemon: the runner thread acts for the
+job's tenant (:data:`krex.client.connection.ACTING_FOR`), so every program it
+runs in a warm worker — an exec, an evaluation's candidate and reference —
+carries the tenant id, the daemon (which trusts the service: it runs as the
+daemon's user) charges that program's regions to the tenant, and the
+daemon's per-tenant fair share and quotas apply (docs/service.md).
 """
 
 from __future__ import annotations
@@ -18,19 +21,15 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from krex.client.connection import Client
+from krex.client.connection import ACTING_FOR, Client
 from krex.errors import BadRequest
 from krex.service import summary
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
 
 
-def daemon_client(tenant: str) -> Client:
-    """A connection to the node daemon on behalf of ``tenant``.
-
-    Today the daemon sees the service's own uid for every tenant; the tenant
-    is kept by the service (jobs, quotas, attribution of regions)."""
-    del tenant  # handed to the daemon here once the protocol carries it
+def daemon_client() -> Client:
+    """A connection to the node daemon (started on demand, like any client's)."""
     return Client()
 
 
@@ -48,9 +47,11 @@ class Work:
 
     def _told(self, fn: Callable[[Job], dict[str, Any]]) -> Callable[[Job], dict[str, Any]]:
         def run(job: Job) -> dict[str, Any]:
+            acting = ACTING_FOR.set(job.tenant)
             try:
                 result = fn(job)
             finally:
+                ACTING_FOR.reset(acting)
                 self._clean(job)
             if self.finished is not None:
                 self.finished(job, result)
@@ -75,7 +76,7 @@ class Work:
                              hint="send the program's source as `program`")
         out = _Tail(self.config.job_output_bytes)
         env = {**os.environ, **r.get("env", {})}
-        with daemon_client(job.tenant) as client:
+        with daemon_client() as client:
             result = client.exec(path, r.get("args", []), device=r.get("device"),
                                  timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
                                  on_output=out.add)
