@@ -330,3 +330,97 @@ def test_evaluate_job_answers_verdict_and_stores_a_record(service):
     assert status == 200 and record["id"] == r["record_id"] and record["verdict"] == "faster"
     status, rows = service.call("GET", "/v1/records?limit=10")
     assert r["record_id"] in {row["id"] for row in rows["records"]}
+
+
+@pytest.fixture
+def quota_daemon(runtime_dir, monkeypatch):
+    """A private daemon with a per-tenant budget of 0.5 region-seconds per minute."""
+    from helpers import Daemon
+
+    d = Daemon(str(runtime_dir), "--tenant-region-s-per-min", "0.5")
+    d.start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _regions_by_label() -> dict[str, list[str]]:
+    """The daemon's own record of finished regions: label -> the tenants they were charged to."""
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as client:
+        out: dict[str, list[str]] = {}
+        for r in client.regions():
+            out.setdefault(str(r.get("label")), []).append(str(r.get("tenant")))
+        return out
+
+
+def _submit_raw(s: Service, body: dict, auth: dict[str, str]) -> tuple[int, dict, dict]:
+    """POST /v1/jobs/exec: the status, the body and the headers (names in lower case)."""
+    req = urllib.request.Request(s.base + "/v1/jobs/exec", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json",
+                                                         **auth})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_jobs_run_as_their_tenant_in_the_daemon_and_meet_its_quota(quota_daemon, tmp_path):
+    """Two tenants' HTTP jobs: the daemon charges each region to the job's tenant (its fair
+    share and quotas apply to it); a tenant over its region-seconds quota gets a failed job
+    with `quota_exceeded`, then 429 with Retry-After; the other tenant is not affected."""
+    state = tmp_path / "state"
+    tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
+                             str(state)).stdout.strip() for name in ("alice", "bob")}
+    auth = {name: {"Authorization": f"Bearer {t}"} for name, t in tokens.items()}
+    s = Service(state, "--runners", "2")
+
+    def region(label: str, hold_s: float = 0.0) -> dict:
+        return {"program": f"import krex, time\nwith krex.region(label={label!r}):\n"
+                           f"    time.sleep({hold_s})\n"}
+    try:
+        jobs = {name: s.call("POST", "/v1/jobs/exec", region(f"{name[0]}-short"),
+                             headers=auth[name]) for name in ("alice", "bob")}
+        for name, (status, job) in jobs.items():
+            assert status == 201 and s.wait(job["id"], headers=auth[name])["state"] == \
+                "succeeded"
+        outside = run_krex("region", "--label", "outside", "--", "true")
+        assert outside.returncode == 0, outside.stderr
+        seen = _regions_by_label()
+        assert seen["a-short"] == ["alice"] and seen["b-short"] == ["bob"], seen
+        assert seen["outside"] == [f"uid:{os.getuid()}"]  # negative control: a local client
+        # alice uses up her 0.5 region-seconds; her next region is refused by the daemon.
+        _, long = s.call("POST", "/v1/jobs/exec", region("a-long", 0.7), headers=auth["alice"])
+        assert s.wait(long["id"], headers=auth["alice"])["state"] == "succeeded"
+        _, over = s.call("POST", "/v1/jobs/exec", region("a-over"), headers=auth["alice"])
+        failed = s.wait(over["id"], headers=auth["alice"])
+        assert failed["state"] == "failed", failed
+        assert failed["error"]["code"] == "quota_exceeded", failed
+        assert "quota" in failed["error"]["what"] and failed["error"]["hint"]
+        status, err, headers = _submit_raw(s, region("a-again"), auth["alice"])
+        assert status == 429 and err["error"]["code"] == "quota_exceeded", err
+        assert int(headers["retry-after"]) >= 1 and err["error"]["retry_after_s"] > 0
+        assert "alice" in err["error"]["what"] and err["error"]["hint"]
+        # bob's budget is his own: accepted and run (negative control).
+        status, job, _ = _submit_raw(s, region("b-after"), auth["bob"])
+        assert status == 201 and s.wait(job["id"], headers=auth["bob"])["state"] == "succeeded"
+        seen = _regions_by_label()
+        assert seen["a-long"] == ["alice"] and seen["b-after"] == ["bob"]
+        assert "a-over" not in seen and "a-again" not in seen
+    finally:
+        s.stop()
+
+
+def test_not_clean_reasons_are_read_as_codes_or_objects():
+    """A daemon region record lists its reasons as codes (strings); a crash here stopped
+    the node watcher and the MCP tool node_status under load."""
+    from krex.service.node import _bar, reason_codes
+
+    assert reason_codes({"reasons": ["holder_preempted", {"code": "foreign_task"}]}) == \
+        ["holder_preempted", "foreign_task"]
+    assert reason_codes({"reasons": None}) == [] == reason_codes({})
+    assert _bar({"clean": False, "reasons": ["step_timeout"]}, 0.0)["reasons"] == ["step_timeout"]

@@ -92,10 +92,12 @@ def error_body(exc: KrexError) -> dict[str, Any]:
 class JobStore:
     """The jobs and the runner threads that do them (``work[kind](job)``)."""
 
-    def __init__(self, path: str, work: dict[str, Work], runners: int = 8) -> None:
+    def __init__(self, path: str, work: dict[str, Work], runners: int = 8,
+                 admit: Callable[[str], None] | None = None) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         self.path = path
         self.work = work
+        self.admit = admit  # raises when a tenant may not submit now (the daemon's quota)
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
@@ -241,6 +243,8 @@ class JobStore:
     # -- the database ------------------------------------------------------------------
 
     def _check_quotas(self, tenant: Tenant) -> None:
+        if self.admit is not None:
+            self.admit(tenant.name)
         q = tenant.quotas
         active = sum(1 for j in self._live.values() if j.tenant == tenant.name)
         if active >= q.max_active_jobs:

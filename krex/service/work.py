@@ -11,21 +11,28 @@ job's tenant (:data:`krex.client.connection.ACTING_FOR`), so every program it
 runs in a warm worker — an exec, an evaluation's candidate and reference —
 carries the tenant id, the daemon (which trusts the service: it runs as the
 daemon's user) charges that program's regions to the tenant, and the
-daemon's per-tenant fair share and quotas apply (docs/service.md).
+daemon's per-tenant fair share and quotas apply (docs/service.md).  A
+program that ends on the daemon's quota error fails its job with
+``quota_exceeded``, and the tenant's next submits are refused (HTTP 429, with
+Retry-After) for :data:`QUOTA_BACKOFF_S` — or as long as the daemon said.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import ACTING_FOR, Client
-from krex.errors import BadRequest
+from krex.errors import BadRequest, QuotaExceeded
 from krex.service import summary
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
+
+QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seconds unknown)
 
 
 def daemon_client() -> Client:
@@ -40,6 +47,19 @@ class Work:
                  finished: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
         self.config = config
         self.finished = finished  # told of each result (the node watcher's attribution)
+        self._lock = threading.Lock()
+        self._refused: dict[str, tuple[float, str]] = {}  # tenant -> (until, why), monotonic
+
+    def admit(self, tenant: str) -> None:
+        """Refuse a submit while the daemon's latest quota refusal of ``tenant`` holds."""
+        with self._lock:
+            until, why = self._refused.get(tenant, (0.0, ""))
+        left = until - time.monotonic()
+        if left > 0:
+            raise QuotaExceeded(f"{why} (the node daemon refused one of tenant {tenant!r}'s "
+                                "jobs; submits are refused until then)", seconds=round(left, 3),
+                                hint=f"retry after {left:.1f} s, or ask the node's operator "
+                                     "for a larger quota")
 
     def kinds(self) -> dict[str, Callable[[Job], dict[str, Any]]]:
         return {"exec": self._told(self.exec), "evaluate": self._told(self.evaluate),
@@ -50,6 +70,11 @@ class Work:
             acting = ACTING_FOR.set(job.tenant)
             try:
                 result = fn(job)
+            except QuotaExceeded as exc:
+                with self._lock:
+                    wait = exc.seconds if exc.seconds is not None else QUOTA_BACKOFF_S
+                    self._refused[job.tenant] = (time.monotonic() + wait, exc.message)
+                raise
             finally:
                 ACTING_FOR.reset(acting)
                 self._clean(job)
@@ -80,6 +105,7 @@ class Work:
             result = client.exec(path, r.get("args", []), device=r.get("device"),
                                  timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
                                  on_output=out.add)
+        _raise_quota(result.exception)
         return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
 
     def evaluate(self, job: Job) -> dict[str, Any]:
@@ -117,6 +143,16 @@ class Work:
         with open(path, "w") as f:
             f.write(text)
         return path
+
+
+def _raise_quota(exception: str | None) -> None:
+    """A program that ended on the daemon's quota error: the job's error is that one."""
+    name = f"{QuotaExceeded.__name__}: "
+    if exception and exception.startswith(name):
+        raise QuotaExceeded(exception.removeprefix(name),
+                            hint="wait and submit again, or ask the node's operator for a "
+                                 "larger quota (krex serve --tenant-region-s-per-min, "
+                                 "--tenant-max-jobs, --tenant-max-hold-s)")
 
 
 class _Tail:
