@@ -118,23 +118,41 @@ def test_long_poll_waits_for_the_job_and_no_longer(service):
 
 
 def test_cancel_a_queued_and_a_running_job(daemon, tmp_path):
-    s = Service(tmp_path / "state", "--runners", "1")
+    """Cancel stops a running program (its worker is killed with what the program started,
+    and replaced); a queued job never runs; the job next to it (negative control) runs on."""
+    import psutil
+
+    s = Service(tmp_path / "state", "--runners", "2")
     try:
-        flag = tmp_path / "go"
-        slow = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
-                           "    time.sleep(0.02)\nprint('done')\n"}
-        _, running = s.call("POST", "/v1/jobs/exec", slow)
-        wait_for(lambda: s.call("GET", f"/v1/jobs/{running['id']}")[1]["state"] == "running",
-                 timeout_s=30)
+        pids, flag = tmp_path / "pids", tmp_path / "go"
+        forever = {"program": "import os, subprocess, sys, time\n"
+                              "child = subprocess.Popen(['sleep', '600'])\n"
+                              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                              "while True:\n    time.sleep(0.05)\n"}
+        waits = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                            "    time.sleep(0.02)\nprint('done')\n"}
+        _, running = s.call("POST", "/v1/jobs/exec", forever)
+        _, neighbour = s.call("POST", "/v1/jobs/exec", waits)
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, timeout_s=60)
+        worker, child = (int(x) for x in pids.read_text().split())
         _, queued = s.call("POST", "/v1/jobs/exec", {"program": "print('never')\n"})
         status, cancelled = s.call("POST", f"/v1/jobs/{queued['id']}/cancel")
         assert status == 200 and cancelled["state"] == "cancelled"
         status, marked = s.call("POST", f"/v1/jobs/{running['id']}/cancel")
-        assert status == 200 and marked["state"] == "running" and marked["cancel_requested"]
-        flag.touch()
+        assert status == 200 and marked["cancel_requested"], marked
         ended = s.wait(running["id"])
-        assert ended["state"] == "cancelled" and "discarded" in ended["result"], ended
+        assert ended["state"] == "cancelled", ended
+        assert ended["result"]["recycled"] and "discarded" in ended["result"], ended
+        for pid in (worker, child):  # nothing of the program is left running or stopped
+            assert not psutil.pid_exists(pid) or \
+                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
         assert s.wait(queued["id"], wait_s=0)["result"] is None  # it never ran
+        assert s.wait(neighbour["id"], wait_s=0)["state"] == "running"  # untouched
+        flag.touch()
+        done = s.wait(neighbour["id"])
+        assert done["state"] == "succeeded" and "done" in done["result"]["stdout"], done
+        _, after = s.call("POST", "/v1/jobs/exec", {"program": "print('next')\n"})
+        assert s.wait(after["id"])["result"]["stdout"] == "next\n"  # the pool serves on
         status, err = s.call("POST", "/v1/jobs/nosuchjob/cancel")
         assert status == 404 and err["error"]["code"] == "job_not_found"
     finally:

@@ -68,7 +68,7 @@ class Service:
                                 config.timeline_s)
         self.work = Work(config, finished=self._finished)
         self.jobs = JobStore(os.path.join(config.state_dir, jobs_name), self.work.kinds(),
-                             config.runners, admit=self.work.admit)
+                             config.runners, admit=self.work.admit, stop=self.work.stop)
         self.metrics = Metrics(self.jobs, self.node)
         self.node.on_region = self.metrics.region
         self.node.start()

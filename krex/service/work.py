@@ -15,19 +15,29 @@ daemon's per-tenant fair share and quotas apply (docs/service.md).  A
 program that ends on the daemon's quota error fails its job with
 ``quota_exceeded``, and the tenant's next submits are refused (HTTP 429, with
 Retry-After) for :data:`QUOTA_BACKOFF_S` — or as long as the daemon said.
+
+Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker whose
+working directory is the job's own folder; the service finds that worker
+among the daemon's (``status``: its worker jobs), stops it, checks the folder
+again (the worker may have moved on), and kills it with the processes the
+program started.  The pool sees its worker die and replaces it (recycled),
+the program's region, if it held one, ends with its holder.  An evaluation
+is not interrupted: it ends ``cancelled`` when its program returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import ACTING_FOR, Client
-from krex.errors import BadRequest, QuotaExceeded
+from krex.errors import BadRequest, KrexError, QuotaExceeded
 from krex.service import summary
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
@@ -130,6 +140,21 @@ class Work:
                                label=f"tenant:{job.tenant}")
         return summary.bench(result)
 
+    # -- cancel ----------------------------------------------------------------------------
+
+    def stop(self, job: Job) -> bool:
+        """Interrupt ``job``'s running program (exec jobs); True if one was stopped."""
+        if job.kind != "exec":
+            return False
+        folder = os.path.join(self.config.state_dir, "jobs", job.id)
+        try:
+            with daemon_client() as client:
+                workers = [int(j.get("root_pid") or 0) for j in client.status().get("jobs", [])
+                           if j.get("kind") == "worker"]
+        except KrexError:
+            return False
+        return any(_kill_if_in(pid, folder) for pid in workers if pid > 1)
+
     # -- helpers -------------------------------------------------------------------------
 
     def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
@@ -143,6 +168,37 @@ class Work:
         with open(path, "w") as f:
             f.write(text)
         return path
+
+
+def _kill_if_in(pid: int, folder: str) -> bool:
+    """Kill the worker ``pid`` (and what its program started) if its working directory
+    is ``folder``: stopped first, checked again, then killed — or let go."""
+    import psutil
+
+    if _cwd(pid) != folder:
+        return False
+    try:
+        worker = psutil.Process(pid)
+        worker.send_signal(signal.SIGSTOP)
+    except psutil.Error:
+        return False
+    try:
+        if _cwd(pid) != folder:  # it finished and moved on before it stopped
+            return False
+        for p in [*worker.children(recursive=True), worker]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        return True
+    finally:
+        with contextlib.suppress(psutil.Error):
+            worker.send_signal(signal.SIGCONT)  # a killed process is gone; a living one runs
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
 
 
 def _raise_quota(exception: str | None) -> None:
