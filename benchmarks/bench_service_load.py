@@ -42,7 +42,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -136,17 +136,23 @@ def http(base: str, method: str, path: str, body: object = None, headers: dict |
         return e.code, json.loads(e.read() or b"{}"), {k.lower(): v for k, v in e.headers.items()}
 
 
+def jobs(device: str, eval_every: int, deadline: float) -> Iterator[tuple[str, str, dict]]:
+    """An agent's jobs until ``deadline``: (kind, its own token, the request body)."""
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        mark = uuid.uuid4().hex
+        if n % eval_every == 0:
+            yield "evaluate", mark, evaluation(device, mark)
+        else:
+            yield "exec", mark, {"program": PROGRAM, "args": [mark], "device": device}
+
+
 def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
                deadline: float, log: Log, seed: int) -> None:
     rng = random.Random(seed)
     auth = {"Authorization": f"Bearer {token}"}
-    n = 0
-    while time.monotonic() < deadline:
-        n += 1
-        kind = "evaluate" if n % eval_every == 0 else "exec"
-        mark = uuid.uuid4().hex
-        body = evaluation(device, mark) if kind == "evaluate" else \
-            {"program": PROGRAM, "args": [mark], "device": device}
+    for kind, mark, body in jobs(device, eval_every, deadline):
         key = {"Idempotency-Key": mark}
         t0 = time.monotonic()
         try:
@@ -204,13 +210,7 @@ def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log
         async with streamable_http_client(url) as streams, \
                 ClientSession(streams[0], streams[1]) as session:
             await session.initialize()
-            n = 0
-            while time.monotonic() < deadline:
-                n += 1
-                kind = "evaluate" if n % eval_every == 0 else "exec"
-                mark = uuid.uuid4().hex
-                args = evaluation(device, mark) if kind == "evaluate" else \
-                    {"program": PROGRAM, "args": [mark], "device": device}
+            for kind, mark, args in jobs(device, eval_every, deadline):
                 tool = "evaluate" if kind == "evaluate" else "exec_program"
                 t0 = time.monotonic()
                 try:
@@ -246,15 +246,10 @@ def _structured(res: Any) -> dict:
 
 def cli_agent(prog: str, records: str, device: str, eval_every: int, deadline: float,
               log: Log) -> None:
-    n = 0
-    while time.monotonic() < deadline:
-        n += 1
-        kind = "evaluate" if n % eval_every == 0 else "exec"
-        mark = uuid.uuid4().hex
+    for kind, mark, e in jobs(device, eval_every, deadline):
         if kind == "exec":
             argv = krex_cmd("exec", "--device", device, prog, mark)
         else:
-            e = evaluation(device, mark)
             cand = os.path.join(os.path.dirname(prog), f"cand_{mark}.py")
             with open(cand, "w") as f:
                 f.write(e["candidate"]["source"])

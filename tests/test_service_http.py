@@ -355,13 +355,10 @@ def quota_daemon(runtime_dir, monkeypatch):
     """A private daemon with a per-tenant budget of 0.5 region-seconds per minute."""
     from helpers import Daemon
 
-    d = Daemon(str(runtime_dir), "--tenant-region-s-per-min", "0.5")
-    d.start()
+    d = Daemon(str(runtime_dir), "--tenant-region-s-per-min", "0.5").start()
     monkeypatch.setenv("KREX_SOCKET", d.socket)
-    try:
-        yield d
-    finally:
-        d.stop()
+    yield d
+    d.stop()  # pytest runs this whether the test passed or not
 
 
 def _regions_by_label() -> dict[str, list[str]]:
