@@ -13,13 +13,21 @@ before and after are measured side by side in one run.
 Each command is started as the console script does (``from krex.cli.main
 import main; sys.exit(main())``) with ``PYTHONPATH`` naming the tree.
 
+Bytecode: an installed package has its modules compiled (pip does it at
+install; Python writes ``__pycache__`` on first import).  This machine sets
+``PYTHONDONTWRITEBYTECODE=1``, so without cached bytecode every start
+compiles each krex module it imports from source.  By default each tree is
+compiled first (``compileall``), as an install would; ``--no-compile``
+measures without (the caches a tree already has are removed first).
+
 Writes results/bench_startup.json (atomically, with a format version).
-Usage: python benchmarks/bench_startup.py [--runs N] [--before REF] [--out PATH]
+Usage: python benchmarks/bench_startup.py [--runs N] [--before REF] [--no-compile] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import subprocess
@@ -47,6 +55,17 @@ def extract(ref: str) -> str:
     if os.path.isdir(native) and not os.path.exists(os.path.join(where, "krex", "_native")):
         os.symlink(native, os.path.join(where, "krex", "_native"))
     return where
+
+
+def bytecode(tree: str, compiled: bool) -> None:
+    """Compile the tree's krex package (as an install would), or remove its caches."""
+    package = os.path.join(tree, "krex")
+    if compiled:
+        compileall.compile_dir(package, quiet=1)
+        return
+    for where, dirs, _ in os.walk(package):
+        if "__pycache__" in dirs:
+            shutil.rmtree(os.path.join(where, "__pycache__"), ignore_errors=True)
 
 
 def start_daemon(tree: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -103,12 +122,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=40, help="runs of each command (default 40)")
     ap.add_argument("--before", metavar="REF", help="also run the CLI of git revision REF")
     ap.add_argument("--quick", action="store_true", help="10 runs")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="no cached bytecode for krex: each start compiles what it imports")
     ap.add_argument("--out", help="results file (default results/bench_startup.json)")
     args = ap.parse_args()
     runs = 10 if args.quick else args.runs
     trees = {"after": ROOT}
     if args.before:
         trees = {"before": extract(args.before), **trees}
+    for tree in trees.values():
+        bytecode(tree, compiled=not args.no_compile)
     with tempfile.TemporaryDirectory() as tmp:
         prog = os.path.join(tmp, "trivial.py")
         with open(prog, "w") as f:
@@ -139,6 +162,7 @@ def main() -> int:
         print(f"{name:40} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f} "
               f"{row['p50_over_floor_ms']:12.1f}")
     path = write_results("bench_startup", {"runs": runs, "before": args.before,
+                                           "bytecode": not args.no_compile,
                                            "commands": table}, args.out)
     print(f"wrote {path}")
     return 0

@@ -8,11 +8,10 @@ code is docs/architecture.md.
 function ``krex.measure(fn, ...)`` (the package is callable).
 """
 
-from typing import TYPE_CHECKING
-
 from krex.lazy import lazy_exports
 from krex.version import __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (CLI start-up)
 if TYPE_CHECKING:  # imported on first use: `import krex` (and the CLI) stays cheap
     from krex import measure
     from krex.client import Client, Region, region

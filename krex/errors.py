@@ -12,7 +12,9 @@ wire never depends on which other modules happen to be imported.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (CLI start-up)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
 
 _FIELDS = ("pid", "device", "region", "seconds", "hint")
 _REGISTRY: dict[str, type[KrexError]] = {}

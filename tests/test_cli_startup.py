@@ -21,7 +21,8 @@ HEAVY = ("rich", "psutil", "numpy", "fastapi", "uvicorn", "starlette", "pydantic
          "krex.cli.bench_cmds", "krex.cli.eval_cmds", "krex.cli.cluster_cmds")
 
 
-def imported_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, set[str]]:
+def imported_by(argv: list[str], env: dict[str, str] | None = None,
+                heavy_names: tuple[str, ...] = HEAVY) -> tuple[int, set[str]]:
     """Run ``krex ARGV`` through the console script's own entry point in a fresh
     interpreter; its exit code and the heavy modules it imported."""
     code = ("import sys\nfrom krex.cli.main import main\n"
@@ -32,7 +33,8 @@ def imported_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int
                          env=env)
     line = next(ln for ln in out.stderr.splitlines() if ln.startswith("MODULES "))
     modules = set(json.loads(line.removeprefix("MODULES ")))
-    heavy = {m for m in modules if m.split(".")[0] in HEAVY or m.startswith(HEAVY)}
+    heavy = {m for m in modules if m.split(".")[0] in heavy_names
+             or m.startswith(heavy_names)}
     return out.returncode, heavy
 
 
@@ -45,15 +47,36 @@ def test_version_prints_the_installed_version_and_imports_nothing():
     assert rc == 0 and heavy == set()
 
 
-def test_exec_imports_only_the_client(daemon, tmp_path):
+# What the lean path (krex.cli.lean) of a plain `krex exec` / `krex status` must not import:
+# argparse, dataclasses (and with it inspect, ast, dis, tokenize), typing, the dataclass
+# messages, the full client (ExecRequest/ExecResult dataclasses) — they cost ~40 ms.
+LEAN_HEAVY = ("argparse", "dataclasses", "inspect", "typing", "ast", "dis", "tokenize",
+              "krex.protocol.messages", "krex.protocol.framing", "krex.client",
+              "krex.workers", "krex.cli.output", "krex.cli.job_cmds", "krex.cli.daemon_cmds")
+
+
+def imported_by_lean(argv: list[str]) -> tuple[int, set[str]]:
+    """Like :func:`imported_by`, with :data:`LEAN_HEAVY` counted as heavy too."""
+    return imported_by(argv, heavy_names=HEAVY + LEAN_HEAVY)
+
+
+def test_exec_imports_only_the_lean_client(daemon, tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("print('hi')\n")
-    rc, heavy = imported_by(["exec", str(prog)])
+    rc, heavy = imported_by_lean(["exec", str(prog)])
+    assert rc == 0 and heavy == set(), heavy
+    rc, heavy = imported_by_lean(["exec", "--json", "--device", "cpu", "--timeout-s=30",
+                                  str(prog), "--an-arg"])
     assert rc == 0 and heavy == set(), heavy
 
 
-@pytest.mark.parametrize("argv", [["status", "--json"], ["run", "--", "true"],
-                                  ["region", "--", "true"]])
+@pytest.mark.parametrize("argv", [["status"], ["status", "--json"]])
+def test_status_imports_only_the_lean_client(daemon, argv):
+    rc, heavy = imported_by_lean(argv)
+    assert rc == 0 and heavy == set(), heavy
+
+
+@pytest.mark.parametrize("argv", [["run", "--", "true"], ["region", "--", "true"]])
 def test_client_commands_import_only_what_they_use(daemon, argv):
     rc, heavy = imported_by(argv)
     assert rc == 0, argv
@@ -61,11 +84,44 @@ def test_client_commands_import_only_what_they_use(daemon, argv):
     assert {m for m in heavy if m.split(".")[0] not in allowed} == set(), heavy
 
 
-def test_a_human_table_imports_rich_only_then(daemon):
-    """Negative control: the test sees an import when there is one."""
-    rc, heavy = imported_by(["status"])
-    assert rc == 0 and "rich" in heavy
-    assert not heavy & {"fastapi", "uvicorn", "mcp", "prometheus_client", "krex.service"}
+def test_the_full_parser_imports_what_the_lean_path_does_not(daemon, tmp_path):
+    """Negative control: the tests see an import when there is one (``--help`` and an
+    abbreviated flag take the full parser, which imports argparse)."""
+    rc, heavy = imported_by_lean(["status", "--help"])
+    assert rc == 0 and "argparse" in heavy
+    prog = tmp_path / "p.py"
+    prog.write_text("import sys\nsys.exit(7)\n")
+    rc, heavy = imported_by_lean(["exec", "--dev", "cpu", str(prog)])  # argparse's prefix
+    assert rc == 7 and "argparse" in heavy
+    assert not heavy & {"rich", "fastapi", "uvicorn", "mcp", "prometheus_client"}
+
+
+def test_the_lean_path_speaks_the_protocol_of_krex_protocol():
+    from krex.cli import lean
+    from krex.protocol.framing import MAX_FRAME
+    from krex.protocol.messages import VERSION
+
+    assert (lean.VERSION, lean.MAX_FRAME) == (VERSION, MAX_FRAME)
+
+
+@pytest.mark.parametrize("argv, parsed", [
+    (["p.py"], {"program": "p.py", "args": []}),
+    (["--json", "--device", "fakegpu:0", "p.py", "--json", "x"],
+     {"json_out": True, "device": "fakegpu:0", "program": "p.py", "args": ["--json", "x"]}),
+    (["--timeout-s=2.5", "--device=cpu", "p.py"],
+     {"timeout_s": 2.5, "device": "cpu", "program": "p.py", "args": []}),
+    (["--help"], None), (["--cluster", "ray://x", "p.py"], None), (["--dev", "cpu", "p.py"], None),
+    (["--timeout-s", "soon", "p.py"], None), (["--device"], None), ([], None), (["--json"], None),
+    (["--", "p.py"], None),
+])
+def test_the_lean_path_parses_what_the_full_parser_would_or_leaves_it(argv, parsed):
+    from krex.cli.lean import _exec_options
+
+    got = _exec_options(argv)
+    if parsed is None:
+        assert got is None
+    else:
+        assert got == {"json_out": False, "device": None, "timeout_s": None, **parsed}
 
 
 def test_the_whole_parser_is_built_for_help_and_a_typo():

@@ -118,23 +118,41 @@ def test_long_poll_waits_for_the_job_and_no_longer(service):
 
 
 def test_cancel_a_queued_and_a_running_job(daemon, tmp_path):
-    s = Service(tmp_path / "state", "--runners", "1")
+    """Cancel stops a running program (its worker is killed with what the program started,
+    and replaced); a queued job never runs; the job next to it (negative control) runs on."""
+    import psutil
+
+    s = Service(tmp_path / "state", "--runners", "2")
     try:
-        flag = tmp_path / "go"
-        slow = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
-                           "    time.sleep(0.02)\nprint('done')\n"}
-        _, running = s.call("POST", "/v1/jobs/exec", slow)
-        wait_for(lambda: s.call("GET", f"/v1/jobs/{running['id']}")[1]["state"] == "running",
-                 timeout_s=30)
+        pids, flag = tmp_path / "pids", tmp_path / "go"
+        forever = {"program": "import os, subprocess, sys, time\n"
+                              "child = subprocess.Popen(['sleep', '600'])\n"
+                              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                              "while True:\n    time.sleep(0.05)\n"}
+        waits = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                            "    time.sleep(0.02)\nprint('done')\n"}
+        _, running = s.call("POST", "/v1/jobs/exec", forever)
+        _, neighbour = s.call("POST", "/v1/jobs/exec", waits)
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, timeout_s=60)
+        worker, child = (int(x) for x in pids.read_text().split())
         _, queued = s.call("POST", "/v1/jobs/exec", {"program": "print('never')\n"})
         status, cancelled = s.call("POST", f"/v1/jobs/{queued['id']}/cancel")
         assert status == 200 and cancelled["state"] == "cancelled"
         status, marked = s.call("POST", f"/v1/jobs/{running['id']}/cancel")
-        assert status == 200 and marked["state"] == "running" and marked["cancel_requested"]
-        flag.touch()
+        assert status == 200 and marked["cancel_requested"], marked
         ended = s.wait(running["id"])
-        assert ended["state"] == "cancelled" and "discarded" in ended["result"], ended
+        assert ended["state"] == "cancelled", ended
+        assert ended["result"]["recycled"] and "discarded" in ended["result"], ended
+        for pid in (worker, child):  # nothing of the program is left running or stopped
+            assert not psutil.pid_exists(pid) or \
+                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
         assert s.wait(queued["id"], wait_s=0)["result"] is None  # it never ran
+        assert s.wait(neighbour["id"], wait_s=0)["state"] == "running"  # untouched
+        flag.touch()
+        done = s.wait(neighbour["id"])
+        assert done["state"] == "succeeded" and "done" in done["result"]["stdout"], done
+        _, after = s.call("POST", "/v1/jobs/exec", {"program": "print('next')\n"})
+        assert s.wait(after["id"])["result"]["stdout"] == "next\n"  # the pool serves on
         status, err = s.call("POST", "/v1/jobs/nosuchjob/cancel")
         assert status == 404 and err["error"]["code"] == "job_not_found"
     finally:
@@ -330,3 +348,94 @@ def test_evaluate_job_answers_verdict_and_stores_a_record(service):
     assert status == 200 and record["id"] == r["record_id"] and record["verdict"] == "faster"
     status, rows = service.call("GET", "/v1/records?limit=10")
     assert r["record_id"] in {row["id"] for row in rows["records"]}
+
+
+@pytest.fixture
+def quota_daemon(runtime_dir, monkeypatch):
+    """A private daemon with a per-tenant budget of 0.5 region-seconds per minute."""
+    from helpers import Daemon
+
+    d = Daemon(str(runtime_dir), "--tenant-region-s-per-min", "0.5").start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    yield d
+    d.stop()  # pytest runs this whether the test passed or not
+
+
+def _regions_by_label() -> dict[str, list[str]]:
+    """The daemon's own record of finished regions: label -> the tenants they were charged to."""
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as client:
+        out: dict[str, list[str]] = {}
+        for r in client.regions():
+            out.setdefault(str(r.get("label")), []).append(str(r.get("tenant")))
+        return out
+
+
+def _submit_raw(s: Service, body: dict, auth: dict[str, str]) -> tuple[int, dict, dict]:
+    """POST /v1/jobs/exec: the status, the body and the headers (names in lower case)."""
+    req = urllib.request.Request(s.base + "/v1/jobs/exec", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json",
+                                                         **auth})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_jobs_run_as_their_tenant_in_the_daemon_and_meet_its_quota(quota_daemon, tmp_path):
+    """Two tenants' HTTP jobs: the daemon charges each region to the job's tenant (its fair
+    share and quotas apply to it); a tenant over its region-seconds quota gets a failed job
+    with `quota_exceeded`, then 429 with Retry-After; the other tenant is not affected."""
+    state = tmp_path / "state"
+    tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
+                             str(state)).stdout.strip() for name in ("alice", "bob")}
+    auth = {name: {"Authorization": f"Bearer {t}"} for name, t in tokens.items()}
+    s = Service(state, "--runners", "2")
+
+    def region(label: str, hold_s: float = 0.0) -> dict:
+        return {"program": f"import krex, time\nwith krex.region(label={label!r}):\n"
+                           f"    time.sleep({hold_s})\n"}
+    try:
+        jobs = {name: s.call("POST", "/v1/jobs/exec", region(f"{name[0]}-short"),
+                             headers=auth[name]) for name in ("alice", "bob")}
+        for name, (status, job) in jobs.items():
+            assert status == 201 and s.wait(job["id"], headers=auth[name])["state"] == \
+                "succeeded"
+        outside = run_krex("region", "--label", "outside", "--", "true")
+        assert outside.returncode == 0, outside.stderr
+        seen = _regions_by_label()
+        assert seen["a-short"] == ["alice"] and seen["b-short"] == ["bob"], seen
+        assert seen["outside"] == [f"uid:{os.getuid()}"]  # negative control: a local client
+        # alice uses up her 0.5 region-seconds; her next region is refused by the daemon.
+        _, long = s.call("POST", "/v1/jobs/exec", region("a-long", 0.7), headers=auth["alice"])
+        assert s.wait(long["id"], headers=auth["alice"])["state"] == "succeeded"
+        _, over = s.call("POST", "/v1/jobs/exec", region("a-over"), headers=auth["alice"])
+        failed = s.wait(over["id"], headers=auth["alice"])
+        assert failed["state"] == "failed", failed
+        assert failed["error"]["code"] == "quota_exceeded", failed
+        assert "quota" in failed["error"]["what"] and failed["error"]["hint"]
+        status, err, headers = _submit_raw(s, region("a-again"), auth["alice"])
+        assert status == 429 and err["error"]["code"] == "quota_exceeded", err
+        assert int(headers["retry-after"]) >= 1 and err["error"]["retry_after_s"] > 0
+        assert "alice" in err["error"]["what"] and err["error"]["hint"]
+        # bob's budget is his own: accepted and run (negative control).
+        status, job, _ = _submit_raw(s, region("b-after"), auth["bob"])
+        assert status == 201 and s.wait(job["id"], headers=auth["bob"])["state"] == "succeeded"
+        seen = _regions_by_label()
+        assert seen["a-long"] == ["alice"] and seen["b-after"] == ["bob"]
+        assert "a-over" not in seen and "a-again" not in seen
+    finally:
+        s.stop()
+
+
+def test_not_clean_reasons_are_read_as_codes_or_objects():
+    """A daemon region record lists its reasons as codes (strings); a crash here stopped
+    the node watcher and the MCP tool node_status under load."""
+    from krex.service.node import _bar, reason_codes
+
+    assert reason_codes({"reasons": ["holder_preempted", {"code": "foreign_task"}]}) == \
+        ["holder_preempted", "foreign_task"]
+    assert reason_codes({"reasons": None}) == [] == reason_codes({})
+    assert _bar({"clean": False, "reasons": ["step_timeout"]}, 0.0)["reasons"] == ["step_timeout"]

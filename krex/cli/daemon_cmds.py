@@ -117,48 +117,9 @@ def add_status(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with Client(autostart=False, check_installation=False) as client:
-        st = client.status()
-        st["daemon"]["mismatch"] = client.conn.mismatch
-    if args.json:
-        print_json(st)
-        return 0
-    d = st["daemon"]
-    console.print(f"daemon pid {d['pid']}  krex {d.get('krex_version', '?')} "
-                  f"({d.get('krex_path', 'unknown path')})  socket {d['socket']}  "
-                  f"up {d['uptime_s']:.0f} s")
-    if d["mismatch"]:
-        console.print(f"note: {d['mismatch']}: this krex will not use it "
-                      "(hint: `krex stop`, then rerun)")
-    rows = []
-    for dev in st["devices"]:
-        sched = st["scheduler"].get(dev["name"], {})
-        holder = sched.get("holder")
-        rows.append([dev["name"], dev["description"],
-                     f"job {holder['job_id']} region {holder['region']}" if holder else "-",
-                     len(sched.get("queue", []))])
-    table("devices", ["device", "description", "holder", "queued"], rows)
-    table("jobs (times in ms: docs/protocol.md, where a job's time went)",
-          ["job", "name", "device", "mode", "kind", "pid", "regions", "waited", "frozen",
-           "set-up", "held"],
-          [[j["job_id"], j["name"], j["device"], j["mode"], j["kind"],
-            j["root_pid"] or j["owner_pid"], j.get("regions", "-"), ms(j.get("waited_s")),
-            ms(j.get("frozen_s")), ms(j.get("enforce_s")), ms(j.get("held_s"))]
-           for j in st["jobs"]])
-    _print_extra(st)
-    return 0
+    from krex.cli.lean import status
 
-
-def _print_extra(st: dict[str, Any]) -> None:
-    c = st["counters"]
-    console.print(f"regions: {c['granted']} granted, {c['released']} released, "
-                  f"{c['revoked']} revoked, {c['cancelled']} cancelled")
-    pools = st.get("pools") or {}
-    if pools:
-        table("warm workers", ["device", "workers", "busy", "served", "queued", "recycles"],
-              [[name, len(p["workers"]), sum(w["busy"] for w in p["workers"]), p["served"],
-                p["queue_length"], ", ".join(f"{k} {v}" for k, v in p["recycles"].items())]
-               for name, p in pools.items()])
+    return status(json_out=args.json)
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:

@@ -91,31 +91,14 @@ def add_exec(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from krex.cli.output import error, print_json
-    from krex.client.connection import Client
+    from krex.cli.lean import exec_program
 
-    if not os.path.isfile(args.program):
-        raise BadRequest(f"no such program: {args.program}", hint="give the path of a .py file")
     if args.cluster:
+        if not os.path.isfile(args.program):
+            raise BadRequest(f"no such program: {args.program}",
+                             hint="give the path of a .py file")
         from krex.cli.cluster_cmds import exec_on_cluster
         return exec_on_cluster(args.cluster, args.program, args.args, device=args.device,
                                timeout_s=args.timeout_s, json_out=args.json)
-    with Client() as client:
-        result = client.exec(args.program, args.args, device=args.device,
-                             timeout_s=args.timeout_s)
-    if args.json:
-        print_json(result.to_dict())
-    if result.status == "timeout":
-        error(f"program timed out after {args.timeout_s} s", "raise --timeout-s")
-    elif result.status != "ok" and not (result.exception or "").startswith("SystemExit") \
-            and not _exited(result.recycle_reason):
-        error(f"program ended {result.status}: {result.exception or result.exit_code}")
-    if result.recycled:
-        print(f"krex: worker {result.worker_pid} recycled: {result.recycle_reason}",
-              file=sys.stderr)
-    return result.exit_code
-
-
-def _exited(recycle_reason: str | None) -> bool:
-    """The program ended its worker with ``os._exit(N)``: N is the exit code, as alone."""
-    return (recycle_reason or "").startswith("crashed: exited with status")
+    return exec_program(args.program, args.args, device=args.device,
+                        timeout_s=args.timeout_s, json_out=args.json)

@@ -4,19 +4,22 @@ Start-up is on every agent command's path, so ``main`` imports and builds only
 the subcommand it runs (``COMMANDS`` says in which module each lives); the
 whole parser is built for ``krex --help`` and for a name that is not a
 command (argparse then lists the choices).  ``krex --version`` imports
-nothing but ``krex.version``.
+nothing but ``krex.version``; a plain ``krex exec`` or ``krex status`` takes
+the lean path (:mod:`krex.cli.lean`: no argparse, no dataclasses, no rich).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
-from typing import TYPE_CHECKING
 
 from krex.version import __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up cost)
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+    from typing import Any
+
     from krex.errors import KrexError
 
 # name -> (module, function that adds its subparser).  Order: as `krex --help` lists them.
@@ -43,6 +46,9 @@ def build_parser(serve_flags: bool = True, only: str | None = None) -> argparse.
     """The CLI: every command, or ``only`` that one.  ``serve_flags=False`` leaves out
     ``krex serve``'s flags (they come from the daemon's configuration, which a client
     command does not import)."""
+    import argparse
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="krex", description="Concurrent kernel benchmarking on shared GPUs."
     )
@@ -65,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"krex {__version__}")
         return 0
+    if argv[:1] in (["exec"], ["status"]):
+        from krex.cli import lean
+
+        code = _guarded(lean.run, argv)
+        if code is not None:
+            return code
     first = argv[0] if argv else None
     only = first if first in COMMANDS else None
     args = build_parser(serve_flags=first == "serve", only=only).parse_args(argv)
@@ -73,24 +85,35 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Call the command; a :class:`~krex.errors.KrexError` becomes its exit code."""
-    from krex.errors import CommandNotFound, CommandTimeout, KrexError, RegionTimeout, UsageError
+    return int(_guarded(args.func, args) or 0)
 
+
+def _guarded(command: Callable[[Any], int | None], arg: object) -> int | None:
+    """``command(arg)``; a :class:`~krex.errors.KrexError` becomes its exit code."""
     try:
-        return int(args.func(args) or 0)
-    except (RegionTimeout, CommandTimeout) as exc:
-        _error(exc)
-        return 124
-    except UsageError as exc:
-        _error(exc)
-        return 2
-    except CommandNotFound as exc:
-        _error(exc)
-        return exc.exit_status
-    except KrexError as exc:
-        _error(exc)
-        return 1
+        return command(arg)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from krex.errors import KrexError
+
+        if not isinstance(exc, KrexError):
+            raise
+        _error(exc)
+        return _exit_code(exc)
+
+
+def _exit_code(exc: KrexError) -> int:
+    """0 ok, 1 error, 2 usage, 124 timeout; a command not found: as the shell says."""
+    from krex.errors import CommandNotFound, CommandTimeout, RegionTimeout, UsageError
+
+    if isinstance(exc, (RegionTimeout, CommandTimeout)):
+        return 124
+    if isinstance(exc, UsageError):
+        return 2
+    if isinstance(exc, CommandNotFound):
+        return exc.exit_status
+    return 1
 
 
 def _error(exc: KrexError) -> None:

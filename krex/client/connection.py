@@ -11,6 +11,7 @@ marked ``broken``.  ``regions`` and ``jobs`` come in pages.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import socket
@@ -28,6 +29,10 @@ from krex.protocol.installation import mismatch
 from krex.workers.spec import ExecRequest, ExecResult
 
 CANCEL_TIMEOUT_S = 5.0
+# The tenant this thread's programs run for, where a trusted peer (the HTTP/MCP service)
+# acts for one: ``exec``/``submit``/``execute`` send it unless given a ``tenant``.
+ACTING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("krex_acting_for",
+                                                                       default=None)
 OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
 
 
@@ -211,16 +216,18 @@ class Client:
     def exec(self, path: str, args: list[str] | None = None, *, device: str | None = None,
              timeout_s: float | None = None, cwd: str | None = None,
              env: dict[str, str] | None = None,
-             on_output: OutputSink | None = None) -> ExecResult:
+             on_output: OutputSink | None = None, tenant: str | None = None) -> ExecResult:
         """Run the Python program ``path`` in a warm worker of ``device``.
 
         The program sees ``args`` as ``sys.argv[1:]``, ``cwd`` and ``env`` (default:
         ours); its output goes to ``on_output(stream, text)`` live (default: our
-        stdout/stderr).  Returns the worker's :class:`ExecResult`.
+        stdout/stderr).  ``tenant``: the regions it takes are that tenant's (trusted
+        peers only; default :data:`ACTING_FOR`, else the peer's uid).  Returns the
+        worker's :class:`ExecResult`.
         """
         kw = {"cwd": cwd or os.getcwd(), "env": dict(env if env is not None else os.environ),
               "timeout_s": timeout_s}
-        return self._exec(ExecRequest.for_path(path, args, **kw), device, on_output)
+        return self._exec(ExecRequest.for_path(path, args, **kw), device, on_output, tenant)
 
     def submit(self, fn: Callable[..., Any], *args: Any, device: str | None = None,
                timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
@@ -233,14 +240,17 @@ class Client:
         return self._exec(req, device, None)
 
     def execute(self, req: ExecRequest, *, device: str | None = None,
-                on_output: Callable[[str, str], None] | None = None) -> ExecResult:
+                on_output: Callable[[str, str], None] | None = None,
+                tenant: str | None = None) -> ExecResult:
         """Run a prepared :class:`ExecRequest`; its output goes to ``on_output`` (default: ours)."""
-        return self._exec(req, device, on_output)
+        return self._exec(req, device, on_output, tenant)
 
     def _exec(self, req: ExecRequest, device: str | None,
-              on_output: OutputSink | None) -> ExecResult:
+              on_output: OutputSink | None, tenant: str | None = None) -> ExecResult:
         sink = on_output or _echo
-        reply = self._call(m.Exec(request=req.to_dict(), device=device), on_output=sink)
+        message = m.Exec(request=req.to_dict(), device=device,
+                         tenant=tenant or ACTING_FOR.get())
+        reply = self._call(message, on_output=sink)
         return ExecResult.from_dict(reply["result"])
 
     def stop(self) -> dict[str, Any]:

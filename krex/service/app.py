@@ -18,6 +18,7 @@ body too large, 422 invalid fields, 429 quota, 503 no daemon.
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, and
 # the local aliases (who_t, key_t) must be evaluated where they are defined.
 
+import math
 import re
 import time
 from typing import Annotated, Any
@@ -33,6 +34,7 @@ from krex.errors import (
     IdempotencyConflict,
     JobNotFound,
     KrexError,
+    QuotaExceeded,
     RecordNotFound,
     RecordsError,
     ServiceQuotaExceeded,
@@ -49,7 +51,8 @@ from krex.service.work import Work, daemon_client
 
 KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 STATUS = {Unauthorized: 401, JobNotFound: 404, RecordNotFound: 404, IdempotencyConflict: 409,
-          ServiceQuotaExceeded: 429, BadRequest: 400, DaemonNotRunning: 503, RecordsError: 503}
+          ServiceQuotaExceeded: 429, QuotaExceeded: 429, BadRequest: 400,
+          DaemonNotRunning: 503, RecordsError: 503}
 WAITERS = anyio.CapacityLimiter(256)  # long polls parked at once
 
 
@@ -61,11 +64,11 @@ class Service:
 
         self.config = config
         self.tokens = TokenStore(config.tokens_path)
-        self.node = NodeWatcher(lambda: daemon_client("service"), config.node_poll_s,
+        self.node = NodeWatcher(daemon_client, config.node_poll_s,
                                 config.timeline_s)
         self.work = Work(config, finished=self._finished)
         self.jobs = JobStore(os.path.join(config.state_dir, jobs_name), self.work.kinds(),
-                             config.runners)
+                             config.runners, admit=self.work.admit, stop=self.work.stop)
         self.metrics = Metrics(self.jobs, self.node)
         self.node.on_region = self.metrics.region
         self.node.start()
@@ -108,7 +111,10 @@ def _errors(app: FastAPI) -> None:
         status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)
         body = error_body(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        response = problem(status, body["code"], body["what"], body["hint"])
+        if status == 429 and exc.seconds is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(exc.seconds)))}
+        extra = {"retry_after_s": exc.seconds} if status == 429 else {}
+        response = problem(status, body["code"], body["what"], body["hint"], **extra)
         if headers:
             response.headers.update(headers)
         return response

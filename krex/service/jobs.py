@@ -12,10 +12,10 @@ queued ones run then.
   :class:`~krex.errors.IdempotencyConflict`.
 * **Quotas** (:class:`~krex.service.tenants.Quotas`): active jobs and jobs per
   minute, checked under the store's lock at submit.
-* **Cancel**: a queued job is cancelled at once; a running one is marked and
-  ends ``cancelled`` when its work returns (its result is kept, marked
-  discarded).  Stopping a running program early needs the daemon's cancel
-  message (docs/service.md, "What the daemon will add").
+* **Cancel**: a queued job is cancelled at once; a running one is marked,
+  ``stop(job)`` interrupts its program (retried until the job's work returns:
+  the program may not have started yet), and the job ends ``cancelled`` (what
+  its work returned is kept, marked discarded).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ KINDS = ("evaluate", "exec", "bench")
 ACTIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
 KEEP_FINISHED = 20000  # finished jobs kept; older ones are pruned
+STOP_RETRY_S = 0.1  # a cancelled job's program not found yet (not started): look again
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -92,10 +93,14 @@ def error_body(exc: KrexError) -> dict[str, Any]:
 class JobStore:
     """The jobs and the runner threads that do them (``work[kind](job)``)."""
 
-    def __init__(self, path: str, work: dict[str, Work], runners: int = 8) -> None:
+    def __init__(self, path: str, work: dict[str, Work], runners: int = 8,
+                 admit: Callable[[str], None] | None = None,
+                 stop: Callable[[Job], bool] | None = None) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         self.path = path
         self.work = work
+        self.admit = admit  # raises when a tenant may not submit now (the daemon's quota)
+        self.stop = stop  # interrupts a running job's program; True once it did
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
@@ -160,10 +165,24 @@ class JobStore:
             if job.state == "queued":
                 self._queue.remove(job.id)
                 self._finish(job, "cancelled", None, None)
-            elif job.state == "running":
+            elif job.state == "running" and not job.cancel_requested:
                 job.cancel_requested = True
                 self.db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job.id,))
+                if self.stop is not None:
+                    threading.Thread(target=self._stop, args=(job,), daemon=True,
+                                     name=f"krex-service-cancel-{job.id}").start()
             return job
+
+    def _stop(self, job: Job) -> None:
+        """Interrupt the job's program; until it is, or the job's work returns."""
+        assert self.stop is not None
+        while not job.done and not self._closed:
+            if self.stop(job):
+                with self._cond:
+                    self.counters["programs_stopped"] += 1
+                return
+            with self._cond:
+                self._cond.wait_for(lambda: job.done or self._closed, timeout=STOP_RETRY_S)
 
     def list(self, tenant: str, state: str | None = None, limit: int = 50) -> list[Job]:
         sql = "SELECT * FROM jobs WHERE tenant=?"
@@ -241,6 +260,8 @@ class JobStore:
     # -- the database ------------------------------------------------------------------
 
     def _check_quotas(self, tenant: Tenant) -> None:
+        if self.admit is not None:
+            self.admit(tenant.name)
         q = tenant.quotas
         active = sum(1 for j in self._live.values() if j.tenant == tenant.name)
         if active >= q.max_active_jobs:

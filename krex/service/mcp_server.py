@@ -6,7 +6,8 @@ HTTP API (``schemas``), runs as a job of this process's own job store (one
 tenant: ``--tenant``, default ``local``) and answers with a result an agent
 can read (``summary``): verdict, speedup and interval, findings with their
 next action, p50/p95, noise, record id.  A job that fails answers with its
-error (code, what, hint) as the tool's error.
+error (code, what, hint) as the tool's error.  A call the client cancels
+(MCP's cancel notification) cancels its job: a running program is stopped.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
             job, _ = service.jobs.submit(who, kind, schemas.job_request(kind, body))
         except KrexError as exc:
             raise _tool_error(exc) from None
-        done = await anyio.to_thread.run_sync(service.jobs.wait, who.name, job.id, wait_s)
+        try:
+            done = await anyio.to_thread.run_sync(service.jobs.wait, who.name, job.id, wait_s,
+                                                  abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            service.jobs.cancel(who.name, job.id)  # the client cancelled the call: stop it
+            raise
         if done.error:
             hint = done.error.get("hint")
             raise ToolError(f"{done.error['code']}: {done.error['what']}"

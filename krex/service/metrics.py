@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from krex.service.jobs import JobStore
-from krex.service.node import NodeWatcher
+from krex.service.node import NodeWatcher, reason_codes
 
 BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
              30, 60)
@@ -51,8 +51,8 @@ class Metrics:
         if r.get("frozen_s") is not None:
             self.frozen.labels(device, tenant).observe(float(r["frozen_s"]))
         if r.get("clean") is False:
-            for reason in r.get("reasons") or [{"code": "unknown"}]:
-                self.not_clean.labels(device, str(reason.get("code"))).inc()
+            for code in reason_codes(r) or ["unknown"]:
+                self.not_clean.labels(device, code).inc()
 
     def evaluation(self, verdict: str | None, tenant: str) -> None:
         self.evaluations.labels(str(verdict), tenant).inc()

@@ -7,8 +7,9 @@ and handed to the metrics once.
 
 Attribution: a region belongs to a tenant when the service knows it — an
 evaluation's regions by their ids, an exec's by its worker's pid and the
-program's run (``started_mono_s`` … ``ended_mono_s``) — else when the
-daemon's record names one other than its default ``uid:N``.  Regions not
+program's run (``started_mono_s`` … ``ended_mono_s``) — else by the tenant the
+daemon's record names (the service runs each job as its tenant), other than
+the daemon's default ``uid:N``.  Regions not
 attributed within ``ATTRIBUTION_S`` of their end are ``local`` (not the
 service's).
 """
@@ -189,12 +190,17 @@ def _devices(st: dict[str, Any]) -> list[dict[str, Any]]:
 def _bar(r: dict[str, Any], now_mono: float) -> dict[str, Any]:
     """One region on the timeline: seconds ago it was asked for, waited, held."""
     asked = r.get("requested_mono_s") or now_mono
-    reasons = [x.get("code") for x in r.get("reasons", [])]
+    reasons = reason_codes(r)
     return {"region": r.get("region"), "device": r.get("device"), "job": r.get("job"),
             "tenant": r.get("tenant"), "ago_s": round(now_mono - asked, 3),
             "waited_s": r.get("waited_s", 0.0), "held_s": r.get("held_s", 0.0),
             "frozen_s": r.get("frozen_s"), "clean": r.get("clean"), "reasons": reasons,
             "label": r.get("label")}
+
+
+def reason_codes(r: dict[str, Any]) -> list[str]:
+    """Why a region was not clean: its reasons' codes (a record lists codes or objects)."""
+    return [str(x.get("code") if isinstance(x, dict) else x) for x in r.get("reasons") or []]
 
 
 def shares(regions: list[dict[str, Any]]) -> dict[str, float]:

@@ -8,8 +8,8 @@ time.  The file is ``tokens.json`` in the service's state directory, owner-only.
 
 Quotas here are the ones the service itself can enforce on its jobs: active
 jobs (queued + running) and jobs submitted per minute.  Region time, fair
-share between tenants and maximum hold are the daemon's (``work.daemon_client``
-is where the tenant is handed over).
+share between tenants and maximum hold are the daemon's (``krex.service.work``
+runs each job as its tenant in the daemon).
 """
 
 from __future__ import annotations

@@ -6,31 +6,47 @@
 timed in a region (``krex.measure.command``).  Source text is written to the
 job's own folder under the state directory first.
 
-:func:`daemon_client` is the one place a daemon connection is made for a
-tenant: when the daemon accepts a tenant id from a trusted peer (stream
-``daemon``, docs/protocol.md), that is where it is passed.
+Each job runs as its tenant in the daemon: the runner thread acts for the
+job's tenant (:data:`krex.client.connection.ACTING_FOR`), so every program it
+runs in a warm worker — an exec, an evaluation's candidate and reference —
+carries the tenant id, the daemon (which trusts the service: it runs as the
+daemon's user) charges that program's regions to the tenant, and the
+daemon's per-tenant fair share and quotas apply (docs/service.md).  A
+program that ends on the daemon's quota error fails its job with
+``quota_exceeded``, and the tenant's next submits are refused (HTTP 429, with
+Retry-After) for :data:`QUOTA_BACKOFF_S` — or as long as the daemon said.
+
+Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker whose
+working directory is the job's own folder; the service finds that worker
+among the daemon's (``status``: its worker jobs), stops it, checks the folder
+again (the worker may have moved on), and kills it with the processes the
+program started.  The pool sees its worker die and replaces it (recycled),
+the program's region, if it held one, ends with its holder.  An evaluation
+is not interrupted: it ends ``cancelled`` when its program returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from krex.client.connection import Client
-from krex.errors import BadRequest
+from krex.client.connection import ACTING_FOR, Client
+from krex.errors import BadRequest, KrexError, QuotaExceeded
 from krex.service import summary
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
 
+QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seconds unknown)
 
-def daemon_client(tenant: str) -> Client:
-    """A connection to the node daemon on behalf of ``tenant``.
 
-    Today the daemon sees the service's own uid for every tenant; the tenant
-    is kept by the service (jobs, quotas, attribution of regions)."""
-    del tenant  # handed to the daemon here once the protocol carries it
+def daemon_client() -> Client:
+    """A connection to the node daemon (started on demand, like any client's)."""
     return Client()
 
 
@@ -41,6 +57,19 @@ class Work:
                  finished: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
         self.config = config
         self.finished = finished  # told of each result (the node watcher's attribution)
+        self._lock = threading.Lock()
+        self._refused: dict[str, tuple[float, str]] = {}  # tenant -> (until, why), monotonic
+
+    def admit(self, tenant: str) -> None:
+        """Refuse a submit while the daemon's latest quota refusal of ``tenant`` holds."""
+        with self._lock:
+            until, why = self._refused.get(tenant, (0.0, ""))
+        left = until - time.monotonic()
+        if left > 0:
+            raise QuotaExceeded(f"{why} (the node daemon refused one of tenant {tenant!r}'s "
+                                "jobs; submits are refused until then)", seconds=round(left, 3),
+                                hint=f"retry after {left:.1f} s, or ask the node's operator "
+                                     "for a larger quota")
 
     def kinds(self) -> dict[str, Callable[[Job], dict[str, Any]]]:
         return {"exec": self._told(self.exec), "evaluate": self._told(self.evaluate),
@@ -48,9 +77,16 @@ class Work:
 
     def _told(self, fn: Callable[[Job], dict[str, Any]]) -> Callable[[Job], dict[str, Any]]:
         def run(job: Job) -> dict[str, Any]:
+            acting = ACTING_FOR.set(job.tenant)
             try:
                 result = fn(job)
+            except QuotaExceeded as exc:
+                with self._lock:
+                    wait = exc.seconds if exc.seconds is not None else QUOTA_BACKOFF_S
+                    self._refused[job.tenant] = (time.monotonic() + wait, exc.message)
+                raise
             finally:
+                ACTING_FOR.reset(acting)
                 self._clean(job)
             if self.finished is not None:
                 self.finished(job, result)
@@ -75,10 +111,11 @@ class Work:
                              hint="send the program's source as `program`")
         out = _Tail(self.config.job_output_bytes)
         env = {**os.environ, **r.get("env", {})}
-        with daemon_client(job.tenant) as client:
+        with daemon_client() as client:
             result = client.exec(path, r.get("args", []), device=r.get("device"),
                                  timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
                                  on_output=out.add)
+        _raise_quota(result.exception)
         return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
 
     def evaluate(self, job: Job) -> dict[str, Any]:
@@ -103,6 +140,21 @@ class Work:
                                label=f"tenant:{job.tenant}")
         return summary.bench(result)
 
+    # -- cancel ----------------------------------------------------------------------------
+
+    def stop(self, job: Job) -> bool:
+        """Interrupt ``job``'s running program (exec jobs); True if one was stopped."""
+        if job.kind != "exec":
+            return False
+        folder = os.path.join(self.config.state_dir, "jobs", job.id)
+        try:
+            with daemon_client() as client:
+                workers = [int(j.get("root_pid") or 0) for j in client.status().get("jobs", [])
+                           if j.get("kind") == "worker"]
+        except KrexError:
+            return False
+        return any(_kill_if_in(pid, folder) for pid in workers if pid > 1)
+
     # -- helpers -------------------------------------------------------------------------
 
     def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
@@ -116,6 +168,47 @@ class Work:
         with open(path, "w") as f:
             f.write(text)
         return path
+
+
+def _kill_if_in(pid: int, folder: str) -> bool:
+    """Kill the worker ``pid`` (and what its program started) if its working directory
+    is ``folder``: stopped first, checked again, then killed — or let go."""
+    import psutil
+
+    if _cwd(pid) != folder:
+        return False
+    try:
+        worker = psutil.Process(pid)
+        worker.send_signal(signal.SIGSTOP)
+    except psutil.Error:
+        return False
+    try:
+        if _cwd(pid) != folder:  # it finished and moved on before it stopped
+            return False
+        for p in [*worker.children(recursive=True), worker]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        return True
+    finally:
+        with contextlib.suppress(psutil.Error):
+            worker.send_signal(signal.SIGCONT)  # a killed process is gone; a living one runs
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def _raise_quota(exception: str | None) -> None:
+    """A program that ended on the daemon's quota error: the job's error is that one."""
+    name = f"{QuotaExceeded.__name__}: "
+    if exception and exception.startswith(name):
+        raise QuotaExceeded(exception.removeprefix(name),
+                            hint="wait and submit again, or ask the node's operator for a "
+                                 "larger quota (krex serve --tenant-region-s-per-min, "
+                                 "--tenant-max-jobs, --tenant-max-hold-s)")
 
 
 class _Tail:

@@ -1,0 +1,445 @@
+"""Load on one node: 16 agents through HTTP, 8 through MCP, 8 through the CLI (issue 14).
+
+For ``--minutes``, every agent loops: submit a job, wait for its answer,
+again.  Every ``--eval-every``-th job of an agent is an evaluation (the
+evaluate gallery's reference against an honest candidate), the others execs
+(a program that takes one region and prints a token of its own).  The jobs
+run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
+
+* **HTTP**: one ``krex service`` with 4 tenants (API tokens), 4 agents each.
+  Each submit carries an ``Idempotency-Key``; a fifth of them is sent twice
+  (a client retrying after a lost answer), and a 429 is retried with the
+  same key after its ``Retry-After``.  The answer is long-polled.
+* **MCP**: one ``krex mcp --transport streamable-http``, 8 sessions of the
+  SDK's own client calling ``exec_program`` / ``evaluate``.
+* **CLI**: ``krex exec PROG TOKEN`` and ``krex evaluate ... --json``, one fresh
+  process per command.
+
+Reported: jobs per minute and p50/p95 latency (submit to answer) per
+interface and kind; lost jobs (an answer missing, failed, or not the job's
+own output) and duplicated jobs (one idempotency key, two jobs — checked
+against the service's job list per tenant at the end); the resident memory
+of the daemon, the HTTP service and the MCP server sampled every
+``--rss-every-s`` (first, last, peak, and the slope after the first minute).
+
+Writes results/bench_service_load_<device>.json (atomically, with a format
+version) and prints markdown tables.
+Usage: python benchmarks/bench_service_load.py [--minutes 5] [--device cpu] [--eval-every 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import psutil
+from common import md_table, private_daemon, stop_process, write_results
+
+from krex.client.connection import Client
+from krex.measure import stats
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GALLERY = os.path.join(REPO, "tests", "evaluate_gallery")
+HTTP_AGENTS, MCP_AGENTS, CLI_AGENTS, TENANTS = 16, 8, 8, 4
+RETRY_SHARE = 0.2  # submits sent twice with the same key
+PROGRAM = ("import sys\nimport krex\nwith krex.region(label='load'):\n"
+           "    total = sum(i * i for i in range(20000))\nprint(sys.argv[1])\n")
+
+
+def evaluation(device: str, mark: str) -> dict[str, Any]:
+    """An evaluate request on ``device``'s gallery: its reference against a candidate of
+    this agent's own (source text that differs by ``mark``, so nothing is reused)."""
+    folder = os.path.join(GALLERY, "cpu" if device == "cpu" else "fakegpu")
+    call = "work(x, 1)" if device == "cpu" else "run(x, 1)"
+    source = (f"import sys\nsys.path.insert(0, {folder!r})\n"
+              f"from kernels import {call.split('(')[0]}  # noqa: E402\n\n"
+              f"# candidate {mark}\ndef cand(x):\n    return {call}\n")
+    return {"reference": os.path.join(folder, "kernels.py:reference"),
+            "candidate": {"source": source, "function": "cand"},
+            "inputs": os.path.join(folder, "inputs.py:make"), "device": device, "seeds": 2,
+            "cache": "hot"}
+
+
+class Log:
+    """Every job's outcome, from every agent thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows: list[dict[str, Any]] = []
+        self.keys: dict[str, set[str]] = {}  # tenant -> idempotency keys acknowledged
+        self.events: dict[str, int] = {"retries_same_job": 0, "retries_other_job": 0,
+                                       "throttled_429": 0}
+
+    def add(self, interface: str, kind: str, ok: bool, latency_s: float, why: str = "",
+            job: str | None = None) -> None:
+        with self.lock:
+            self.rows.append({"interface": interface, "kind": kind, "ok": ok,
+                              "latency_s": latency_s, "why": why[:300], "job": job,
+                              "ended_s": time.monotonic()})
+
+    def count(self, event: str) -> None:
+        with self.lock:
+            self.events[event] += 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def krex_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "krex", *args]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except (OSError, urllib.error.URLError) as exc:
+            if isinstance(exc, urllib.error.HTTPError):
+                return  # it answers
+            time.sleep(0.2)
+    raise SystemExit(f"nothing answers at {url}")
+
+
+# -- HTTP agents -------------------------------------------------------------------------
+
+
+def http(base: str, method: str, path: str, body: object = None, headers: dict | None = None,
+         timeout: float = 120) -> tuple[int, dict, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), {k.lower(): v for k, v in e.headers.items()}
+
+
+def jobs(device: str, eval_every: int, deadline: float) -> Iterator[tuple[str, str, dict]]:
+    """An agent's jobs until ``deadline``: (kind, its own token, the request body)."""
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        mark = uuid.uuid4().hex
+        if n % eval_every == 0:
+            yield "evaluate", mark, evaluation(device, mark)
+        else:
+            yield "exec", mark, {"program": PROGRAM, "args": [mark], "device": device}
+
+
+def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
+               deadline: float, log: Log, seed: int) -> None:
+    rng = random.Random(seed)
+    auth = {"Authorization": f"Bearer {token}"}
+    for kind, mark, body in jobs(device, eval_every, deadline):
+        key = {"Idempotency-Key": mark}
+        t0 = time.monotonic()
+        try:
+            job = submit(base, kind, body, {**auth, **key}, log)
+            with log.lock:
+                log.keys.setdefault(tenant, set()).add(mark)
+            if rng.random() < RETRY_SHARE:  # the answer was "lost": the client retries
+                _, again, _ = http(base, "POST", f"/v1/jobs/{kind}", body, {**auth, **key})
+                log.count("retries_same_job" if again.get("id") == job["id"]
+                          else "retries_other_job")
+            done = job
+            while done.get("state") not in ("succeeded", "failed", "cancelled"):
+                _, done, _ = http(base, "GET", f"/v1/jobs/{job['id']}?wait_s=60", headers=auth)
+            ok, why = judged(kind, done.get("state") == "succeeded", done.get("result") or {},
+                             mark, done.get("error"))
+            log.add("http", kind, ok, time.monotonic() - t0, why, job["id"])
+        except Exception as exc:  # noqa: BLE001  (an agent records its failure and goes on)
+            log.add("http", kind, False, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
+
+
+def submit(base: str, kind: str, body: dict, headers: dict, log: Log) -> dict:
+    """POST a job; a 429 is retried with the same key after its Retry-After."""
+    while True:
+        status, job, h = http(base, "POST", f"/v1/jobs/{kind}", body, headers)
+        if status in (200, 201):
+            return job
+        if status == 429:
+            log.count("throttled_429")
+            time.sleep(float(h.get("retry-after", "1")))
+            continue
+        raise RuntimeError(f"submit answered {status}: {job}")
+
+
+def judged(kind: str, succeeded: bool, result: dict, mark: str,
+           error: object = None) -> tuple[bool, str]:
+    """Did the job do what was asked (an exec printed its own token; an evaluation
+    answered a verdict)?"""
+    if not succeeded:
+        return False, f"not succeeded: {error or result}"
+    if kind == "exec":
+        out = str(result.get("stdout", ""))
+        return (out.strip() == mark, "" if out.strip() == mark else f"output {out[:80]!r}")
+    return (result.get("verdict") is not None, str(result.get("verdict")))
+
+
+# -- MCP agents ----------------------------------------------------------------------------
+
+
+def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log) -> None:
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def one(i: int) -> None:
+        async with streamable_http_client(url) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            for kind, mark, args in jobs(device, eval_every, deadline):
+                tool = "evaluate" if kind == "evaluate" else "exec_program"
+                t0 = time.monotonic()
+                try:
+                    res = await session.call_tool(tool, args)
+                    data = _structured(res)
+                    ok, why = judged(kind, not res.is_error and data.get("state") == "succeeded",
+                                     data, mark, None if not res.is_error else res.content)
+                    log.add("mcp", kind, ok, time.monotonic() - t0, why, data.get("job_id"))
+                except Exception as exc:  # noqa: BLE001
+                    log.add("mcp", kind, False, time.monotonic() - t0,
+                            f"{type(exc).__name__}: {exc}")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(MCP_AGENTS):
+                tg.start_soon(one, i)
+
+    anyio.run(main)
+
+
+def _structured(res: Any) -> dict:
+    if res.structured_content is not None:
+        data = res.structured_content
+        return data.get("result", data) if set(data) == {"result"} else data
+    try:
+        return json.loads(res.content[0].text)
+    except (ValueError, IndexError, AttributeError):
+        return {}
+
+
+# -- CLI agents ----------------------------------------------------------------------------
+
+
+def cli_agent(prog: str, records: str, device: str, eval_every: int, deadline: float,
+              log: Log) -> None:
+    for kind, mark, e in jobs(device, eval_every, deadline):
+        if kind == "exec":
+            argv = krex_cmd("exec", "--device", device, prog, mark)
+        else:
+            cand = os.path.join(os.path.dirname(prog), f"cand_{mark}.py")
+            with open(cand, "w") as f:
+                f.write(e["candidate"]["source"])
+            argv = krex_cmd("evaluate", "--ref", e["reference"], "--cand", f"{cand}:cand",
+                            "--inputs", e["inputs"], "--device", device, "--seeds", "2",
+                            "--cache", "hot", "--json", "--records", records)
+        t0 = time.monotonic()
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            if kind == "exec":
+                ok, why = judged(kind, out.returncode == 0, {"stdout": out.stdout}, mark,
+                                 out.stderr[-300:])
+            else:
+                result = json.loads(out.stdout) if out.returncode == 0 else {}
+                ok, why = judged(kind, out.returncode == 0, result, mark, out.stderr[-300:])
+            log.add("cli", kind, ok, time.monotonic() - t0, why)
+        except Exception as exc:  # noqa: BLE001
+            log.add("cli", kind, False, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def sample_rss(pids: dict[str, int], every_s: float, stop: threading.Event,
+               out: dict[str, list[tuple[float, float]]]) -> None:
+    t0 = time.monotonic()
+    while True:
+        for name, pid in pids.items():
+            try:
+                rss = psutil.Process(pid).memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            out.setdefault(name, []).append((time.monotonic() - t0, rss))
+        if stop.wait(every_s):
+            return
+
+
+def rss_summary(series: list[tuple[float, float]]) -> dict[str, Any]:
+    """First, last and peak MiB; the least-squares slope (MiB/min) after the first minute."""
+    later = [(t, r) for t, r in series if t >= 60] or series
+    n = len(later)
+    mt = sum(t for t, _ in later) / n
+    mr = sum(r for _, r in later) / n
+    var = sum((t - mt) ** 2 for t, _ in later)
+    slope = 0.0 if var == 0 else sum((t - mt) * (r - mr) for t, r in later) / var * 60
+    return {"first_mib": round(series[0][1], 1), "last_mib": round(series[-1][1], 1),
+            "peak_mib": round(max(r for _, r in series), 1),
+            "slope_mib_per_min_after_1min": round(slope, 2), "samples": len(series)}
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def check_http_jobs(base: str, tokens: dict[str, str], log: Log) -> dict[str, int]:
+    """Every acknowledged key has exactly one job in the service, and it ended."""
+    lost = dup = unfinished = 0
+    for tenant, token in tokens.items():
+        _, listing, _ = http(base, "GET", "/v1/jobs?limit=1000",
+                             headers={"Authorization": f"Bearer {token}"})
+        per_key: dict[str, list[dict]] = {}
+        for job in listing.get("jobs", []):
+            per_key.setdefault(str(job.get("idempotency_key")), []).append(job)
+        for key in log.keys.get(tenant, set()):
+            jobs = per_key.get(key, [])
+            lost += not jobs
+            dup += len(jobs) > 1
+            unfinished += any(j["state"] not in ("succeeded", "failed", "cancelled")
+                              for j in jobs)
+    return {"keys_acknowledged": sum(len(k) for k in log.keys.values()), "lost": lost,
+            "duplicated": dup, "unfinished": unfinished}
+
+
+def start(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL)
+
+
+def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    state, mcp_state = os.path.join(tmp, "service"), os.path.join(tmp, "mcp")
+    records = os.path.join(tmp, "records.sqlite3")
+    tokens = {f"tenant-{i}": subprocess.run(
+        krex_cmd("service", "token", "add", f"tenant-{i}", "--state-dir", state,
+                 "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
+        capture_output=True, text=True, check=True).stdout.strip() for i in range(TENANTS)}
+    port, mport = free_port(), free_port()
+    service = start(krex_cmd("service", "--http", f"127.0.0.1:{port}", "--state-dir", state,
+                             "--records", records, "--runners", "16"),
+                    os.path.join(tmp, "service.log"))
+    mcp = start(krex_cmd("mcp", "--transport", "streamable-http", "--http",
+                         f"127.0.0.1:{mport}", "--state-dir", mcp_state, "--records", records,
+                         "--runners", "8", "--tenant", "mcp"), os.path.join(tmp, "mcp.log"))
+    base = f"http://127.0.0.1:{port}"
+    prog = os.path.join(tmp, "prog.py")
+    with open(prog, "w") as f:
+        f.write(PROGRAM)
+    try:
+        wait_http(base + "/v1/health", service)
+        wait_http(f"http://127.0.0.1:{mport}/mcp", mcp)
+        with Client(autostart=False) as c:
+            daemon_pid = int(c.status()["daemon"]["pid"])
+        return drive(args, base, f"http://127.0.0.1:{mport}/mcp", tokens, prog, records,
+                     {"daemon": daemon_pid, "http service": service.pid, "mcp server": mcp.pid})
+    finally:
+        stop_process(service)
+        stop_process(mcp)
+
+
+def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, str],
+          prog: str, records: str, pids: dict[str, int]) -> dict[str, Any]:
+    log = Log()
+    deadline = time.monotonic() + 60 * args.minutes
+    names = list(tokens)
+    agents: list[Callable[[], None]] = [
+        (lambda i=i: http_agent(base, tokens[names[i % TENANTS]], names[i % TENANTS],
+                                args.device, args.eval_every, deadline, log, i))
+        for i in range(HTTP_AGENTS)]
+    agents.append(lambda: mcp_agents(mcp_url, args.device, args.eval_every, deadline, log))
+    agents += [(lambda: cli_agent(prog, records, args.device, args.eval_every, deadline, log))
+               for _ in range(CLI_AGENTS)]
+    rss: dict[str, list[tuple[float, float]]] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_rss, args=(pids, args.rss_every_s, stop, rss))
+    sampler.start()
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=a, daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    stop.set()
+    sampler.join()
+    return {"minutes": args.minutes, "device": args.device, "elapsed_s": round(elapsed, 1),
+            "agents": {"http": HTTP_AGENTS, "mcp": MCP_AGENTS, "cli": CLI_AGENTS},
+            "eval_every": args.eval_every, "interfaces": table(log.rows, elapsed),
+            "http_jobs": check_http_jobs(base, tokens, log), "events": log.events,
+            "failures": [r for r in log.rows if not r["ok"]][:20],
+            "rss": {name: rss_summary(s) for name, s in rss.items() if s},
+            "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows)}
+
+
+def unique_ids(rows: list[dict[str, Any]]) -> bool:
+    ids = [r["job"] for r in rows if r["job"]]
+    return len(ids) == len(set(ids))
+
+
+def table(rows: list[dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in sorted({(r["interface"], r["kind"]) for r in rows}):
+        mine = [r for r in rows if (r["interface"], r["kind"]) == key]
+        lat = [r["latency_s"] for r in mine if r["ok"]]
+        q = stats.quantiles(lat, (0.5, 0.95)) if lat else {"p50": float("nan"),
+                                                            "p95": float("nan")}
+        out[f"{key[0]} {key[1]}"] = {"done": len(lat), "failed": len(mine) - len(lat),
+                                     "per_min": round(60 * len(lat) / elapsed_s, 1),
+                                     "p50_s": round(q["p50"], 3), "p95_s": round(q["p95"], 3)}
+    return out
+
+
+def report(res: dict[str, Any]) -> None:
+    print(md_table(["interface, kind", "done", "failed", "per min", "p50 s", "p95 s"],
+                   [[k, v["done"], v["failed"], v["per_min"], v["p50_s"], v["p95_s"]]
+                    for k, v in res["interfaces"].items()]))
+    print()
+    print(md_table(["process", "first MiB", "last MiB", "peak MiB", "slope MiB/min (>1 min)"],
+                   [[k, v["first_mib"], v["last_mib"], v["peak_mib"],
+                     v["slope_mib_per_min_after_1min"]] for k, v in res["rss"].items()]))
+    print()
+    print("HTTP jobs:", res["http_jobs"], "events:", res["events"],
+          "MCP job ids unique:", res["mcp_cli_job_ids_unique"])
+    for f in res["failures"][:5]:
+        print("failure:", f["interface"], f["kind"], f["why"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=5.0, help="how long agents submit")
+    ap.add_argument("--device", default="cpu", help="cpu or fakegpu:0 (default cpu)")
+    ap.add_argument("--eval-every", type=int, default=4,
+                    help="every Nth job of an agent is an evaluation (default 4)")
+    ap.add_argument("--rss-every-s", type=float, default=5.0)
+    ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
+    args = ap.parse_args()
+    with private_daemon() as _sock, tempfile.TemporaryDirectory() as tmp:
+        res = run(args, tmp)
+    report(res)
+    name = f"bench_service_load_{args.device.replace(':', '')}"
+    print("wrote", write_results(name, res, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""The lean client path of ``krex exec`` and ``krex status``: a command in a blink.
+
+Agents start ``krex`` once per command, so these two speak the wire protocol
+(docs/protocol.md: a 4-byte length, a JSON object) with the standard library
+alone: no argparse, no dataclass messages, no rich.  :func:`run` takes a
+command line first; one it does not parse (``--help``, ``--cluster``, an
+abbreviated flag, a typo) returns None and goes to the full parser, which
+runs or reports it.  The full commands call :func:`exec_program` and
+:func:`status` too, so both paths behave alike.  The slow cases import what
+they need when they happen: starting a daemon, an error reply, a daemon of
+another installation.  tests/test_cli_startup.py fails when a heavy module
+is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+VERSION = 1  # krex.protocol.messages.VERSION (tests/test_cli_startup.py checks they agree)
+MAX_FRAME = 1 << 20  # krex.protocol.framing.MAX_FRAME (checked likewise)
+
+
+def run(argv: list[str]) -> int | None:
+    """Run ``krex ARGV`` when it is a plain ``exec`` or ``status``; None: not ours."""
+    if argv[:1] == ["exec"]:
+        opts = _exec_options(argv[1:])
+        return None if opts is None else exec_program(**opts)
+    if argv[:1] == ["status"] and argv[1:] in ([], ["--json"]):
+        return status(json_out=len(argv) == 2)
+    return None
+
+
+def _exec_options(argv: list[str]) -> dict | None:
+    """``[--json] [--device D] [--timeout-s S] PROG [ARGS...]`` as the full parser reads it
+    (everything after PROG is the program's); None for anything else."""
+    opts: dict = {"json_out": False, "device": None, "timeout_s": None}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        flag, eq, value = argv[i].partition("=")
+        if flag == "--json" and not eq:
+            opts["json_out"] = True
+        elif flag in ("--device", "--timeout-s"):
+            if not eq:
+                i += 1
+                if i == len(argv):
+                    return None
+                value = argv[i]
+            key = "device" if flag == "--device" else "timeout_s"
+            opts[key] = value if key == "device" else _number(value)
+            if opts[key] is None:
+                return None
+        else:
+            return None
+        i += 1
+    if i == len(argv):
+        return None
+    return {**opts, "program": argv[i], "args": argv[i + 1:]}
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class Link:
+    """One connection to the daemon: the handshake, then blocking request/reply calls."""
+
+    def __init__(self, *, autostart: bool) -> None:
+        from krex.protocol.address import socket_path  # stdlib and krex.errors only
+
+        self.path = socket_path()
+        self.sock = self._connect(autostart and "KREX_SOCKET" not in os.environ)
+        self._buf = b""
+        self._ids = 0
+        self.welcome = self.call({"type": "hello", "version": VERSION, "client": "cli"})
+        self.mismatch = _mismatch(self.welcome)
+
+    def _connect(self, autostart: bool) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            return sock
+        except OSError:
+            sock.close()
+        # No daemon (or no access): the full client starts one, or says why not.
+        from krex.client.connection import _connect
+
+        if autostart:
+            from krex.client.autostart import ensure_daemon
+
+            ensure_daemon(self.path)
+        return _connect(self.path)
+
+    def call(self, message: dict, on_output: object = None) -> dict:
+        """Send ``message``; its reply's data.  ``output`` frames go to ``on_output``."""
+        self._ids += 1
+        body = json.dumps({**message, "id": self._ids}, separators=(",", ":")).encode()
+        try:
+            self.sock.sendall(len(body).to_bytes(4, "big") + body)
+        except OSError as exc:
+            raise _daemon_gone(exc) from None
+        while True:
+            data = self._read()
+            if data.get("re") not in (self._ids, None) or data.get("type") == "revoked":
+                continue
+            if data.get("type") == "output":
+                _echo(str(data.get("stream")), str(data.get("data", "")))
+                continue
+            if data.get("type") == "error":
+                from krex.errors import from_wire
+
+                raise from_wire(data)
+            return data.get("data") or {}
+
+    def _read(self) -> dict:
+        length = int.from_bytes(self._take(4), "big")
+        if length > MAX_FRAME:
+            from krex.errors import FrameTooLarge
+
+            raise FrameTooLarge(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+        data = json.loads(self._take(length))
+        if not isinstance(data, dict):
+            from krex.errors import ProtocolError
+
+            raise ProtocolError("malformed frame from the daemon: not a JSON object")
+        return data
+
+    def _take(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            try:
+                chunk = self.sock.recv(max(1 << 16, n - len(self._buf)))
+            except OSError as exc:
+                raise _daemon_gone(exc) from None
+            if not chunk:
+                raise _daemon_gone("peer closed the connection")
+            self._buf += chunk
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _daemon_gone(why: object) -> Exception:
+    from krex.errors import DaemonNotRunning
+
+    return DaemonNotRunning(f"connection to the daemon lost: {why}")
+
+
+def _mismatch(welcome: dict) -> str | None:
+    if {k: welcome.get(k) for k in ("krex_version", "krex_path")} == _mine():
+        return None  # the common case, decided without importing anything
+    from krex.protocol.installation import mismatch
+
+    return mismatch(welcome)
+
+
+def _mine() -> dict[str, str]:
+    """krex.protocol.installation.installation()'s version and path, without importing it."""
+    from krex.version import __version__
+
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return {"krex_version": __version__, "krex_path": here}
+
+
+def _echo(stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()
+
+
+def exec_program(program: str, args: list[str], *, device: str | None,
+                 timeout_s: float | None, json_out: bool) -> int:
+    """``krex exec``: run PROG in a warm worker; its output live, its exit code ours."""
+    if not os.path.isfile(program):
+        from krex.errors import BadRequest
+
+        raise BadRequest(f"no such program: {program}", hint="give the path of a .py file")
+    request = {"kind": "path", "path": os.path.abspath(program), "args": list(args),
+               "cwd": os.getcwd(), "env": dict(os.environ), "payload": None,
+               "timeout_s": timeout_s}
+    link = Link(autostart=True)
+    try:
+        if link.mismatch:
+            from krex.errors import DaemonMismatch
+
+            raise DaemonMismatch(f"{link.mismatch} (socket {link.path}, daemon pid "
+                                 f"{link.welcome.get('daemon_pid')})",
+                                 pid=link.welcome.get("daemon_pid"))
+        message = {"type": "exec", "request": request}
+        if device is not None:
+            message["device"] = device
+        result = link.call(message)["result"]
+    finally:
+        link.close()
+    return _report(result, timeout_s, json_out)
+
+
+def _report(result: dict, timeout_s: float | None, json_out: bool) -> int:
+    if json_out:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    status_, reason = result.get("status"), result.get("recycle_reason") or ""
+    if status_ == "timeout":
+        _error(f"program timed out after {timeout_s} s", "raise --timeout-s")
+    elif status_ != "ok" and not (result.get("exception") or "").startswith("SystemExit") \
+            and not reason.startswith("crashed: exited with status"):  # os._exit(N): an exit
+        _error(f"program ended {status_}: {result.get('exception') or result.get('exit_code')}")
+    if result.get("recycled"):
+        print(f"krex: worker {result.get('worker_pid')} recycled: {reason}", file=sys.stderr)
+    return int(result.get("exit_code") or 0)
+
+
+def _error(what: str, hint: str | None = None) -> None:
+    print(f"krex: error: {what}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
+
+
+def status(*, json_out: bool) -> int:
+    """``krex status``: the daemon, devices, holders, queues, jobs and warm workers."""
+    link = Link(autostart=False)
+    try:
+        st = link.call({"type": "status"})
+    finally:
+        link.close()
+    st["daemon"]["mismatch"] = link.mismatch
+    if json_out:
+        sys.stdout.write(json.dumps(st, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write("\n".join(status_lines(st)) + "\n")
+    return 0
+
+
+def status_lines(st: dict) -> list[str]:
+    """``krex status`` for people: plain aligned columns (no rich: it costs 50+ ms)."""
+    d = st["daemon"]
+    out = [f"daemon pid {d['pid']}  krex {d.get('krex_version', '?')} "
+           f"({d.get('krex_path', 'unknown path')})  socket {d['socket']}  "
+           f"up {d['uptime_s']:.0f} s"]
+    if d.get("mismatch"):
+        out.append(f"note: {d['mismatch']}: this krex will not use it "
+                   "(hint: `krex stop`, then rerun)")
+    devices = []
+    for dev in st["devices"]:
+        sched = st["scheduler"].get(dev["name"], {})
+        h = sched.get("holder")
+        devices.append([dev["name"], dev["description"],
+                        f"job {h['job_id']} region {h['region']}" if h else "-",
+                        len(sched.get("queue", []))])
+    out += _table("devices", ["device", "description", "holder", "queued"], devices)
+    out += _table("jobs (times in ms: docs/protocol.md, where a job's time went)",
+                  ["job", "name", "device", "mode", "kind", "pid", "regions", "waited",
+                   "frozen", "set-up", "held"], [_job_row(j) for j in st["jobs"]])
+    c = st["counters"]
+    out.append(f"regions: {c['granted']} granted, {c['released']} released, "
+               f"{c['revoked']} revoked, {c['cancelled']} cancelled")
+    pools = st.get("pools") or {}
+    if pools:
+        out += _table("warm workers", ["device", "workers", "busy", "served", "queued",
+                                       "recycles"],
+                      [[name, len(p["workers"]), sum(w["busy"] for w in p["workers"]),
+                        p["served"], p["queue_length"],
+                        ", ".join(f"{k} {v}" for k, v in p["recycles"].items())]
+                       for name, p in pools.items()])
+    return out
+
+
+def _job_row(j: dict) -> list:
+    return [j["job_id"], j["name"], j["device"], j["mode"], j["kind"],
+            j["root_pid"] or j["owner_pid"], j.get("regions", "-"), _ms(j.get("waited_s")),
+            _ms(j.get("frozen_s")), _ms(j.get("enforce_s")), _ms(j.get("held_s"))]
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _table(title: str, columns: list[str], rows: list[list]) -> list[str]:
+    cells = [columns] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["", title]
+    for n, row in enumerate(cells):
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
