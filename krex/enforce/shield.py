@@ -1,0 +1,398 @@
+"""The shield: tasks krex does not manage kept off the holder's reserved cores.
+
+:class:`~krex.enforce.isolation.CpuIsolation` moves krex's own jobs; everything
+else on the machine (other users' programs, services, shells) is the shield's.
+In: the cgroup layout, the guardian, the holder and its reserved cores.  Out:
+one :class:`ShieldRegion` operation per region and the ``shield`` part of the
+region report's host evidence (what was shielded, what was exempt, and where
+nothing could be done, a ``not_enforced`` code with a one-line ``why``).
+
+Mode ``cpuset-shield`` (cgroup v1 cpuset, root): at a daemon's first region a
+krex-owned "rest" cpuset ``<cpuset>/krex-shield<pid>-<start>`` is made with
+every core, and every movable task of the root cpuset is moved into it once
+(children inherit it; each later region sweeps the root's ``cgroup.procs``
+for stragglers).  During a region the rest cpuset's ``cpuset.cpus`` is
+narrowed to the cores not reserved (one write: the kernel moves every member
+at once, even tasks pinned to a reserved core; since Linux 6.2 it also gives
+them back their own affinity when the cores come back) and restored after.
+The rest cpuset lives as long as the daemon: a guardian lease of its own
+(:data:`SHIELD_LEASE_ID`, ``shield_release``) moves every task back to the
+root cpuset and removes it when the daemon stops or dies; a new daemon's
+cgroup sweep removes one whose owner is dead.
+
+Not moved, and named in the evidence: kernel threads (per-CPU ones cannot
+move: those bound to a reserved core are listed in ``exempt``), PID 1, the
+holder's own processes, and tasks in other cpusets (another krex daemon's
+jobs, a container's cpuset): ``unshielded`` lists those cpusets and their
+task counts rather than rewriting a cpuset krex does not own.
+
+Only one daemon on the machine owns the shield at a time (``flock`` on
+:func:`lock_path`, which names the owner's pid); another daemon's regions
+report ``not_enforced: held`` and ``why: held by krex daemon pid N``.  The
+shield is chosen by ``KREX_SHIELD`` (``auto`` default, ``on``, ``off``).
+cgroup v2 cpuset partitions and an affinity fallback are not implemented
+yet: on such machines the mode is ``none`` with the reason (``krex doctor``
+says which mode the machine supports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from typing import Any
+
+from krex.enforce.cgroups import instance_name, read, write
+
+ENV = "KREX_SHIELD"
+MODES = ("auto", "on", "off")
+SHIELD_LEASE_ID = 0  # the daemon's long-lived lease: below every region's (1, 2, ...)
+LEASE_S = 10 * 365 * 86400.0  # the shield lives until the daemon goes: no expiry
+RELEASE = "shield_release"
+_PF_KTHREAD = 0x00200000
+_PF_NO_SETAFFINITY = 0x04000000
+_LISTED = 32  # names in ``exempt`` / ``unshielded`` at most
+
+
+def configured_mode() -> str:
+    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    return mode if mode in MODES else "auto"
+
+
+def lock_path() -> str:
+    base = "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp"
+    return os.environ.get("KREX_SHIELD_LOCK", os.path.join(base, "krex-shield.lock"))
+
+
+def machine_mode(layout: Any) -> dict[str, str]:
+    """What this machine supports: ``mode`` (cpuset-shield | none), and for none a
+    ``not_enforced`` code and a one-line ``why``."""
+    if os.geteuid() != 0:
+        return _none("not_root", "moving other users' tasks between cpusets needs root")
+    if layout.cpuset and layout.cpuset_writable:
+        return {"mode": "cpuset-shield", "not_enforced": "", "why": "",
+                "cpuset": layout.cpuset}
+    if layout.v2_cpuset:
+        return _none("v2_partition_unsupported", "cgroup v2 cpuset partitions are not "
+                     "implemented yet: unmanaged tasks are judged, not moved")
+    return _none("no_cpuset", layout.reasons.get("cpuset") or "no writable cpuset cgroup")
+
+
+def _none(code: str, why: str) -> dict[str, str]:
+    return {"mode": "none", "not_enforced": code, "why": why}
+
+
+# -- tasks ----------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(comm, flags) of a task, None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    head, _, tail = data.rpartition(b")")
+    comm = head.partition(b"(")[2].decode(errors="replace")
+    fields = tail.split()
+    return (comm, int(fields[6])) if len(fields) > 6 else None
+
+
+def _procs(d: str) -> list[int]:
+    try:
+        return [int(x) for x in read(os.path.join(d, "cgroup.procs")).split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _cpuset_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cpuset") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _cpulist(cores: list[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
+
+
+def parse_cpulist(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def exempt_kernel_threads(root: str, cores: list[int]) -> tuple[list[str], int]:
+    """Kernel threads of the root cpuset: (``"pid comm"`` of those bound to a reserved
+    core, count of the rest, which the kernel places itself)."""
+    bound, others = [], 0
+    for pid in _procs(root):
+        st = _stat(pid)
+        if st is None or not st[1] & _PF_KTHREAD:
+            continue
+        try:
+            mask = os.sched_getaffinity(pid)
+        except OSError:
+            continue
+        if st[1] & _PF_NO_SETAFFINITY and mask <= set(cores):
+            bound.append(f"{pid} {st[0]}")
+        else:
+            others += 1
+    return bound, others
+
+
+# -- the shield (one per daemon) ------------------------------------------------------
+
+
+class Shield:
+    """The daemon's shield: lock, rest cpuset and guardian lease, made at first use."""
+
+    def __init__(self, layout: Any, guardian: Any = None, mode: str | None = None) -> None:
+        self.layout = layout
+        self.guardian = guardian
+        self.mode = mode or configured_mode()
+        self.root = layout.cpuset if layout is not None else None
+        self.path: str | None = None  # the rest cpuset, once made
+        self.all_cpus = ""
+        self._lock_fd: int | None = None
+        self._refused: dict[str, str] | None = None
+
+    def status(self, acquire: bool = True) -> dict[str, Any]:
+        """``mode`` and, when the shield cannot act, ``not_enforced`` and ``why``
+        (``acquire``: take the machine-wide lock if nobody holds it)."""
+        if self.mode == "off":
+            return _none("disabled", f"disabled by configuration ({ENV}=off)")
+        machine = machine_mode(self.layout)
+        if machine["mode"] == "none":
+            return machine
+        if self._lock_fd is None and not acquire and self._refused is None:
+            return _none("not_applied", "no reserved cores this region (isolation off)")
+        if self._lock_fd is None and not self._acquire():
+            assert self._refused is not None
+            return self._refused
+        return {"mode": machine["mode"], "not_enforced": "", "why": ""}
+
+    def usable(self) -> bool:
+        return self.status()["mode"] != "none"
+
+    def _acquire(self) -> bool:
+        """The machine-wide lock; False (and why, naming the owner) when another holds it."""
+        path = lock_path()
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            self._refused = _none("no_lock", f"cannot open {path}: {e}")
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            self._refused = _none("held", f"held by krex daemon pid {owner} (one shield "
+                                  "per machine)")
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd, self._refused = fd, None
+        return True
+
+    def establish(self) -> None:
+        """Make the rest cpuset (every core) and lease its release to the guardian."""
+        if self.path is not None:
+            return
+        assert self.root is not None
+        path = os.path.join(self.root, "krex-" + instance_name("shield"))
+        os.makedirs(path, exist_ok=True)
+        with contextlib.suppress(OSError):  # no scheduler-domain rebuild per write
+            write(os.path.join(path, "cpuset.sched_load_balance"), "0")
+        self.all_cpus = read(os.path.join(self.root, "cpuset.cpus"))
+        write(os.path.join(path, "cpuset.mems"), read(os.path.join(self.root, "cpuset.mems")))
+        write(os.path.join(path, "cpuset.cpus"), self.all_cpus)
+        self.path = path
+        if self.guardian is not None:
+            self.guardian.lease(SHIELD_LEASE_ID, LEASE_S, self.release_records())
+
+    def release_records(self) -> list[dict]:
+        return [{"kind": RELEASE, "path": self.path, "root": self.root}]
+
+    def sweep(self, exclude: set[int]) -> tuple[int, list[int]]:
+        """Move every movable task of the root cpuset into the rest cpuset:
+        (moved, pids that refused)."""
+        assert self.root is not None and self.path is not None
+        moved, refused = 0, []
+        target = os.path.join(self.path, "cgroup.procs")
+        for pid in _procs(self.root):
+            st = _stat(pid)
+            if pid <= 1 or pid in exclude or st is None or st[1] & _PF_KTHREAD:
+                continue
+            try:
+                write(target, str(pid))
+                moved += 1
+            except ProcessLookupError:
+                pass
+            except OSError:
+                refused.append(pid)
+        return moved, refused
+
+    def narrow(self, cpus: list[int]) -> None:
+        assert self.path is not None
+        write(os.path.join(self.path, "cpuset.cpus"), _cpulist(cpus))
+
+    def widen(self) -> None:
+        if self.path is not None:
+            write(os.path.join(self.path, "cpuset.cpus"), self.all_cpus)
+
+    def close(self) -> None:
+        """Dissolve the rest cpuset, end the lease, let go of the lock."""
+        if self.path is not None:
+            release(self.path, self.root or "")
+            if self.guardian is not None:
+                with contextlib.suppress(Exception):
+                    self.guardian.end(SHIELD_LEASE_ID)
+            self.path = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def ops(self, holder: Any, cores: list[int]) -> list[ShieldRegion]:
+        """The region's shield operation, or none when the shield cannot act."""
+        if not cores or not self.usable():
+            return []
+        return [ShieldRegion(self, holder, cores)]
+
+    def others_in(self, cores: list[int], managed: set[str]) -> list[dict[str, Any]]:
+        """Cpusets neither the root, the rest nor krex's own whose tasks may run on
+        ``cores``: named, not moved."""
+        assert self.root is not None
+        out = []
+        for d, dirs, _ in os.walk(self.root):
+            dirs[:] = [x for x in dirs if os.path.join(d, x) not in managed]
+            if d in (self.root, self.path):
+                continue
+            try:
+                cpus = set(parse_cpulist(read(os.path.join(d, "cpuset.effective_cpus"))))
+            except OSError:
+                continue
+            tasks = len(_procs(d))
+            if tasks and cpus & set(cores):
+                out.append({"cpuset": os.path.relpath(d, self.root), "tasks": tasks})
+        return out[:_LISTED]
+
+
+class ShieldRegion:
+    """One region's shield: sweep stragglers in, narrow the rest cpuset, widen after."""
+
+    name = "shield"
+    backend = "cpuset-shield"
+
+    def __init__(self, shield: Shield, holder: Any, cores: list[int]) -> None:
+        self.shield = shield
+        self.holder = holder
+        self.cores = sorted(cores)
+        self.evidence: dict[str, Any] = {"mode": "cpuset-shield", "not_enforced": "",
+                                         "why": ""}
+        self._pids: set[int] = set()
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""  # built only when the shield can act (Shield.ops)
+
+    def undo_records(self) -> list[dict]:
+        if self.shield.path is None:
+            return []
+        return [{"kind": "cpuset", "path": self.shield.path, "cpus": self.shield.all_cpus}]
+
+    def apply(self) -> None:
+        shield = self.shield
+        t0 = time.perf_counter()
+        shield.establish()
+        assert shield.path is not None
+        self._pids = {r.pid for r in self.holder.processes()}
+        moved, refused = shield.sweep(self._pids)
+        self._holder_out_of_rest()
+        rest = [c for c in parse_cpulist(shield.all_cpus) if c not in self.cores]
+        shield.narrow(rest)
+        self.evidence.update(cpuset=shield.path, moved=moved, refused=refused[:_LISTED],
+                             shielded=len(_procs(shield.path)), cores=self.cores,
+                             apply_ms=round((time.perf_counter() - t0) * 1e3, 3))
+        self._name_what_stays()
+
+    def _holder_out_of_rest(self) -> None:
+        """A process moved in while it was unmanaged and since became the holder."""
+        shield = self.shield
+        assert shield.path is not None and shield.root is not None
+        rel = "/" + os.path.relpath(shield.path, shield.root)
+        for pid in self._pids:
+            if _cpuset_of(pid) == rel:
+                with contextlib.suppress(OSError):
+                    write(os.path.join(shield.root, "cgroup.procs"), str(pid))
+
+    def _name_what_stays(self) -> None:
+        shield = self.shield
+        assert shield.root is not None
+        exempt, kthreads = exempt_kernel_threads(shield.root, self.cores)
+        managed = set()
+        cgroups = getattr(self.holder, "cgroups", None)
+        if cgroups is not None and cgroups.cpuset:
+            managed.add(os.path.dirname(cgroups.cpuset))  # this daemon's jobs: isolated
+        self.evidence.update(exempt=exempt[:_LISTED], kernel_threads_left=kthreads,
+                             unshielded=shield.others_in(self.cores, managed))
+
+    def revert(self) -> None:
+        shield = self.shield
+        if shield.root is None or shield.path is None:
+            return
+        late = [p for p in _procs(shield.root)
+                if p > 1 and p not in self._pids and (st := _stat(p)) and not st[1] & _PF_KTHREAD]
+        shield.widen()
+        self.evidence["late"] = late[:_LISTED]  # came to the root cpuset during the region
+
+
+def evidence(applied: list, shield: Shield | None) -> dict[str, Any] | None:
+    """The report's ``shield`` host evidence for a region's applied operations."""
+    for op in applied:
+        if isinstance(op, ShieldRegion):
+            return dict(op.evidence)
+    return shield.status(acquire=False) if shield is not None else None
+
+
+# -- undo (the guardian's side) ----------------------------------------------------------
+
+
+def release(path: str, root: str) -> list[str]:
+    """Every task of the rest cpuset back to the root cpuset, then remove it."""
+    errors = []
+    if not os.path.isdir(path):
+        return errors
+    for _ in range(3):  # tasks forked while we were moving
+        pids = _procs(path)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                write(os.path.join(root, "cgroup.procs"), str(pid))
+            except ProcessLookupError:
+                pass
+            except OSError as e:
+                errors.append(f"{RELEASE}: pid {pid}: {e}")
+    try:
+        os.rmdir(path)
+    except OSError as e:
+        errors.append(f"{RELEASE}: {path}: {e}")
+    return errors
+
+
+def replay_record(rec: dict) -> list[str]:
+    """The guardian's replay of a ``shield_release`` record."""
+    try:
+        return release(str(rec["path"]), str(rec["root"]))
+    except (KeyError, TypeError) as e:
+        return [f"{RELEASE}: bad record: {e}"]
+
+
+__all__ = ["ENV", "MODES", "RELEASE", "SHIELD_LEASE_ID", "Shield", "ShieldRegion",
+           "configured_mode", "evidence", "lock_path", "machine_mode", "release",
+           "replay_record"]
