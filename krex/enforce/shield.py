@@ -364,7 +364,7 @@ def evidence(applied: list, shield: Shield | None) -> dict[str, Any] | None:
 
 def release(path: str, root: str) -> list[str]:
     """Every task of the rest cpuset back to the root cpuset, then remove it."""
-    errors = []
+    errors: list[str] = []
     if not os.path.isdir(path):
         return errors
     for _ in range(3):  # tasks forked while we were moving
