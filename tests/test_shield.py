@@ -92,13 +92,17 @@ def _holder(tmp_path, n: int, work_ms: float) -> list[RegionReport]:
 # -- the machine and the lock ------------------------------------------------------------
 
 
-def test_the_mode_says_what_the_machine_supports():
-    assert machine_mode(CgroupLayout.none())["mode"] == "none"
-    none = machine_mode(CgroupLayout.none("no cgroups here"))
-    assert none["not_enforced"] in ("no_cpuset", "not_root") and none["why"]
+def test_the_mode_says_what_the_machine_supports(monkeypatch):
+    if os.geteuid() == 0:  # no cpuset: every thread's affinity instead
+        fallback = machine_mode(CgroupLayout.none("no cgroups here"))
+        assert fallback["mode"] == "affinity" and "affinity" in fallback["why"]
+        assert machine_mode(LAYOUT, "affinity")["mode"] == "affinity"
     off = Shield(LAYOUT, mode="off").status()
     assert off == {"mode": "none", "not_enforced": "disabled", "why": off["why"]}
-    assert Shield(CgroupLayout.none(), mode="on").ops(object(), [1]) == []
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    none = machine_mode(LAYOUT)
+    assert none["mode"] == "none" and none["not_enforced"] == "not_root" and none["why"]
+    assert Shield(LAYOUT, mode="on").ops(object(), [1]) == []
 
 
 @needs_v1
@@ -121,8 +125,6 @@ def test_doctor_reports_the_shield_mode_and_its_owner(tmp_path, monkeypatch):
     from krex.enforce.doctor import capabilities
 
     monkeypatch.setenv("KREX_SHIELD_LOCK", str(tmp_path / "shield.lock"))
-    none = capabilities(CgroupLayout.none())["shield"]
-    assert none["mode"] == "none" and none["not_enforced"] and none["held_by"] is None
     here = capabilities(LAYOUT)["shield"]
     assert here["mode"] == machine_mode(LAYOUT)["mode"] and here["configured"] == "off"
     if not V1:
@@ -162,7 +164,7 @@ def test_release_puts_every_task_back_and_removes_the_rest_cpuset(tmp_path):
 
 
 @needs_v1
-@pytest.mark.parametrize("shield", ["on", "off"])
+@pytest.mark.parametrize("shield", ["on", "off", "affinity"])
 def test_an_unmanaged_pinned_hog_does_not_run_on_the_holders_core(runtime_dir, tmp_path,
                                                                   monkeypatch, shield):
     """The hog's own observations: with the shield, none of its samples during a region
@@ -192,10 +194,13 @@ def test_an_unmanaged_pinned_hog_does_not_run_on_the_holders_core(runtime_dir, t
         return
     assert on_core == [0] * len(reports), on_core
     assert sum(_ran_during(samples, r) > 0 for r in reports) >= len(reports) // 2
+    mode = "affinity" if shield == "affinity" else "cpuset-shield"
     for r in reports:
         ev = r.host.shield
-        assert ev["mode"] == "cpuset-shield" and ev["not_enforced"] == "", ev
-        assert isinstance(ev["exempt"], list) and "unshielded" in ev and ev["cores"] == [core]
+        assert ev["mode"] == mode and ev["not_enforced"] == "", ev
+        assert ev["cores"] == [core] and isinstance(ev["late"], list), ev
+        if mode == "cpuset-shield":
+            assert isinstance(ev["exempt"], list) and isinstance(ev["unshielded"], list), ev
         named = r.reason(ReasonCode.FOREIGN_TASK)
         assert named is None or hog.proc.pid not in {t["pid"] for t in named.evidence["tasks"]}
     assert reports[0].host.shield["moved"] >= 1
@@ -206,7 +211,9 @@ def _hold(tmp_path, seconds: float) -> subprocess.Popen:
                 str(tmp_path / "hold.json"), str(seconds))
 
 
-def _shielded(hog: Hog, daemon_pid: int) -> bool:
+def _shielded(hog: Hog, daemon_pid: int, mode: str = "on") -> bool:
+    if mode == "affinity":
+        return hog.core not in os.sched_getaffinity(hog.proc.pid)
     rest = _rest_dirs(daemon_pid)
     return bool(rest) and _cpuset(hog.proc.pid) == "/" + os.path.basename(rest[0]) \
         and hog.core not in os.sched_getaffinity(hog.proc.pid)
@@ -220,23 +227,25 @@ def _guardian_of(daemon_pid: int) -> psutil.Process:
 
 
 @needs_v1
-@pytest.mark.parametrize("crash", ["daemon", "guardian+daemon", "holder"])
+@pytest.mark.parametrize("crash", ["daemon", "guardian+daemon", "holder", "affinity:daemon",
+                                   "affinity:holder"])
 def test_everything_is_put_back_after_a_crash_mid_region(runtime_dir, tmp_path, monkeypatch,
                                                          crash):
     core = _core()
     hog = Hog(core, str(tmp_path / "hog.json"))
-    monkeypatch.setenv("KREX_SHIELD", "on")
+    mode, _, crash = crash.rpartition(":")
+    monkeypatch.setenv("KREX_SHIELD", mode or "on")
     d = Daemon(str(runtime_dir)).start()
     monkeypatch.setenv("KREX_SOCKET", d.socket)
     daemon_pid = d.proc.pid
     holder = _hold(tmp_path, 20)
     try:
-        wait_for(lambda: _shielded(hog, daemon_pid), 15)
+        wait_for(lambda: _shielded(hog, daemon_pid, mode), 15)
         if crash == "holder":
             for p in psutil.Process(holder.pid).children(recursive=True) + [holder]:
                 p.kill()
             wait_for(lambda: os.sched_getaffinity(hog.proc.pid) == {core}, 5)
-            assert _rest_dirs(daemon_pid)  # the shield lives on, widened
+            assert bool(_rest_dirs(daemon_pid)) is (mode != "affinity")  # lives on, widened
             d.stop()
         else:
             if crash == "guardian+daemon":
@@ -276,3 +285,47 @@ def test_a_second_daemon_reports_the_shield_held_by_the_first(tmp_path, monkeypa
     held = reports[1].host.shield
     assert held["not_enforced"] == "held", held
     assert held["why"].startswith(f"held by krex daemon pid {pids[0]}")
+
+
+SPAWNER = """import subprocess, sys
+sys.stdin.readline()
+child = subprocess.Popen(["sleep", "30"])
+print(child.pid, flush=True)
+sys.stdin.readline()
+child.kill()
+child.wait()
+"""
+
+
+class _NoHolder:
+    def processes(self):
+        return []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the affinity shield needs root")
+def test_affinity_shield_gives_children_born_in_the_region_their_parents_mask():
+    from krex.enforce.affinityshield import AffinityRegion
+
+    core = _core()
+    parent = subprocess.Popen([PY, "-c", SPAWNER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    everything = set(os.sched_getaffinity(0))
+    op = AffinityRegion(_NoHolder(), [core], sorted(everything))
+    try:
+        wait_for(lambda: psutil.Process(parent.pid).num_threads() >= 1, 5)
+        records = op.undo_records()
+        assert any(r["pid"] == parent.pid and core in r["cpus"] for r in records)
+        op.apply()
+        assert core not in os.sched_getaffinity(parent.pid)
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        child = int(parent.stdout.readline())
+        assert core not in os.sched_getaffinity(child)  # inherited, narrowed
+    finally:
+        op.revert()
+    assert os.sched_getaffinity(parent.pid) == everything
+    assert os.sched_getaffinity(child) == everything  # its parent's previous mask
+    assert op.evidence["moved"] >= 1 and isinstance(op.evidence["late"], list)
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    parent.wait(10)

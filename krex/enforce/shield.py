@@ -29,10 +29,12 @@ task counts rather than rewriting a cpuset krex does not own.
 Only one daemon on the machine owns the shield at a time (``flock`` on
 :func:`lock_path`, which names the owner's pid); another daemon's regions
 report ``not_enforced: held`` and ``why: held by krex daemon pid N``.  The
-shield is chosen by ``KREX_SHIELD`` (``auto`` default, ``on``, ``off``).
-cgroup v2 cpuset partitions and an affinity fallback are not implemented
-yet: on such machines the mode is ``none`` with the reason (``krex doctor``
-says which mode the machine supports).
+shield is chosen by ``KREX_SHIELD`` (``auto`` default, ``on``, ``off``, ``affinity``).
+Mode ``affinity`` (root without a writable v1 cpuset, e.g. pure cgroup v2;
+``KREX_SHIELD=affinity`` forces it): :mod:`krex.enforce.affinityshield`.
+cgroup v2 cpuset partitions are not implemented yet.  Without root the mode
+is ``none`` with the reason (``krex doctor`` says which mode the machine
+supports).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any
 from krex.enforce.cgroups import instance_name, read, write
 
 ENV = "KREX_SHIELD"
-MODES = ("auto", "on", "off")
+MODES = ("auto", "on", "off", "affinity")  # affinity: the fallback even with a cpuset
 SHIELD_LEASE_ID = 0  # the daemon's long-lived lease: below every region's (1, 2, ...)
 LEASE_S = 10 * 365 * 86400.0  # the shield lives until the daemon goes: no expiry
 RELEASE = "shield_release"
@@ -65,18 +67,20 @@ def lock_path() -> str:
     return os.environ.get("KREX_SHIELD_LOCK", os.path.join(base, "krex-shield.lock"))
 
 
-def machine_mode(layout: Any) -> dict[str, str]:
-    """What this machine supports: ``mode`` (cpuset-shield | none), and for none a
-    ``not_enforced`` code and a one-line ``why``."""
+def machine_mode(layout: Any, configured: str = "auto") -> dict[str, str]:
+    """What this machine supports: ``mode`` (cpuset-shield | affinity | none), and for
+    none a ``not_enforced`` code and a one-line ``why``."""
     if os.geteuid() != 0:
-        return _none("not_root", "moving other users' tasks between cpusets needs root")
-    if layout.cpuset and layout.cpuset_writable:
+        return _none("not_root", "moving other users' tasks off cores needs root")
+    if layout is not None and layout.cpuset and layout.cpuset_writable \
+            and configured != "affinity":
         return {"mode": "cpuset-shield", "not_enforced": "", "why": "",
                 "cpuset": layout.cpuset}
-    if layout.v2_cpuset:
-        return _none("v2_partition_unsupported", "cgroup v2 cpuset partitions are not "
-                     "implemented yet: unmanaged tasks are judged, not moved")
-    return _none("no_cpuset", layout.reasons.get("cpuset") or "no writable cpuset cgroup")
+    why = ("" if configured == "affinity" else "no writable cgroup v1 cpuset"
+           + (" (cgroup v2 cpuset partitions are not implemented yet)"
+              if layout is not None and layout.v2_cpuset else "")
+           + ": every movable thread's affinity instead")
+    return {"mode": "affinity", "not_enforced": "", "why": why}
 
 
 def _none(code: str, why: str) -> dict[str, str]:
@@ -156,6 +160,7 @@ class Shield:
         self.guardian = guardian
         self.mode = mode or configured_mode()
         self.root = layout.cpuset if layout is not None else None
+        self.all_cores = sorted(os.sched_getaffinity(0))
         self.path: str | None = None  # the rest cpuset, once made
         self.all_cpus = ""
         self._lock_fd: int | None = None
@@ -166,7 +171,7 @@ class Shield:
         (``acquire``: take the machine-wide lock if nobody holds it)."""
         if self.mode == "off":
             return _none("disabled", f"disabled by configuration ({ENV}=off)")
-        machine = machine_mode(self.layout)
+        machine = machine_mode(self.layout, self.mode)
         if machine["mode"] == "none":
             return machine
         if self._lock_fd is None and not acquire and self._refused is None:
@@ -174,7 +179,7 @@ class Shield:
         if self._lock_fd is None and not self._acquire():
             assert self._refused is not None
             return self._refused
-        return {"mode": machine["mode"], "not_enforced": "", "why": ""}
+        return {"mode": machine["mode"], "not_enforced": "", "why": machine["why"]}
 
     def usable(self) -> bool:
         return self.status()["mode"] != "none"
@@ -258,11 +263,16 @@ class Shield:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def ops(self, holder: Any, cores: list[int]) -> list[ShieldRegion]:
+    def ops(self, holder: Any, cores: list[int]) -> list[Any]:
         """The region's shield operation, or none when the shield cannot act."""
-        if not cores or not self.usable():
+        if not cores:
             return []
-        return [ShieldRegion(self, holder, cores)]
+        mode = self.status()["mode"]
+        if mode == "affinity":
+            from krex.enforce.affinityshield import AffinityRegion
+
+            return [AffinityRegion(holder, cores, self.all_cores)]
+        return [ShieldRegion(self, holder, cores)] if mode == "cpuset-shield" else []
 
     def others_in(self, cores: list[int], managed: set[str]) -> list[dict[str, Any]]:
         """Cpusets neither the root, the rest nor krex's own whose tasks may run on
@@ -354,7 +364,7 @@ class ShieldRegion:
 def evidence(applied: list, shield: Shield | None) -> dict[str, Any] | None:
     """The report's ``shield`` host evidence for a region's applied operations."""
     for op in applied:
-        if isinstance(op, ShieldRegion):
+        if op.name == "shield":
             return dict(op.evidence)
     return shield.status(acquire=False) if shield is not None else None
 
