@@ -13,6 +13,7 @@ machine shares the other core.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -329,3 +330,62 @@ def test_affinity_shield_gives_children_born_in_the_region_their_parents_mask():
     parent.stdin.write("\n")
     parent.stdin.flush()
     parent.wait(10)
+
+
+@needs_v1
+def test_a_task_in_another_cpuset_is_kept_off_too_and_its_cpuset_given_back(
+        runtime_dir, tmp_path, monkeypatch):
+    """A hog in a cpuset that is not krex's (a container's, another daemon's job): the
+    cpuset is narrowed for each region (the hog's own samples: never on the core during
+    one) and has every core again after; one holding only the reserved core is named."""
+    core = _core()
+    assert LAYOUT.cpuset is not None
+    everything = read_cpus(LAYOUT.cpuset)
+    foreign = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}")
+    pinned = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}-pinned")
+    hog = Hog(core, str(tmp_path / "hog.json"))
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        for d, cpus, pid in ((foreign, everything, hog.proc.pid), (pinned, str(core), other.pid)):
+            os.mkdir(d)
+            _write(d, "cpuset.mems", _read(LAYOUT.cpuset, "cpuset.mems"))
+            _write(d, "cpuset.cpus", cpus)
+            _write(d, "cgroup.procs", str(pid))
+        monkeypatch.setenv("KREX_SHIELD", "on")
+        d = Daemon(str(runtime_dir)).start()
+        monkeypatch.setenv("KREX_SOCKET", d.socket)
+        try:
+            reports = _holder(tmp_path, 5, 40)
+            assert _read(foreign, "cpuset.cpus") == everything  # given back at once
+            assert os.sched_getaffinity(hog.proc.pid) == {core}
+        finally:
+            d.stop()
+        samples = hog.samples()
+        assert [_on_core_during(samples, r, core) for r in reports] == [0] * len(reports)
+        ev = reports[0].host.shield
+        assert {"cpuset": os.path.basename(foreign), "tasks": 1} in ev["narrowed"], ev
+        assert [u for u in ev["unshielded"] if u["cpuset"] == os.path.basename(pinned)], ev
+    finally:
+        for d, pid in ((foreign, hog.proc.pid), (pinned, other.pid)):
+            with contextlib.suppress(OSError):
+                _write(LAYOUT.cpuset, "cgroup.procs", str(pid))
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        reap(other)
+        if hog.proc.poll() is None:
+            hog.samples()
+        reap(hog.proc)
+
+
+def _read(d: str, name: str) -> str:
+    with open(os.path.join(d, name)) as f:
+        return f.read().strip()
+
+
+def _write(d: str, name: str, value: str) -> None:
+    with open(os.path.join(d, name), "w") as f:
+        f.write(value)
+
+
+def read_cpus(d: str) -> str:
+    return _read(d, "cpuset.cpus")

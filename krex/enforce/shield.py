@@ -20,11 +20,15 @@ The rest cpuset lives as long as the daemon: a guardian lease of its own
 root cpuset and removes it when the daemon stops or dies; a new daemon's
 cgroup sweep removes one whose owner is dead.
 
-Not moved, and named in the evidence: kernel threads (per-CPU ones cannot
-move: those bound to a reserved core are listed in ``exempt``), PID 1, the
-holder's own processes, and tasks in other cpusets (another krex daemon's
-jobs, a container's cpuset): ``unshielded`` lists those cpusets and their
-task counts rather than rewriting a cpuset krex does not own.
+Tasks in other cpusets (another krex daemon's jobs, a container's cpuset)
+stay where they are, but each such cpuset whose tasks may run on a reserved
+core is narrowed for the region (children before parents; ``narrowed``) and
+given its cores back after, unless its owner changed them meanwhile (undo
+records restore them after a crash).  One left with only reserved cores, or
+that refuses, is named in ``unshielded``.  Not moved, and named: kernel
+threads (per-CPU ones bound to a reserved core are listed in ``exempt``),
+PID 1, the holder's own processes and cpuset, this daemon's own job cpusets
+(:class:`~krex.enforce.isolation.CpuIsolation` places those).
 
 Only one daemon on the machine owns the shield at a time (``flock`` on
 :func:`lock_path`, which names the owner's pid); another daemon's regions
@@ -274,23 +278,24 @@ class Shield:
             return [AffinityRegion(holder, cores, self.all_cores)]
         return [ShieldRegion(self, holder, cores)] if mode == "cpuset-shield" else []
 
-    def others_in(self, cores: list[int], managed: set[str]) -> list[dict[str, Any]]:
-        """Cpusets neither the root, the rest nor krex's own whose tasks may run on
-        ``cores``: named, not moved."""
+    def foreign(self, cores: list[int], managed: set[str]) -> list[tuple[str, str, int]]:
+        """Cpusets other than the root, the rest and this daemon's own (``managed``)
+        whose tasks may run on ``cores``: ``(dir, cpuset.cpus, tasks)``, children
+        before their parents (the order to narrow them in)."""
         assert self.root is not None
         out = []
-        for d, dirs, _ in os.walk(self.root):
-            dirs[:] = [x for x in dirs if os.path.join(d, x) not in managed]
-            if d in (self.root, self.path):
+        for d, _dirs, _ in os.walk(self.root, topdown=False):
+            if d in (self.root, self.path) or any(d == m or d.startswith(m + "/")
+                                                  for m in managed):
                 continue
             try:
-                cpus = set(parse_cpulist(read(os.path.join(d, "cpuset.effective_cpus"))))
+                cpus = read(os.path.join(d, "cpuset.cpus"))
             except OSError:
                 continue
             tasks = len(_procs(d))
-            if tasks and cpus & set(cores):
-                out.append({"cpuset": os.path.relpath(d, self.root), "tasks": tasks})
-        return out[:_LISTED]
+            if tasks and set(parse_cpulist(cpus)) & set(cores):
+                out.append((d, cpus, tasks))
+        return out
 
 
 class ShieldRegion:
@@ -306,25 +311,53 @@ class ShieldRegion:
         self.evidence: dict[str, Any] = {"mode": "cpuset-shield", "not_enforced": "",
                                          "why": ""}
         self._pids: set[int] = set()
+        self._foreign: list[tuple[str, str, str, int]] | None = None  # dir, old, new, tasks
+        self.narrowed: list[tuple[str, str, str]] = []  # dir, old, new: as written
 
     def available(self) -> tuple[bool, str]:
         return True, ""  # built only when the shield can act (Shield.ops)
 
     def undo_records(self) -> list[dict]:
-        if self.shield.path is None:
-            return []
-        return [{"kind": "cpuset", "path": self.shield.path, "cpus": self.shield.all_cpus}]
+        """Widen the rest cpuset; give other cpusets their cpus back, parents first."""
+        records = [{"kind": "cpuset", "path": d, "cpus": old}
+                   for d, old, _, _ in reversed(self._plan())]
+        if self.shield.path is not None:
+            records.insert(0, {"kind": "cpuset", "path": self.shield.path,
+                               "cpus": self.shield.all_cpus})
+        return records
+
+    def _plan(self) -> list[tuple[str, str, str, int]]:
+        """Other cpusets whose tasks may run on the reserved cores, and what they keep."""
+        if self._foreign is None:
+            managed = set()
+            cgroups = getattr(self.holder, "cgroups", None)
+            if cgroups is not None and cgroups.cpuset:
+                managed.add(os.path.dirname(cgroups.cpuset))  # this daemon's jobs: isolated
+            for pid in self._holder_pids():  # never the holder's own cpuset
+                rel = _cpuset_of(pid)
+                if rel and rel != "/" and self.shield.root:
+                    managed.add(os.path.join(self.shield.root, rel.lstrip("/")))
+            self._foreign = [
+                (d, old, _cpulist([c for c in parse_cpulist(old) if c not in self.cores]), n)
+                for d, old, n in self.shield.foreign(self.cores, managed)]
+        return self._foreign
+
+    def _holder_pids(self) -> set[int]:
+        if not self._pids:
+            self._pids = {r.pid for r in self.holder.processes()}
+        return self._pids
 
     def apply(self) -> None:
         shield = self.shield
         t0 = time.perf_counter()
         shield.establish()
         assert shield.path is not None
-        self._pids = {r.pid for r in self.holder.processes()}
+        self._holder_pids()
         moved, refused = shield.sweep(self._pids)
         self._holder_out_of_rest()
         rest = [c for c in parse_cpulist(shield.all_cpus) if c not in self.cores]
         shield.narrow(rest)
+        self._narrow_foreign()
         self.evidence.update(cpuset=shield.path, moved=moved, refused=refused[:_LISTED],
                              shielded=len(_procs(shield.path)), cores=self.cores,
                              apply_ms=round((time.perf_counter() - t0) * 1e3, 3))
@@ -340,16 +373,30 @@ class ShieldRegion:
                 with contextlib.suppress(OSError):
                     write(os.path.join(shield.root, "cgroup.procs"), str(pid))
 
+    def _narrow_foreign(self) -> None:
+        """Other cpusets (another daemon's jobs, a container's) lose the reserved cores;
+        one left with none, or that refuses, is named in ``unshielded``."""
+        root = self.shield.root or ""
+        narrowed, unshielded = [], []
+        for d, old, new, tasks in self._plan():
+            name = {"cpuset": os.path.relpath(d, root), "tasks": tasks}
+            if not new:
+                unshielded.append({**name, "why": f"has only reserved cores ({old})"})
+                continue
+            try:
+                write(os.path.join(d, "cpuset.cpus"), new)
+            except OSError as e:
+                unshielded.append({**name, "why": f"{type(e).__name__}: {e}"})
+                continue
+            self.narrowed.append((d, old, new))
+            narrowed.append(name)
+        self.evidence.update(narrowed=narrowed[:_LISTED], unshielded=unshielded[:_LISTED])
+
     def _name_what_stays(self) -> None:
         shield = self.shield
         assert shield.root is not None
         exempt, kthreads = exempt_kernel_threads(shield.root, self.cores)
-        managed = set()
-        cgroups = getattr(self.holder, "cgroups", None)
-        if cgroups is not None and cgroups.cpuset:
-            managed.add(os.path.dirname(cgroups.cpuset))  # this daemon's jobs: isolated
-        self.evidence.update(exempt=exempt[:_LISTED], kernel_threads_left=kthreads,
-                             unshielded=shield.others_in(self.cores, managed))
+        self.evidence.update(exempt=exempt[:_LISTED], kernel_threads_left=kthreads)
 
     def revert(self) -> None:
         shield = self.shield
@@ -359,6 +406,12 @@ class ShieldRegion:
                 if p > 1 and p not in self._pids and (st := _stat(p)) and not st[1] & _PF_KTHREAD]
         shield.widen()
         self.evidence["late"] = late[:_LISTED]  # came to the root cpuset during the region
+        for d, old, new in reversed(self.narrowed):  # parents first
+            try:  # unless its owner changed it meanwhile: then the owner's value stays
+                if parse_cpulist(read(os.path.join(d, "cpuset.cpus"))) == parse_cpulist(new):
+                    write(os.path.join(d, "cpuset.cpus"), old)
+            except OSError:
+                pass
 
 
 def evidence(applied: list, shield: Shield | None) -> dict[str, Any] | None:
