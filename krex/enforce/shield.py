@@ -50,6 +50,8 @@ import time
 from typing import Any
 
 from krex.enforce.cgroups import instance_name, read, write
+from krex.enforce.isolation import _cpulist as _isolation_cpulist
+from krex.enforce.isolation import _parse_cpulist
 
 ENV = "KREX_SHIELD"
 MODES = ("auto", "on", "off", "affinity")  # affinity: the fallback even with a cpuset
@@ -123,15 +125,10 @@ def _cpuset_of(pid: int) -> str | None:
 
 
 def _cpulist(cores: list[int]) -> str:
-    return ",".join(str(c) for c in sorted(cores))
+    return _isolation_cpulist(sorted(cores))
 
 
-def parse_cpulist(text: str) -> list[int]:
-    cpus: list[int] = []
-    for part in filter(None, text.strip().split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
+parse_cpulist = _parse_cpulist  # "0-2,5" -> [0, 1, 2, 5] (isolation's parser)
 
 
 def exempt_kernel_threads(root: str, cores: list[int]) -> tuple[list[str], int]:
