@@ -389,3 +389,37 @@ def _write(d: str, name: str, value: str) -> None:
 
 def read_cpus(d: str) -> str:
     return _read(d, "cpuset.cpus")
+
+
+@needs_v1
+def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
+        runtime_dir, tmp_path, monkeypatch):
+    core = _core()
+    assert LAYOUT.cpuset is not None
+    everything = read_cpus(LAYOUT.cpuset)
+    foreign = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}-crash")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setenv("KREX_SHIELD", "on")
+    d = Daemon(str(runtime_dir))
+    holder = None
+    try:
+        os.mkdir(foreign)
+        _write(foreign, "cpuset.mems", _read(LAYOUT.cpuset, "cpuset.mems"))
+        _write(foreign, "cpuset.cpus", everything)
+        _write(foreign, "cgroup.procs", str(sleeper.pid))
+        d.start()
+        monkeypatch.setenv("KREX_SOCKET", d.socket)
+        holder = _hold(tmp_path, 20)
+        wait_for(lambda: core not in parse_cpulist(read_cpus(foreign)), 15)
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait(10)
+        wait_for(lambda: read_cpus(foreign) == everything, 10)
+    finally:
+        if holder is not None:
+            reap(holder)
+        d.stop()
+        with contextlib.suppress(OSError):
+            _write(LAYOUT.cpuset, "cgroup.procs", str(sleeper.pid))
+        with contextlib.suppress(OSError):
+            os.rmdir(foreign)
+        reap(sleeper)
