@@ -166,6 +166,7 @@ class Shield:
         self.all_cpus = ""
         self._lock_fd: int | None = None
         self._refused: dict[str, str] | None = None
+        self._exempt: tuple[float, tuple[int, ...], tuple[list[str], int]] | None = None
 
     def status(self, acquire: bool = True) -> dict[str, Any]:
         """``mode`` and, when the shield cannot act, ``not_enforced`` and ``why``
@@ -243,6 +244,15 @@ class Shield:
             except OSError:
                 refused.append(pid)
         return moved, refused
+
+    def exempt(self, cores: list[int]) -> tuple[list[str], int]:
+        """:func:`exempt_kernel_threads`, looked up again at most every 10 s (kernel
+        threads come and go rarely; the scan costs a millisecond per region)."""
+        assert self.root is not None
+        now = time.monotonic()
+        if self._exempt is None or self._exempt[1] != tuple(cores) or now - self._exempt[0] > 10:
+            self._exempt = (now, tuple(cores), exempt_kernel_threads(self.root, cores))
+        return self._exempt[2]
 
     def narrow(self, cpus: list[int]) -> None:
         assert self.path is not None
@@ -392,7 +402,7 @@ class ShieldRegion:
     def _name_what_stays(self) -> None:
         shield = self.shield
         assert shield.root is not None
-        exempt, kthreads = exempt_kernel_threads(shield.root, self.cores)
+        exempt, kthreads = shield.exempt(self.cores)
         self.evidence.update(exempt=exempt[:_LISTED], kernel_threads_left=kthreads)
 
     def revert(self) -> None:
