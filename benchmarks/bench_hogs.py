@@ -27,6 +27,10 @@ whose report says the shield acted.
 
 Usage: python benchmarks/bench_hogs.py [--rounds 2] [--regions 20] [--shield both]
 Writes results/hogs.json and prints a markdown table.
+
+``--cost N``: no hogs; N regions of 10 ms with the shield on, then off, and
+the enforcement steps' apply / revert latency per region (p50 / p95 ms):
+what the shield adds to every grant and release.  Writes results/shield_cost.json.
 """
 
 from __future__ import annotations
@@ -169,12 +173,43 @@ def summarize(alone_rounds: list[list[dict]], hog_rounds: list[list[dict]]) -> d
     }
 
 
+def cost(n: int) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {}
+    for mode in ("on", "off"):
+        os.environ["KREX_SHIELD"] = mode
+        steps: dict[str, list[float]] = {}
+        with private_daemon():
+            for _ in range(n):
+                with krex.region("cpu", label="cost") as r:
+                    time.sleep(0.01)
+                for s in r.report.host.steps if r.report.host else []:
+                    steps.setdefault(f"{s.name} apply", []).append(s.apply_ms or 0.0)
+                    steps.setdefault(f"{s.name} revert", []).append(s.revert_ms or 0.0)
+                steps.setdefault("grant set-up", []).append(r.report.enforce_s * 1e3)
+        out[mode] = steps
+    os.environ.pop("KREX_SHIELD", None)
+    return out
+
+
+def show_cost(n: int) -> None:
+    out = cost(n)
+    path = write_results("shield_cost", {"regions": n, "load_average": os.getloadavg(),
+                                         "steps_ms": out})
+    rows = [[mode, step, f"{stats.median(v):.3f}", f"{stats.quantile(v, 0.95):.3f}"]
+            for mode, steps in out.items() for step, v in steps.items()]
+    print(md_table(["shield", "step", "p50 ms", "p95 ms"], rows))
+    print(f"\nwritten {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--regions", type=int, default=20, help="per kernel, phase and round")
     ap.add_argument("--shield", choices=("off", "on", "both"), default="both")
+    ap.add_argument("--cost", type=int, default=0, help="only the shield's cost, N regions")
     args = ap.parse_args()
+    if args.cost:
+        return show_cost(args.cost)
     modes = ("off", "on") if args.shield == "both" else (args.shield,)
     hogs = Hogs()
     out: dict[str, dict] = {}
