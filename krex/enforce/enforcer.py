@@ -50,7 +50,7 @@ class EnforceConfig:
     measure_cores: list[int] | None = None  # None: default_cores()
     lease_margin_s: float = 5.0
     freeze_timeout_s: float = 2.0
-    shield: str = field(default_factory=configured_mode)  # auto | on | off (KREX_SHIELD)
+    shield: str = field(default_factory=configured_mode)  # auto|on|off|affinity (KREX_SHIELD)
 
 
 class Enforcer:
