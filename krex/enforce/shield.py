@@ -432,27 +432,30 @@ def evidence(applied: list, shield: Shield | None) -> dict[str, Any] | None:
 # -- undo (the guardian's side) ----------------------------------------------------------
 
 
-def release(path: str, root: str) -> list[str]:
-    """Every task of the rest cpuset back to the root cpuset, then remove it."""
+def release(path: str, root: str, timeout_s: float = 2.0) -> list[str]:
+    """Every task of the rest cpuset back to the root cpuset, then remove it; tasks
+    forked meanwhile are moved on the next pass, until the directory goes (or
+    ``timeout_s``; a later daemon's cgroup sweep removes what is left)."""
     errors: list[str] = []
-    if not os.path.isdir(path):
-        return errors
-    for _ in range(3):  # tasks forked while we were moving
-        pids = _procs(path)
-        if not pids:
-            break
-        for pid in pids:
+    deadline = time.monotonic() + timeout_s
+    while os.path.isdir(path):
+        for pid in _procs(path):
             try:
                 write(os.path.join(root, "cgroup.procs"), str(pid))
             except ProcessLookupError:
                 pass
             except OSError as e:
                 errors.append(f"{RELEASE}: pid {pid}: {e}")
-    try:
-        os.rmdir(path)
-    except OSError as e:
-        errors.append(f"{RELEASE}: {path}: {e}")
-    return errors
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                errors.append(f"{RELEASE}: {path}: {e}")
+                break
+            time.sleep(0.005)
+    return errors[-_LISTED:]
 
 
 def replay_record(rec: dict) -> list[str]:
