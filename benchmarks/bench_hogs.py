@@ -19,8 +19,18 @@ Readings per kernel, in %:
 The claim to show: either ``clean`` within 1.5 % of the floor, or every
 affected region reported not clean.
 
-Usage: python benchmarks/bench_hogs.py [--rounds 2] [--regions 20]
+``--shield off|on|both`` (default both): the daemon's shield
+(``KREX_SHIELD``, :mod:`krex.enforce.shield`) off, on, or one daemon of each
+(each with its own alone reference).  With the shield on, the hogs are moved
+off the reserved core for each region; ``shielded`` counts the loaded regions
+whose report says the shield acted.
+
+Usage: python benchmarks/bench_hogs.py [--rounds 2] [--regions 20] [--shield both]
 Writes results/hogs.json and prints a markdown table.
+
+``--cost N``: no hogs; N regions of 10 ms with the shield on, then off, and
+the enforcement steps' apply / revert latency per region (p50 / p95 ms):
+what the shield adds to every grant and release.  Writes results/shield_cost.json.
 """
 
 from __future__ import annotations
@@ -108,7 +118,9 @@ def regions(fn, samples: int, n: int) -> list[dict]:
                 fn()
                 times.append((time.perf_counter() - t0) * 1e3)
         report = r.report
+        shield = (report.host.shield or {}) if report.host else {}
         out.append({"samples_ms": times, "clean": report.clean,
+                    "shielded": shield.get("mode") == "cpuset-shield",
                     "reasons": [x.code.value for x in report.reasons],
                     "run_delay_ms": report.host.holder_run_delay_ms if report.host else None})
     return out
@@ -153,6 +165,7 @@ def summarize(alone_rounds: list[list[dict]], hog_rounds: list[list[dict]]) -> d
         "clean_p95_pct": _p95([s for r in clean for s in r["samples_ms"]], alone)
         if clean else None,
         "regions": len(loaded), "not_clean": len(loaded) - len(clean),
+        "shielded": sum(bool(r.get("shielded")) for r in loaded),
         "reasons": dict(reasons), "missed": len(missed),
         "alone_regions_not_clean": sum(not r["clean"] for r in flat),
         "alone_reasons": dict(Counter(c for r in flat for c in set(r["reasons"]))),
@@ -160,28 +173,73 @@ def summarize(alone_rounds: list[list[dict]], hog_rounds: list[list[dict]]) -> d
     }
 
 
+def cost(n: int) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {}
+    for mode in ("on", "off"):
+        os.environ["KREX_SHIELD"] = mode
+        steps: dict[str, list[float]] = {}
+        with private_daemon():
+            for _ in range(n):
+                with krex.region("cpu", label="cost") as r:
+                    time.sleep(0.01)
+                for s in r.report.host.steps if r.report.host else []:
+                    steps.setdefault(f"{s.name} apply", []).append(s.apply_ms or 0.0)
+                    steps.setdefault(f"{s.name} revert", []).append(s.revert_ms or 0.0)
+                steps.setdefault("grant set-up", []).append(r.report.enforce_s * 1e3)
+        out[mode] = steps
+    os.environ.pop("KREX_SHIELD", None)
+    return out
+
+
+def show_cost(n: int) -> None:
+    out = cost(n)
+    path = write_results("shield_cost", {"regions": n, "load_average": os.getloadavg(),
+                                         "steps_ms": out})
+    rows = [[mode, step, f"{stats.median(v):.3f}", f"{stats.quantile(v, 0.95):.3f}"]
+            for mode, steps in out.items() for step, v in steps.items()]
+    print(md_table(["shield", "step", "p50 ms", "p95 ms"], rows))
+    print(f"\nwritten {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--regions", type=int, default=20, help="per kernel, phase and round")
+    ap.add_argument("--shield", choices=("off", "on", "both"), default="both")
+    ap.add_argument("--cost", type=int, default=0, help="only the shield's cost, N regions")
     args = ap.parse_args()
+    if args.cost:
+        return show_cost(args.cost)
+    modes = ("off", "on") if args.shield == "both" else (args.shield,)
     hogs = Hogs()
+    out: dict[str, dict] = {}
+    old = os.environ.get("KREX_SHIELD")
     try:
-        with private_daemon():
-            out = run(hogs, args.rounds, args.regions)
+        for mode in modes:
+            os.environ["KREX_SHIELD"] = mode  # the private daemon inherits it
+            with private_daemon():
+                out[mode] = run(hogs, args.rounds, args.regions)
     finally:
         hogs.close()
+        if old is None:
+            os.environ.pop("KREX_SHIELD", None)
+        else:
+            os.environ["KREX_SHIELD"] = old
     path = write_results("hogs", {"rounds": args.rounds, "regions": args.regions,
-                                  "load_average": os.getloadavg(), "kernels": out})
-    rows = [[name, f"{r['floor_p95_pct']:+.2f}", f"{r['all_p95_pct']:+.1f}",
-             "-" if r["clean_p95_pct"] is None else f"{r['clean_p95_pct']:+.2f}",
-             f"{r['not_clean']}/{r['regions']}",
-             ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items())) or "-",
-             r["missed"], f"{r['alone_regions_not_clean']}"]
-            for name, r in out.items()]
-    print(md_table(["kernel", "floor p95 %", "all loaded p95 %", "clean loaded p95 %",
-                    "not clean", "reasons (regions)", "missed", "alone not clean"], rows))
+                                  "load_average": os.getloadavg(), "shield": out})
+    print(md_table(["shield", "kernel", "floor p95 %", "all loaded p95 %",
+                    "clean loaded p95 %", "not clean", "shielded", "reasons (regions)",
+                    "missed", "alone not clean"], _rows(out)))
     print(f"\nwritten {path}")
+
+
+def _rows(out: dict[str, dict]) -> list[list]:
+    return [[mode, name, f"{r['floor_p95_pct']:+.2f}", f"{r['all_p95_pct']:+.1f}",
+             "-" if r["clean_p95_pct"] is None else f"{r['clean_p95_pct']:+.2f}",
+             f"{r['not_clean']}/{r['regions']}", f"{r['shielded']}/{r['regions']}",
+             ", ".join(f"{k} {v}" for k, v in sorted(r["reasons"].items())) or "-",
+             r["missed"], f"{r['alone_regions_not_clean']}/{r['regions']}"]
+            for mode, kernels in out.items() for name, r in kernels.items()]
 
 
 if __name__ == "__main__":

@@ -84,6 +84,41 @@ def test_inflation_is_against_the_faster_of_the_surrounding_references():
     assert drifted["reference_drift_pct"]["1"]["p95"] == pytest.approx(20.0)
 
 
+def _pair_block(measured, refs=(1.0, 1.03)):
+    """Two kernels ``a`` and ``b`` (references ``refs``), one command per measured pair."""
+    ref = [{"kernel": n, "bucket_ms": 1.0, "median_ms": r} for n, r in zip("ab", refs, strict=True)]
+    commands = [{"agent": 0, "index": i, "ok": True, "wall_s": 1.0, "phases": {},
+                 "kernels": [{"kernel": n, "bucket_ms": 1.0, "median_ms": m,
+                              "region": {"clean": True}} for n, m in zip("ab", ms, strict=True)]}
+                for i, ms in enumerate(measured)]
+    return {"mode": "region", "round": 0, "start_mono_s": 0.0, "wall_s": 60.0,
+            "commands": commands, "refs": {"before": ref, "after": ref}, "regions": []}
+
+
+def test_rank_flips_count_commands_that_order_close_candidates_wrongly():
+    kept, flipped = (1.00, 1.03), (1.04, 1.02)
+    rows = metrics.rank_flips(_pair_block([kept, flipped, kept, kept]))
+    assert [r["flipped"] for r in rows] == [False, True, False, False]
+    assert rows[0]["pair"] == "a vs b" and rows[0]["ref_gap_pct"] == pytest.approx(-2.91, 0.01)
+    s = metrics.summarise_mode([_pair_block([kept, flipped, kept, kept])])["rank_flips"]
+    assert s == {"pairs": 1, "comparisons": 4, "flips": 1, "rate_pct": 25.0}
+    # Only pairs 1-5 % apart are candidates: far apart or indistinguishable ones are not.
+    assert metrics.rank_flips(_pair_block([flipped], refs=(1.0, 1.10))) == []
+    assert metrics.rank_flips(_pair_block([flipped], refs=(1.0, 1.005))) == []
+    assert metrics.summarise_mode([_block()])["rank_flips"]["rate_pct"] is None
+
+
+def test_twin_kernels_are_a_few_per_cent_longer():
+    from krex.eval.kernels import KernelSpec, device_specs, twin
+    from krex.eval.profile import QUICK
+
+    specs = device_specs("fakegpu:0", (0.1, 1.0, 10.0), (1.0,), 1.03)
+    assert [(k.name, k.size) for k in specs][-1] == ("spin-1ms+3%", 1030)
+    compute = twin(KernelSpec("compute-1ms", "compute", 1.0, 100), 1.03)
+    assert compute.size == 101 and 1.02 < (101 / 100) ** 3 < 1.04
+    assert QUICK.timing_ms("cpu") == 8 * (QUICK.warmup_ms + QUICK.rep_ms)
+
+
 def _region(start_s, held_s, waited_s=0.0, nested=False):
     return {"device": "cpu", "exclusive": True, "nested": nested, "waited_s": waited_s,
             "granted_mono_s": start_s, "held_s": held_s}
@@ -177,12 +212,18 @@ def test_quick_eval_end_to_end(tmp_path):
     assert {b["mode"] for b in doc["blocks"]} == set(MODES)
     for mode, s in doc["summary"].items():
         assert s["failed"] == 0 and s["commands"] > 0 and s["throughput_cpm"] > 0, mode
-        assert s["timed_kernels"] == s["commands"] * 6, mode  # 2 kinds x 3 buckets on cpu
+        assert s["timed_kernels"] == s["commands"] * 8, mode  # 2 kinds x (3 buckets + twin)
+        assert s["rank_flips"]["flips"] <= s["rank_flips"]["comparisons"], mode
         for bucket, stats in s["inflation_pct"].items():
             assert stats["n"] > 0 and all(math.isfinite(stats[q]) for q in ("p50", "p95")), (
                 mode, bucket)
     assert doc["summary"]["command"]["overlaps"] == 0
     assert doc["summary"]["region"]["overlaps"] == 0
+    # Twins 3 % apart give candidate pairs (the machine's noise may push one out of 1-5 %).
+    assert sum(s["rank_flips"]["comparisons"] for s in doc["summary"].values()) > 0
+    # The "not clean" column can read non-zero: modes known to be contaminated do.
+    for mode in ("none", "region-nofreeze", "region-noisolate"):
+        assert doc["summary"][mode]["regions_not_clean"] > 0, mode
     assert all(v > 0 for v in doc["bound"]["per_mode_cpm"].values())
     assert os.path.exists(summary["table"])
     assert summary["plots"] or summary["plots_skipped"]

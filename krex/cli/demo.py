@@ -3,16 +3,26 @@
 Runs the example benchmarking commands from ``examples/`` concurrently as
 managed jobs under an auto-started daemon, then prints a summary table of
 regions waited and held per job, and checks that no two exclusive regions
-on a device overlapped.
+on a device overlapped -- from the daemon's grant records, and from the
+jobs' own observations: each Python example runs under
+:mod:`krex.cli.demo_witness`, which records the job's regions by its own
+clock and a heartbeat of the job; a region of one job intersecting another's,
+or another job's heartbeat inside a region (a sibling that ran while it
+should have been frozen), is an overlap.  A job whose first heartbeat came
+after a region began (a latecomer) is counted apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +52,10 @@ def _examples_dir(arg: str | None) -> Path:
     return path
 
 
-def _launch(example: Path, name: str, args: argparse.Namespace) -> subprocess.Popen:
-    interp = [sys.executable] if example.suffix == ".py" else ["sh"]
+def _launch(example: Path, name: str, args: argparse.Namespace,
+            trace: str) -> subprocess.Popen:
+    interp = ([sys.executable, "-m", "krex.cli.demo_witness", trace]
+              if example.suffix == ".py" else ["sh"])
     env = {**os.environ, "KREX_PYTHON": sys.executable}
     cmd = [sys.executable, "-m", "krex", "run", "--device", args.device, "--name", name, "--",
            *interp, str(example), str(args.reps)]
@@ -56,21 +68,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
     client = Client()  # auto-starts the embedded daemon when none is running
     tag = f"demo{os.getpid()}"
     procs = {}
-    for ex in EXAMPLES:
-        for copy in range(args.copies):
-            name = f"{tag}-{Path(ex).stem}-{copy}"
-            procs[name] = _launch(folder / ex, name, args)
-    outputs = {name: p.communicate()[0] for name, p in procs.items()}
+    traces = tempfile.mkdtemp(prefix="krex-demo-")
+    try:
+        for ex in EXAMPLES:
+            for copy in range(args.copies):
+                name = f"{tag}-{Path(ex).stem}-{copy}"
+                procs[name] = _launch(folder / ex, name, args, os.path.join(traces, name))
+        outputs = {name: p.communicate()[0] for name, p in procs.items()}
+        seen = _load_traces(traces)
+    finally:
+        shutil.rmtree(traces, ignore_errors=True)
     codes = {name: p.returncode for name, p in procs.items()}
     records = [r for r in client.regions(limit=None) if (r.get("job") or "").startswith(tag)]
     accounts = {j["name"]: j for j in client.jobs() if j["name"].startswith(tag)}
     client.close()
     summary = _summarise(records, codes, tag, accounts)
+    summary["observed"] = observed_overlaps(seen)
     if args.json:
         print_json(summary)
     else:
         _show(summary, outputs)
-    return 0 if all(c == 0 for c in codes.values()) and summary["overlaps"] == 0 else 1
+    obs = summary["observed"]
+    overlap = summary["overlaps"] or obs["region_overlaps"] or obs["sibling_ran"]
+    return 0 if all(c == 0 for c in codes.values()) and not overlap else 1
+
+
+def _load_traces(folder: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name)) as f:
+                out[name] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def observed_overlaps(traces: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Overlap judged from the jobs' own observations (:mod:`krex.cli.demo_witness`):
+    ``region_overlaps`` (pairs of regions of two jobs that intersect), ``sibling_ran``
+    (regions during which another job, already running when it began, beat) and
+    ``sibling_beats``; ``latecomer_beats``: beats of jobs that started during it."""
+    spans = [(t0, t1, name) for name, tr in traces.items() for t0, t1 in tr["regions"]]
+    spans.sort()
+    pairs = sum(1 for i, (a0, a1, an) in enumerate(spans) for b0, _, bn in spans[i + 1:]
+                if b0 < a1 and bn != an)
+    beats = {name: sorted(tr["beats"]) for name, tr in traces.items()}
+    ran = beaten = late = 0
+    for t0, t1, holder in spans:
+        inside = 0
+        for name, ts in beats.items():
+            if name == holder or not ts:
+                continue
+            n = bisect.bisect_left(ts, t1) - bisect.bisect_right(ts, t0)
+            if ts[0] < t0:
+                inside += n
+            else:
+                late += n
+        ran += inside > 0
+        beaten += inside
+    return {"jobs": len(traces), "regions": len(spans), "region_overlaps": pairs,
+            "sibling_ran": ran, "sibling_beats": beaten, "latecomer_beats": late}
 
 
 def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str,
@@ -106,4 +164,10 @@ def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
             ms(j["waited_max_s"]), ms(j["frozen_s"]), ms(j["enforce_total_s"]),
             ms(j["held_p50_s"]), ms(j["held_total_s"])] for j in summary["jobs"]])
     console.print(f"{summary['regions']} regions, {summary['overlaps']} overlapping "
-                  "exclusive regions on any device")
+                  "exclusive regions on any device (daemon's records)")
+    obs = summary.get("observed") or {}
+    if obs:
+        console.print(f"jobs' own observations ({obs['jobs']} jobs, {obs['regions']} regions): "
+                      f"{obs['region_overlaps']} overlapping, {obs['sibling_ran']} with a "
+                      f"sibling running ({obs['sibling_beats']} heartbeats), "
+                      f"{obs['latecomer_beats']} heartbeats of jobs started meanwhile")

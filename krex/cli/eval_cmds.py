@@ -80,14 +80,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # The console table's default columns (by title prefix); --wide shows every one.
-NARROW = ("mode", "cmd/min", "× command", "p95 infl.", "not clean", "failed")
+NARROW = ("mode", "cmd/min", "× command", "p95 infl.", "not clean", "rank flips", "failed")
 
 
 def narrow(cols: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """The main columns only, with shorter titles, so the table fits 80 columns."""
     keep = [i for i, c in enumerate(cols) if c.startswith(NARROW)]
     short = [cols[i].replace("p95 infl. ", "p95% ").replace(" ms %", "ms")
-             .replace("× command", "×cmd") for i in keep]
+             .replace("× command", "×cmd").replace("rank flips %", "flips%") for i in keep]
     return short, [[r[i] for i in keep] for r in rows]
 
 

@@ -30,6 +30,7 @@ def capabilities(layout: CgroupLayout | None = None) -> dict:
         "reasons": dict(layout.reasons),
     }
     info["unmanaged"] = unmanaged_mode()
+    info["shield"] = shield_mode(layout)
     info["advice"] = advice(info, layout)
     return info
 
@@ -41,15 +42,44 @@ def unmanaged_mode() -> dict[str, Any]:
 
     tick_s, source = kernel_tick()
     if delay_measurable():
-        mode, why = "evidence", ("not moved off the reserved cores; a region where they "
-                                 "kept the holder waiting is reported not clean "
-                                 "(holder_preempted, foreign_task)")
+        mode, why = "evidence", ("a region where they kept the holder waiting is reported "
+                                 "not clean (holder_preempted, foreign_task); the shield "
+                                 "(below) moves them off the reserved cores where it can")
     else:
-        mode, why = "none", ("not moved, and this kernel reports no run delay "
+        mode, why = "none", ("not judged: this kernel reports no run delay "
                              "(CONFIG_SCHED_INFO off): every region says contention_check "
                              "is unavailable")
     return {"mode": mode, "why": why, "tick_ms": round(tick_s * 1e3, 3), "tick_source": source,
             "threshold_ms_at_100ms": round(delay_threshold_ns(100_000_000) / 1e6, 3)}
+
+
+def shield_mode(layout: CgroupLayout) -> dict[str, Any]:
+    """The shield this machine supports (``cpuset-shield`` or ``none``, with the
+    ``not_enforced`` code and why), whether ``KREX_SHIELD`` turns it off, and who holds
+    the machine-wide lock (no lock is taken here)."""
+    from krex.enforce.shield import configured_mode, lock_path, machine_mode
+
+    out: dict[str, Any] = dict(machine_mode(layout))
+    out["configured"] = configured_mode()
+    out["held_by"] = _lock_owner(lock_path())
+    return out
+
+
+def _lock_owner(path: str) -> int | None:
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None  # nobody holds it
+    except OSError:
+        text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else -1
+    finally:
+        os.close(fd)
 
 
 def advice(info: dict, layout: CgroupLayout) -> list[str]:
@@ -130,6 +160,13 @@ def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
                          f"{unmanaged['tick_source']})",
                          "use a kernel with CONFIG_SCHED_INFO (schedstat) so contention is "
                          "judged"))
+    shield = caps["shield"]
+    held = f"; held by krex daemon pid {shield['held_by']}" if shield["held_by"] else ""
+    checks.append(_check(f"shield: {shield['mode']}", shield["mode"] != "none",
+                         (shield["why"] or "unmanaged tasks are moved off the reserved cores "
+                          "during a region") + f" (KREX_SHIELD={shield['configured']}{held})",
+                         "run the daemon as root on a machine with a cgroup v1 cpuset "
+                         "hierarchy to keep unmanaged tasks off the holder's cores"))
     checks.append(_check("measure cores", bool(caps["measure_cores"]),
                          f"{caps['measure_cores']} of {caps['all_cores']}",
                          "CPU isolation needs at least 2 cores"))

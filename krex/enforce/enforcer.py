@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from krex.enforce.cgroups import CgroupLayout
@@ -30,6 +30,8 @@ from krex.enforce.isolation import CpuIsolation, SlotIsolation, default_cores
 from krex.enforce.job import JobTarget
 from krex.enforce.operation import Operation
 from krex.enforce.schedstat import Counts, HolderCounters
+from krex.enforce.shield import Shield, configured_mode
+from krex.enforce.shield import evidence as shield_evidence
 from krex.enforce.slot import HolderSlot
 from krex.errors import EnforcementFailed
 from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
@@ -50,6 +52,7 @@ class EnforceConfig:
     measure_cores: list[int] | None = None  # None: default_cores()
     lease_margin_s: float = 5.0
     freeze_timeout_s: float = 2.0
+    shield: str = field(default_factory=configured_mode)  # auto|on|off|affinity (KREX_SHIELD)
 
 
 class Enforcer:
@@ -64,6 +67,7 @@ class Enforcer:
         self.layout = layout
         self.guardian = guardian
         self.all_cores = sorted(os.sched_getaffinity(0))
+        self.shield = Shield(layout, guardian, config.shield)  # unmanaged tasks: shield.py
 
     def cores(self) -> list[int]:
         if self.config.measure_cores is not None:
@@ -152,6 +156,7 @@ class Enforcer:
                 ops.append(SlotIsolation(holder, movable, frozen, self.cores(), self.all_cores))
             else:
                 ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
+            ops.extend(self.shield.ops(holder, self.cores()))
         else:
             skipped.append(Reason.mechanism("isolate", "disabled by configuration (isolate=false)",
                                             disabled=True))
@@ -333,6 +338,7 @@ class Enforcement:
             holder_cpu_ms=ns_to_ms(totals.cpu_ns),
             run_delay_threshold_ms=ns_to_ms(c.threshold_ns) if c is not None else None,
             holder_cores=list(c.cores) if c is not None else None,
+            shield=shield_evidence(self.applied, self.enforcer.shield),
         )
 
 

@@ -31,7 +31,23 @@ import time
 
 from krex import resultfile
 from krex.enforce import process as _process
-from krex.enforce.undo import replay
+from krex.enforce.shield import RELEASE as _SHIELD_RELEASE
+from krex.enforce.shield import replay_record as _shield_replay
+from krex.enforce.undo import replay as _undo_replay
+
+
+def replay(records: list[dict]) -> list[str]:
+    """Replay undo records in order: the shield's own kind (:mod:`krex.enforce.shield`)
+    here, every other kind by :func:`krex.enforce.undo.replay`."""
+    errors: list[str] = []
+    batch: list[dict] = []
+    for rec in records:
+        if isinstance(rec, dict) and rec.get("kind") == _SHIELD_RELEASE:
+            errors += _undo_replay(batch) + _shield_replay(rec)
+            batch = []
+        else:
+            batch.append(rec)
+    return errors + _undo_replay(batch)
 
 
 class GuardianClient:

@@ -168,20 +168,34 @@ def _torch_sleep(device: str, us: int) -> Callable[[], None]:
     return lambda: torch.cuda._sleep(n)
 
 
-def device_specs(device: str, buckets_ms: tuple[float, ...]) -> list[KernelSpec]:
+def device_specs(device: str, buckets_ms: tuple[float, ...],
+                 twins_ms: tuple[float, ...] = (), ratio: float = 1.03) -> list[KernelSpec]:
     """The kernels of a GPU device (fakegpu, cuda:N: ``spin``; rocm:N: ``sleep``), one per
-    bucket, ``size`` in µs."""
+    bucket, ``size`` in µs; plus a twin ``ratio`` x as long in each bucket of ``twins_ms``."""
     kind = "sleep" if device.startswith("rocm") else "spin"
-    return [KernelSpec(f"{kind}-{b:g}ms", kind, b, int(round(b * 1000))) for b in buckets_ms]
+    specs = [KernelSpec(f"{kind}-{b:g}ms", kind, b, int(round(b * 1000))) for b in buckets_ms]
+    return specs + [twin(k, ratio) for k in specs if k.bucket_ms in twins_ms]
+
+
+def twin(spec: KernelSpec, ratio: float) -> KernelSpec:
+    """The same kernel made ``ratio`` x as long (work scales with side³ for ``compute``):
+    a candidate whose true time differs from ``spec``'s by a few per cent."""
+    scale = ratio ** (1 / 3) if spec.kind == "compute" else ratio
+    size = max(spec.size + 1, int(round(spec.size * scale)))
+    return KernelSpec(f"{spec.name}+{round((ratio - 1) * 100):g}%", spec.kind, spec.bucket_ms,
+                      size)
 
 
 def fakegpu_specs(buckets_ms: tuple[float, ...]) -> list[KernelSpec]:
     return device_specs("fakegpu:0", buckets_ms)
 
 
-def calibrate_cpu(buckets_ms: tuple[float, ...], kinds: tuple[str, ...]) -> list[KernelSpec]:
-    """Sizes whose median run time alone is about each bucket's duration."""
-    return [KernelSpec(f"{k}-{b:g}ms", k, b, _size_for(k, b)) for k in kinds for b in buckets_ms]
+def calibrate_cpu(buckets_ms: tuple[float, ...], kinds: tuple[str, ...],
+                  twins_ms: tuple[float, ...] = (), ratio: float = 1.03) -> list[KernelSpec]:
+    """Sizes whose median run time alone is about each bucket's duration (and the twins
+    of those in ``twins_ms``, see :func:`twin`)."""
+    specs = [KernelSpec(f"{k}-{b:g}ms", k, b, _size_for(k, b)) for k in kinds for b in buckets_ms]
+    return specs + [twin(k, ratio) for k in specs if k.bucket_ms in twins_ms]
 
 
 def _size_for(kind: str, target_ms: float) -> int:

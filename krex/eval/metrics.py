@@ -41,6 +41,35 @@ def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+RANK_PAIR_PCT = (1.0, 5.0)  # candidate pairs: true times this far apart
+
+
+def rank_flips(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """Candidate-rank flips: for every pair of kernels whose alone references differ by
+    1-5 %, one row per command that timed both: ``flipped`` when its measured order is
+    not the references' order (which of two close candidates is faster)."""
+    refs = references(block)
+    names = sorted(refs)
+    lo, hi = RANK_PAIR_PCT
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+             if lo <= abs(inflation_pct(refs[a], refs[b])) <= hi]
+    rows = []
+    for cmd in block["commands"]:
+        measured = {k["kernel"]: k["median_ms"] for k in cmd["kernels"] if k.get("median_ms")}
+        for a, b in pairs:
+            if a in measured and b in measured:
+                rows.append({"pair": f"{a} vs {b}",
+                             "ref_gap_pct": inflation_pct(refs[a], refs[b]),
+                             "flipped": (measured[a] < measured[b]) != (refs[a] < refs[b])})
+    return rows
+
+
+def rank_flip_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    flips = sum(r["flipped"] for r in rows)
+    return {"pairs": len({r["pair"] for r in rows}), "comparisons": len(rows), "flips": flips,
+            "rate_pct": 100 * flips / len(rows) if rows else None}
+
+
 def handoffs_us(regions: list[dict[str, Any]]) -> list[float]:
     """Release of one exclusive region -> grant of the next that was waiting, in µs."""
     spans = sorted((r for r in regions if r.get("exclusive") and not r.get("nested")),
@@ -129,6 +158,7 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "handoff_us": {
                 "n": len(hand), **quantiles(hand, (0.5, 0.95))},
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),
+            "rank_flips": rank_flip_summary([r for b in blocks for r in rank_flips(b)]),
             "regions_not_clean": len(unclean), "timed_kernels": len(kernels),
             "timed_share": sum(timed_share(b) * b["wall_s"] for b in blocks) / wall if wall else 0,
             "device_utilisation": _utilisation(blocks),

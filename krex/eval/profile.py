@@ -36,6 +36,10 @@ class Profile:
     rep_ms: float = 60.0  # timed loop per kernel, inside its region
     buckets_ms: tuple[float, ...] = BUCKETS_MS
     cpu_kinds: tuple[str, ...] = ("compute", "memory")  # one kernel per kind and bucket
+    # Candidate pairs: in these buckets every kind also gets a twin kernel whose true time
+    # is ``twin_ratio`` x its own (metrics.rank_flips: do the modes keep their order?).
+    twin_buckets_ms: tuple[float, ...] = (1.0,)
+    twin_ratio: float = 1.03
     cache: dict[str, str] = field(default_factory=lambda: {"cpu": "hot", "fakegpu": "cold"})
 
     def kinds(self, device: str) -> tuple[str, ...]:
@@ -46,7 +50,9 @@ class Profile:
 
     def timing_ms(self, device: str) -> float:
         """Nominal timing phase: warm-up plus timed loop of every kernel."""
-        return len(self.buckets_ms) * len(self.kinds(device)) * (self.warmup_ms + self.rep_ms)
+        twins = len([b for b in self.twin_buckets_ms if b in self.buckets_ms])
+        kernels = (len(self.buckets_ms) + twins) * len(self.kinds(device))
+        return kernels * (self.warmup_ms + self.rep_ms)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -55,7 +61,7 @@ class Profile:
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in data.items() if k in known}
-        for key in ("buckets_ms", "cpu_kinds"):
+        for key in ("buckets_ms", "cpu_kinds", "twin_buckets_ms"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         return cls(**kw)

@@ -64,7 +64,8 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     buckets = [f"{b:g}" for b in doc["profile"]["buckets_ms"]]
     cols = ["mode", "cmd/min", "× command", "bound", "eff. %", "bound 16c",
             *[f"p95 infl. ≥{b} ms %" for b in reversed(buckets)], "p99 ≥0.1 ms %",
-            "handoff p50 µs", "timed %", "device busy %", "not clean", "overlaps", "failed"]
+            "handoff p50 µs", "timed %", "device busy %", "not clean", "rank flips %",
+            "overlaps", "failed"]
     rows = []
     bound = doc["bound"]["per_mode_cpm"]
     node = doc["bound"]["node16_per_mode_cpm"]
@@ -78,9 +79,18 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _f(s["handoff_us"]["p50"], 0), _f(100 * s.get("timed_share", 0.0), 0),
                      _f(None if s.get("device_utilisation") is None
                         else 100 * s["device_utilisation"], 0),
-                     f"{s['regions_not_clean']}/{s['timed_kernels']}", str(s["overlaps"]),
+                     f"{s['regions_not_clean']}/{s['timed_kernels']}", _flips(s),
+                     str(s["overlaps"]),
                      str(s["failed"])])
     return cols, rows
+
+
+def _flips(summary: dict[str, Any]) -> str:
+    """``rate (flips/comparisons)``; ``–`` when no pair of kernels was 1-5 % apart."""
+    r = summary.get("rank_flips") or {}
+    if not r.get("comparisons"):
+        return "–"
+    return f"{_f(r['rate_pct'], 0)} ({r['flips']}/{r['comparisons']})"
 
 
 def kind_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

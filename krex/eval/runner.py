@@ -60,8 +60,9 @@ class EvalConfig:
 def calibrate(cfg: EvalConfig, workdir: str) -> dict[str, Any]:
     """Kernel sizes and compile size for this machine; written to ``spec.json``."""
     p = cfg.profile
-    specs = (kn.calibrate_cpu(p.buckets_ms, p.cpu_kinds) if cfg.device == "cpu"
-             else kn.device_specs(cfg.device, p.buckets_ms))
+    twins = (p.twin_buckets_ms, p.twin_ratio)
+    specs = (kn.calibrate_cpu(p.buckets_ms, p.cpu_kinds, *twins) if cfg.device == "cpu"
+             else kn.device_specs(cfg.device, p.buckets_ms, *twins))
     spec = {"device": cfg.device, "profile": p.to_dict(), "n_funcs": cc.calibrate(p.compile_ms),
             "kernels": [k.to_dict() for k in specs]}
     with open(os.path.join(workdir, "spec.json"), "w") as f:

@@ -137,6 +137,7 @@ class HostEvidence:
     locked_pids: list[int] = field(default_factory=list)  # checkpoint lock
     lock_skipped_pids: list[int] = field(default_factory=list)  # ... no CUDA context: not locked
     lock_acks_ms: dict[int, float] = field(default_factory=dict)  # pid -> lock latency
+    shield: dict[str, Any] | None = None  # unmanaged tasks kept off the cores (shield.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
