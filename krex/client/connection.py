@@ -42,7 +42,7 @@ from krex.errors import (
     from_wire,
 )
 from krex.protocol import messages as m
-from krex.protocol.address import socket_path
+from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
 from krex.workers.spec import ExecRequest, ExecResult
@@ -64,9 +64,11 @@ class Connection:
         self.path = path or socket_path()
         self.reply_timeout_s = (reply_timeout_from_env() if reply_timeout_s is None
                                 else reply_timeout_s) or None
-        if autostart and "KREX_SOCKET" not in os.environ and path is None:
-            ensure_daemon(self.path)
-        self.sock = _connect(self.path, self.reply_timeout_s)
+        self.sock = self._node_socket() if path is None else None
+        if self.sock is None:
+            if autostart and "KREX_SOCKET" not in os.environ and path is None:
+                ensure_daemon(self.path)
+            self.sock = _connect(self.path, self.reply_timeout_s)
         self._patient: set[int] = set()
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
@@ -79,6 +81,18 @@ class Connection:
             raise DaemonMismatch(f"{self.mismatch} (socket {self.path}, daemon pid "
                                  f"{self.welcome.get('daemon_pid')})",
                                  pid=self.welcome.get("daemon_pid"))
+
+    def _node_socket(self) -> socket.socket | None:
+        """Connected to the node daemon when it was chosen and answers; a stale node
+        socket (its daemon died) is passed over and ``path`` becomes our own daemon's."""
+        if not is_node_choice(self.path):
+            return None
+        try:
+            return _connect(self.path, self.reply_timeout_s)
+        except DaemonNotRunning:  # connection refused: never autostart in the node's dir
+            forget_node_socket(self.path)
+            self.path = socket_path()
+            return None
 
     def call(self, message: m.Message,
              on_output: OutputSink | None = None) -> dict[str, Any]:
