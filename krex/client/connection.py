@@ -64,11 +64,12 @@ class Connection:
         self.path = path or socket_path()
         self.reply_timeout_s = (reply_timeout_from_env() if reply_timeout_s is None
                                 else reply_timeout_s) or None
-        self.sock = self._node_socket() if path is None else None
-        if self.sock is None:
+        node = self._node_socket() if path is None else None
+        if node is None:
             if autostart and "KREX_SOCKET" not in os.environ and path is None:
                 ensure_daemon(self.path)
-            self.sock = _connect(self.path, self.reply_timeout_s)
+            node = _connect(self.path, self.reply_timeout_s)
+        self.sock: socket.socket = node
         self._patient: set[int] = set()
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
