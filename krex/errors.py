@@ -122,8 +122,9 @@ class DaemonUnresponsive(KrexError):
     """The daemon's socket accepts, but it did not answer in time (stopped, wedged)."""
 
     code = "daemon_unresponsive"
-    default_hint = ("the daemon may be stopped (SIGSTOP) or overloaded: check it with "
-                    "`krex status`; raise the wait with KREX_REPLY_TIMEOUT_S=SECONDS")
+    default_hint = ("the daemon may be stopped (SIGSTOP: `ps -o stat= -p PID` shows T) or "
+                    "overloaded; resume or restart it, or wait longer with "
+                    "KREX_REPLY_TIMEOUT_S=SECONDS")
 
 
 class AlreadyRunning(KrexError):

@@ -198,3 +198,20 @@ def test_fd_exhaustion_keeps_the_daemon_serving(chaos):
 
 def test_a_full_disk_under_the_event_log_keeps_regions_flowing(chaos):
     _passed(chaos.check_disk_full(regions=300))
+
+
+def test_krex_status_on_a_stopped_daemon_exits_with_a_clear_error(daemon):
+    from helpers import run_krex
+
+    _stop(daemon)
+    try:
+        env = {**os.environ, "KREX_REPLY_TIMEOUT_S": "1"}
+        t0 = time.monotonic()
+        out = run_krex("status", env=env, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        _cont(daemon)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("krex: error: the krex daemon (pid ")
+    assert "did not answer within 1 s" in out.stderr and "(hint: " in out.stderr
+    assert took < 10

@@ -194,7 +194,7 @@ class Connection:
         """Give up on the connection (a daemon that resumes ends what it held)."""
         self.broken = True
         self.close()
-        pid = self.welcome.get("daemon_pid") if hasattr(self, "welcome") else None
+        pid = self.welcome.get("daemon_pid") if hasattr(self, "welcome") else _lock_pid(self.path)
         who = f"the krex daemon (pid {pid})" if pid else "the krex daemon"
         return DaemonUnresponsive(f"{who} at {self.path} {what}", pid=pid,
                                   seconds=self.reply_timeout_s)
@@ -238,6 +238,15 @@ class _Watch:
     def heard(self) -> None:
         self.last_heard = time.monotonic()
         self.ping_sent = None
+
+
+def _lock_pid(path: str) -> int | None:
+    """The pid a daemon wrote in its lock file next to socket ``path`` (when readable)."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "krexd.lock")) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def reply_timeout_from_env() -> float:
