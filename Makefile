@@ -7,7 +7,7 @@ EXTRAS  ?= dev,plot
 NATIVE  := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.def' 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast bench lint clean
+.PHONY: help install demo test test-fast bench bench-chaos lint clean
 
 help:  ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +32,9 @@ test-fast: $(STAMP)  ## the tests not marked slow
 
 bench: $(STAMP)  ## all benchmarks; results in results/, tables for docs/benchmarks.md
 	$(VPY) benchmarks/run_all.py
+
+bench-chaos: $(STAMP)  ## the daemon's chaos and load checks (results/chaos.json); SOAK_S=1800 adds the soak
+	$(VPY) benchmarks/bench_chaos.py $(if $(SOAK_S),--soak-s $(SOAK_S))
 
 lint: $(STAMP)  ## ruff and the type checker (mypy; both configured in pyproject.toml)
 	$(VENV)/bin/ruff check krex tests benchmarks examples

@@ -120,6 +120,15 @@ class DaemonNotRunning(KrexError):
     default_hint = "start one with `krex serve`, or let the client auto-start it"
 
 
+class DaemonUnresponsive(KrexError):
+    """The daemon's socket accepts, but it did not answer in time (stopped, wedged)."""
+
+    code = "daemon_unresponsive"
+    default_hint = ("the daemon may be stopped (SIGSTOP: `ps -o stat= -p PID` shows T) or "
+                    "overloaded; resume or restart it, or wait longer with "
+                    "KREX_REPLY_TIMEOUT_S=SECONDS")
+
+
 class AlreadyRunning(KrexError):
     code = "already_running"
     default_hint = "use it, or stop it with `krex stop`"

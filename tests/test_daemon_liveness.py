@@ -194,3 +194,32 @@ def test_sigterm_with_a_slow_ticker_still_stops(daemon):
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGTERM)
     daemon.proc.wait(15)
+
+
+def test_programs_in_flight_per_connection_are_capped(runtime_dir, tmp_path):
+    """Each program in flight holds a daemon thread: one connection may keep only
+    --max-execs-per-connection of them running; the cap counts programs in flight,
+    not programs run (the third, after the first ended, is accepted)."""
+    from krex.protocol import messages as m
+    from krex.workers.spec import ExecRequest
+
+    prog = tmp_path / "slow.py"
+    prog.write_text("import time\ntime.sleep(float(__import__('sys').argv[1]))\n")
+    d = Daemon(str(runtime_dir), "--max-execs-per-connection", "1").start()
+
+    def exec_(seconds: str) -> m.Exec:
+        req = ExecRequest.for_path(str(prog), [seconds], cwd=str(tmp_path),
+                                   env=dict(os.environ), timeout_s=60)
+        return m.Exec(request=req.to_dict(), device="cpu")
+
+    try:
+        with d.client() as c:
+            first = c.conn.send(exec_("2"))
+            second = c.conn.send(exec_("0"))
+            with pytest.raises(LimitExceeded):
+                c.conn.wait_reply(second)
+            assert c.conn.wait_reply(first, lambda s, t: None)["result"]["status"] == "ok"
+            third = c.conn.wait_reply(c.conn.send(exec_("0")), lambda s, t: None)
+            assert third["result"]["status"] == "ok"
+    finally:
+        d.stop()

@@ -171,3 +171,77 @@ def test_the_systemd_unit_starts_a_node_daemon_with_flags_krex_serve_takes():
     assert argv[1:4] == ["serve", "--node", "--group"]
     helptext = run_krex("serve", "--help").stdout
     assert all(a in helptext for a in argv if a.startswith("--"))
+
+
+FALLBACK = r"""
+import json, os, sys, time
+import krex
+import importlib
+r = importlib.import_module("krex.client.region")
+
+timings, conns = [], set()
+for _ in range(20):
+    t0 = time.perf_counter()
+    with krex.region("cpu"):
+        pass
+    timings.append(time.perf_counter() - t0)
+    conns.add(id(r._state.conn))
+print(json.dumps({"path": r._state.conn.path, "connections": len(conns),
+                  "first_s": timings[0], "later_max_s": max(timings[1:])}))
+"""
+
+
+def _stale_socket(path: str) -> None:
+    """What a SIGKILLed node daemon leaves: a socket file nobody listens on."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.close()
+
+
+def test_a_dead_node_daemons_socket_falls_back_to_the_per_user_daemon(tmp_path):
+    """Before: the client took the stale node socket (it exists and is ours to open),
+    autostart tried to start a daemon in the node's directory, and every region
+    failed with daemon_not_running.  Now: one refused connect, then the per-user
+    daemon (autostarted), one connection reused by every later region; and a node
+    daemon that comes back (a new socket) is found again."""
+    import subprocess
+
+    from helpers import PY
+
+    node, xdg = tmp_path / "node", tmp_path / "xdg"
+    node.mkdir(mode=0o700)
+    xdg.mkdir(mode=0o700)
+    _stale_socket(str(node / "krexd.sock"))
+    env = {k: v for k, v in os.environ.items() if k not in ("KREX_RUNTIME_DIR", "KREX_SOCKET")}
+    env.update(KREX_NODE_DIR=str(node), XDG_RUNTIME_DIR=str(xdg), KREX_IDLE_EXIT_S="30")
+    own = xdg / "krex"
+    try:
+        out = subprocess.run([PY, "-c", FALLBACK], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout)
+        assert got["path"] == str(own / "krexd.sock")
+        assert got["connections"] == 1, "a new connection per region: the fallback is redone"
+        assert not (node / "krexd.lock").exists(), "tried to start a daemon in the node dir"
+        node_daemon = Daemon(str(node)).start()  # a node daemon again: a new socket
+        try:
+            out = subprocess.run([PY, "-c", FALLBACK], env=env, capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr[-2000:]
+            assert json.loads(out.stdout)["path"] == str(node / "krexd.sock")
+        finally:
+            node_daemon.stop()
+    finally:
+        for rt in (own, node):  # (before the fix, one was autostarted in the node dir)
+            with contextlib.suppress(KrexError, OSError):
+                Client(str(rt / "krexd.sock"), autostart=False,
+                       check_installation=False).stop()
+                _wait_gone(rt / "krexd.sock")
+
+
+def _wait_gone(path, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -7,6 +7,18 @@ keeps one per thread).  Replies are matched to requests by id; a
 with ``cancel``, so the daemon never grants it to nobody; where even that
 fails the connection is closed (the daemon then ends everything it held) and
 marked ``broken``.  ``regions`` and ``jobs`` come in pages.
+
+No call waits forever on a daemon that stopped answering (SIGSTOP, a wedge):
+a request the daemon answers at once (``status``, ``release``, the
+handshake, ...) must be answered within ``reply_timeout_s``; a wait that may
+legitimately be long (``acquire`` queued behind other holders, ``exec``
+running a program) is not timed itself, but after ``probe_after_s`` of
+silence the client sends ``ping`` on the same connection and that must be
+answered within ``reply_timeout_s``.  A long queue is therefore never taken
+for a dead daemon, and a stopped daemon is noticed within about
+``probe_after_s + reply_timeout_s``.  Then :class:`~krex.errors.DaemonUnresponsive`
+is raised and the connection is closed, so a daemon that resumes ends
+whatever the connection held or waited for.
 """
 
 from __future__ import annotations
@@ -17,13 +29,21 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.autostart import ensure_daemon
-from krex.errors import AccessDenied, DaemonMismatch, DaemonNotRunning, KrexError, from_wire
+from krex.errors import (
+    AccessDenied,
+    DaemonMismatch,
+    DaemonNotRunning,
+    DaemonUnresponsive,
+    KrexError,
+    from_wire,
+)
 from krex.protocol import messages as m
-from krex.protocol.address import socket_path
+from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
 from krex.workers.spec import ExecRequest, ExecResult
@@ -33,6 +53,9 @@ CANCEL_TIMEOUT_S = 5.0
 # acts for one: ``exec``/``submit``/``execute`` send it unless given a ``tenant``.
 ACTING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("krex_acting_for",
                                                                        default=None)
+REPLY_TIMEOUT_S = 20.0  # a request the daemon answers at once (KREX_REPLY_TIMEOUT_S; 0: none)
+PROBE_AFTER_S = 5.0  # silence in a long wait (acquire, exec) after which we ping
+PATIENT = ("acquire", "exec")  # requests whose reply may legitimately take long
 OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
 
 
@@ -41,11 +64,18 @@ class Connection:
     (:class:`~krex.errors.DaemonMismatch`); ``krex status`` and ``krex stop`` talk to any."""
 
     def __init__(self, path: str | None = None, *, autostart: bool = True,
-                 client: str = "python", check_installation: bool = True) -> None:
+                 client: str = "python", check_installation: bool = True,
+                 reply_timeout_s: float | None = None) -> None:
         self.path = path or socket_path()
-        if autostart and "KREX_SOCKET" not in os.environ and path is None:
-            ensure_daemon(self.path)
-        self.sock = _connect(self.path)
+        self.reply_timeout_s = (reply_timeout_from_env() if reply_timeout_s is None
+                                else reply_timeout_s) or None
+        node = self._node_socket() if path is None else None
+        if node is None:
+            if autostart and "KREX_SOCKET" not in os.environ and path is None:
+                ensure_daemon(self.path)
+            node = _connect(self.path, self.reply_timeout_s)
+        self.sock: socket.socket = node
+        self._patient: set[int] = set()
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
         self.revoked: dict[int, str] = {}
@@ -57,6 +87,18 @@ class Connection:
             raise DaemonMismatch(f"{self.mismatch} (socket {self.path}, daemon pid "
                                  f"{self.welcome.get('daemon_pid')})",
                                  pid=self.welcome.get("daemon_pid"))
+
+    def _node_socket(self) -> socket.socket | None:
+        """Connected to the node daemon when it was chosen and answers; a stale node
+        socket (its daemon died) is passed over and ``path`` becomes our own daemon's."""
+        if not is_node_choice(self.path):
+            return None
+        try:
+            return _connect(self.path, self.reply_timeout_s)
+        except DaemonNotRunning:  # connection refused: never autostart in the node's dir
+            forget_node_socket(self.path)
+            self.path = socket_path()
+            return None
 
     def call(self, message: m.Message,
              on_output: OutputSink | None = None) -> dict[str, Any]:
@@ -71,10 +113,16 @@ class Connection:
         rid = next(self._ids)
         payload = message.to_dict()
         payload["id"] = rid
+        data = encode_frame(payload)
         try:
-            self.sock.sendall(encode_frame(payload))
+            self.sock.settimeout(self.reply_timeout_s)
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise self._unresponsive("took no request") from None
         except OSError as exc:
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+        if message.type in PATIENT:
+            self._patient.add(rid)
         return rid
 
     def acquire(self, message: m.Acquire) -> dict[str, Any]:
@@ -94,9 +142,7 @@ class Connection:
         """Withdraw the acquire ``acquire`` (a region granted meanwhile is released).
         If that cannot be done, close the connection: the daemon ends its regions."""
         try:
-            self.sock.settimeout(timeout_s)
-            self.wait_reply(self.send(m.Cancel(acquire=acquire)))
-            self.sock.settimeout(None)
+            self.wait_reply(self.send(m.Cancel(acquire=acquire)), timeout_s=timeout_s)
         except (KrexError, OSError):  # the caller's own exception is the one to see
             self.broken = True
             self.close()
@@ -105,13 +151,19 @@ class Connection:
             self.close()
             raise
 
-    def wait_reply(self, rid: int,
-                   on_output: OutputSink | None = None) -> dict[str, Any]:
+    def wait_reply(self, rid: int, on_output: OutputSink | None = None, *,
+                   timeout_s: float | None = None) -> dict[str, Any]:
+        """The reply to request ``rid``; any frame in between proves the daemon alive.
+
+        ``timeout_s`` (default ``reply_timeout_s``) bounds the silence: see the module."""
+        patient = rid in self._patient
+        self._patient.discard(rid)
+        watch = _Watch(timeout_s or self.reply_timeout_s, patient)
         while True:
-            try:
-                data = self.reader.read()
-            except (ConnectionClosed, OSError) as exc:
-                raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+            data = self._read(watch)
+            if data is None:  # silent for the probe interval: is the daemon there?
+                watch.pinged(self.send(m.Ping()))
+                continue
             kind = data.get("type")
             if kind == "revoked":
                 self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
@@ -126,6 +178,32 @@ class Connection:
                 raise from_wire(data)
             return data.get("data") or {}
 
+    def _read(self, watch: _Watch) -> dict[str, Any] | None:
+        """The next frame; None when it is time to ping; raise when the daemon is silent."""
+        wait = watch.wait_s()
+        if wait is not None and wait <= 0:
+            if watch.may_ping():
+                return None
+            raise self._unresponsive(f"did not answer within {watch.limit_s:g} s")
+        try:
+            self.sock.settimeout(wait)
+            data = self.reader.read()
+        except TimeoutError:
+            return self._read(watch)
+        except (ConnectionClosed, OSError) as exc:
+            raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+        watch.heard()
+        return data
+
+    def _unresponsive(self, what: str) -> DaemonUnresponsive:
+        """Give up on the connection (a daemon that resumes ends what it held)."""
+        self.broken = True
+        self.close()
+        pid = self.welcome.get("daemon_pid") if hasattr(self, "welcome") else _lock_pid(self.path)
+        who = f"the krex daemon (pid {pid})" if pid else "the krex daemon"
+        return DaemonUnresponsive(f"{who} at {self.path} {what}", pid=pid,
+                                  seconds=self.reply_timeout_s)
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -133,10 +211,87 @@ class Connection:
             pass
 
 
-def _connect(path: str) -> socket.socket:
+class _Watch:
+    """How long a wait for a reply may stay silent (``limit_s`` None: forever).
+
+    Impatient: ``limit_s`` from the last frame heard.  Patient: a ``ping`` after
+    ``probe_after_s`` of silence, then ``limit_s`` for any frame."""
+
+    def __init__(self, limit_s: float | None, patient: bool) -> None:
+        self.limit_s = limit_s
+        self.patient = patient and limit_s is not None
+        self.probe_after_s = min(PROBE_AFTER_S, limit_s / 2) if limit_s else None
+        self.last_heard = time.monotonic()
+        self.ping_sent: float | None = None
+
+    def wait_s(self) -> float | None:
+        if self.limit_s is None:
+            return None
+        if not self.patient:
+            return self.last_heard + self.limit_s - time.monotonic()
+        if self.ping_sent is None:
+            assert self.probe_after_s is not None
+            return self.last_heard + self.probe_after_s - time.monotonic()
+        return self.ping_sent + self.limit_s - time.monotonic()
+
+    def may_ping(self) -> bool:
+        return self.patient and self.ping_sent is None
+
+    def pinged(self, _rid: int) -> None:
+        self.ping_sent = time.monotonic()
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+        self.ping_sent = None
+
+
+def _lock_pid(path: str) -> int | None:
+    """The pid a daemon wrote in its lock file next to socket ``path`` (when readable)."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "krexd.lock")) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reply_timeout_from_env() -> float:
+    """``$KREX_REPLY_TIMEOUT_S`` (seconds; 0: wait forever), else the default."""
+    raw = os.environ.get("KREX_REPLY_TIMEOUT_S")
+    if not raw:
+        return REPLY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise KrexError(f"KREX_REPLY_TIMEOUT_S={raw!r} is not a number of seconds",
+                        hint="set it to seconds (e.g. 20), or 0 to wait forever") from None
+    return max(value, 0.0)
+
+
+def _connect(path: str, timeout_s: float | None = None) -> socket.socket:
+    """Connect; a full listen backlog (a stopped daemon, or one out of file descriptors)
+    is retried until ``timeout_s``, then :class:`~krex.errors.DaemonUnresponsive`."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        try:
+            return _connect_once(path, timeout_s)
+        except (BlockingIOError, TimeoutError):  # backlog full (with a timeout: EAGAIN)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DaemonUnresponsive(
+                    f"the krex daemon at {path} accepted no connection within {timeout_s:g} s "
+                    "(its backlog is full)", seconds=timeout_s) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+
+def _connect_once(path: str, timeout_s: float | None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
     try:
         sock.connect(path)
+    except (BlockingIOError, TimeoutError):
+        sock.close()
+        raise
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         raise DaemonNotRunning(f"no krex daemon at {path} ({exc.strerror})") from None
@@ -153,8 +308,9 @@ class Client:
     """The Python API to a node daemon: jobs, regions, status."""
 
     def __init__(self, path: str | None = None, *, autostart: bool = True,
-                 check_installation: bool = True) -> None:
-        self.conn = Connection(path, autostart=autostart, check_installation=check_installation)
+                 check_installation: bool = True, reply_timeout_s: float | None = None) -> None:
+        self.conn = Connection(path, autostart=autostart, check_installation=check_installation,
+                               reply_timeout_s=reply_timeout_s)
         self._lock = threading.Lock()
 
     def _call(self, message: m.Message,

@@ -236,6 +236,9 @@ class Daemon:
     def _on_status(self, session: Session, msg: m.Status) -> dict[str, Any]:
         return self.status(session.peer)
 
+    def _on_ping(self, session: Session, msg: m.Ping) -> dict[str, Any]:
+        return {"pong": True}
+
     def _on_regions(self, session: Session, msg: m.Regions) -> dict[str, Any]:
         rows, more = self._page(list(self.finished), session.peer, msg.job_ids, msg.limit,
                                 msg.before)

@@ -6,7 +6,10 @@ A node daemon (``krex serve --node``) serves every user from
 ``$XDG_RUNTIME_DIR/krex``, else ``/tmp/krex-<uid>``.  Clients take
 ``$KREX_SOCKET`` when set (it is what managed jobs get), else the per-user
 directory named by ``$KREX_RUNTIME_DIR``, else the node daemon's socket when
-one is there and this user may use it, else the per-user one.
+one is there and this user may use it, else the per-user one.  A node socket
+left behind by a dead node daemon (connection refused) is remembered by its
+identity (device, inode) and passed over until a new node daemon binds a new
+one, so clients fall back to their own daemon once, at no cost afterwards.
 """
 
 from __future__ import annotations
@@ -25,16 +28,39 @@ def node_dir() -> str:
     return os.environ.get("KREX_NODE_DIR") or NODE_DIR
 
 
+_stale: set[tuple[str, int, int]] = set()  # node sockets that refused us: (path, dev, ino)
+
+
 def node_socket() -> str | None:
-    """The node daemon's socket when one is there and this user may connect to it."""
+    """The node daemon's socket when one is there, this user may connect to it, and it
+    is not one a dead daemon left (:func:`forget_node_socket`)."""
     path = os.path.join(node_dir(), SOCKET_NAME)
     try:
         st = os.stat(path)
     except OSError:
         return None
+    if (path, st.st_dev, st.st_ino) in _stale:
+        return None
     if stat.S_ISSOCK(st.st_mode) and os.access(path, os.R_OK | os.W_OK):
         return path
     return None
+
+
+def is_node_choice(path: str) -> bool:
+    """True when ``path`` is the node socket chosen by :func:`socket_path` (not named by
+    ``$KREX_SOCKET``): a refused connection there may fall back to the per-user daemon."""
+    return (not os.environ.get("KREX_SOCKET") and not os.environ.get("KREX_RUNTIME_DIR")
+            and path == os.path.join(node_dir(), SOCKET_NAME))
+
+
+def forget_node_socket(path: str) -> None:
+    """The node socket ``path`` refused a connection: pass it over from now on (until a
+    node daemon binds a new socket there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _stale.add((path, st.st_dev, st.st_ino))
 
 
 def runtime_dir() -> str:

@@ -137,6 +137,13 @@ class Status(Message):
 
 
 @dataclass(frozen=True)
+class Ping(Message):
+    """Liveness: answered at once, whatever else the connection waits for."""
+
+    type: ClassVar[str] = "ping"
+
+
+@dataclass(frozen=True)
 class Regions(Message):
     """Recent finished regions, optionally only those of some jobs."""
 
