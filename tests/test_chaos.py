@@ -215,3 +215,38 @@ def test_krex_status_on_a_stopped_daemon_exits_with_a_clear_error(daemon):
     assert out.stderr.startswith("krex: error: the krex daemon (pid ")
     assert "did not answer within 1 s" in out.stderr and "(hint: " in out.stderr
     assert took < 10
+
+
+def test_krex_exec_on_a_stopped_daemon_pings_and_exits_with_a_clear_error(daemon, tmp_path):
+    """The CLI's lean path (krex.cli.lean) waits patiently for a running program, but a
+    daemon that also leaves its ping unanswered is given up: before the shared
+    krex.protocol.liveness it hung forever (the negative control: the same call with
+    no reply timeout is still waiting when it is stopped)."""
+    import subprocess
+
+    from helpers import PY, run_krex
+
+    prog = tmp_path / "p.py"
+    prog.write_text("print('hi')\n")
+    assert run_krex("exec", str(prog)).returncode == 0  # a warm worker, a served daemon
+    _stop(daemon)
+    try:
+        env = {**os.environ, "KREX_REPLY_TIMEOUT_S": "1"}
+        t0 = time.monotonic()
+        out = run_krex("exec", str(prog), env=env, timeout=30)
+        took = time.monotonic() - t0
+        forever = subprocess.Popen([PY, "-m", "krex", "exec", str(prog)],
+                                   env={**os.environ, "KREX_REPLY_TIMEOUT_S": "0"},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                forever.wait(timeout=3)
+        finally:
+            forever.kill()
+            forever.communicate()
+    finally:
+        _cont(daemon)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("krex: error: the krex daemon (pid "), out.stderr
+    assert "did not answer within 1 s" in out.stderr and "(hint: " in out.stderr
+    assert took < 10

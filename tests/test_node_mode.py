@@ -245,3 +245,37 @@ def _wait_gone(path, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_the_lean_cli_passes_over_a_dead_node_daemons_socket(tmp_path):
+    """`krex exec` (the CLI's lean path, krex.cli.lean) with a stale node socket: one
+    refused connect, then the per-user daemon, autostarted in the user's own directory
+    (never in the node's).  Control: with the node socket named explicitly
+    ($KREX_SOCKET) there is no fallback, and the error names the node socket."""
+    import subprocess
+
+    from helpers import PY
+
+    node, xdg = tmp_path / "node", tmp_path / "xdg"
+    node.mkdir(mode=0o700)
+    xdg.mkdir(mode=0o700)
+    _stale_socket(str(node / "krexd.sock"))
+    prog = tmp_path / "p.py"
+    prog.write_text("print('served')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KREX_RUNTIME_DIR", "KREX_SOCKET")}
+    env.update(KREX_NODE_DIR=str(node), XDG_RUNTIME_DIR=str(xdg), KREX_IDLE_EXIT_S="30")
+    own = xdg / "krex"
+    try:
+        out = subprocess.run([PY, "-m", "krex", "exec", str(prog)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout == "served\n", out.stderr[-2000:]
+        assert (own / "krexd.sock").exists()
+        assert not (node / "krexd.lock").exists(), "tried to start a daemon in the node dir"
+        named = subprocess.run([PY, "-m", "krex", "exec", str(prog)],
+                               env={**env, "KREX_SOCKET": str(node / "krexd.sock")},
+                               capture_output=True, text=True, timeout=120)
+        assert named.returncode != 0 and f"no krex daemon at {node}" in named.stderr, named.stderr
+    finally:
+        with contextlib.suppress(KrexError, OSError):
+            Client(str(own / "krexd.sock"), autostart=False, check_installation=False).stop()
+            _wait_gone(own / "krexd.sock")

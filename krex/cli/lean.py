@@ -72,41 +72,53 @@ class Link:
 
     def __init__(self, *, autostart: bool) -> None:
         from krex.protocol.address import socket_path  # stdlib and krex.errors only
+        from krex.protocol.liveness import reply_timeout_from_env
 
         self.path = socket_path()
+        self.limit_s = reply_timeout_from_env() or None
         self.sock = self._connect(autostart and "KREX_SOCKET" not in os.environ)
         self._buf = b""
         self._ids = 0
+        self.welcome: dict = {}
         self.welcome = self.call({"type": "hello", "version": VERSION, "client": "cli"})
         self.mismatch = _mismatch(self.welcome)
 
     def _connect(self, autostart: bool) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(self.path)
-            return sock
-        except OSError:
-            sock.close()
-        # No daemon (or no access): the full client starts one, or says why not.
+        from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
+
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.limit_s)
+            try:
+                sock.connect(self.path)
+                return sock
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+                if not is_node_choice(self.path):
+                    break
+                forget_node_socket(self.path)  # a dead node daemon's socket: use our own
+                self.path = socket_path()
+            except OSError:
+                sock.close()
+                break
+        # No daemon, no access or a full backlog: the full client starts one, or says why not.
         from krex.client.connection import _connect
 
         if autostart:
             from krex.client.autostart import ensure_daemon
 
             ensure_daemon(self.path)
-        return _connect(self.path)
+        return _connect(self.path, self.limit_s)
 
     def call(self, message: dict, on_output: object = None) -> dict:
         """Send ``message``; its reply's data.  ``output`` frames go to ``on_output``."""
-        self._ids += 1
-        body = json.dumps({**message, "id": self._ids}, separators=(",", ":")).encode()
-        try:
-            self.sock.sendall(len(body).to_bytes(4, "big") + body)
-        except OSError as exc:
-            raise _daemon_gone(exc) from None
+        from krex.protocol.liveness import PATIENT, Watch
+
+        rid = self._send(message)
+        watch = Watch(self.limit_s, message["type"] in PATIENT)
         while True:
-            data = self._read()
-            if data.get("re") not in (self._ids, None) or data.get("type") == "revoked":
+            data = self._read(watch)
+            if data.get("re") not in (rid, None) or data.get("type") == "revoked":
                 continue
             if data.get("type") == "output":
                 _echo(str(data.get("stream")), str(data.get("data", "")))
@@ -117,30 +129,61 @@ class Link:
                 raise from_wire(data)
             return data.get("data") or {}
 
-    def _read(self) -> dict:
-        length = int.from_bytes(self._take(4), "big")
+    def _send(self, message: dict) -> int:
+        self._ids += 1
+        body = json.dumps({**message, "id": self._ids}, separators=(",", ":")).encode()
+        try:
+            self.sock.settimeout(self.limit_s)
+            self.sock.sendall(len(body).to_bytes(4, "big") + body)
+        except OSError as exc:
+            raise _daemon_gone(exc) from None
+        return self._ids
+
+    def _read(self, watch: object) -> dict:
+        length = int.from_bytes(self._take(4, watch), "big")
         if length > MAX_FRAME:
             from krex.errors import FrameTooLarge
 
             raise FrameTooLarge(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
-        data = json.loads(self._take(length))
+        data = json.loads(self._take(length, watch))
         if not isinstance(data, dict):
             from krex.errors import ProtocolError
 
             raise ProtocolError("malformed frame from the daemon: not a JSON object")
         return data
 
-    def _take(self, n: int) -> bytes:
+    def _take(self, n: int, watch) -> bytes:  # watch: krex.protocol.liveness.Watch
+        """``n`` bytes; any byte heard proves the daemon alive (see krex.protocol.liveness)."""
         while len(self._buf) < n:
+            wait = watch.wait_s()
+            if wait is not None and wait <= 0:
+                if watch.may_ping():
+                    watch.pinged(self._send({"type": "ping"}))
+                    continue
+                raise self._unresponsive(watch.limit_s)
             try:
+                self.sock.settimeout(wait)
                 chunk = self.sock.recv(max(1 << 16, n - len(self._buf)))
+            except TimeoutError:
+                continue
             except OSError as exc:
                 raise _daemon_gone(exc) from None
             if not chunk:
                 raise _daemon_gone("peer closed the connection")
+            watch.heard()
             self._buf += chunk
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
+
+    def _unresponsive(self, limit_s: float) -> Exception:
+        from krex.errors import DaemonUnresponsive
+        from krex.protocol.liveness import lock_pid
+
+        self.sock.close()
+        pid = self.welcome.get("daemon_pid") or lock_pid(self.path)
+        who = f"the krex daemon (pid {pid})" if pid else "the krex daemon"
+        return DaemonUnresponsive(f"{who} at {self.path} did not answer within {limit_s:g} s",
+                                  pid=pid, seconds=limit_s)
 
     def close(self) -> None:
         self.sock.close()

@@ -46,6 +46,7 @@ from krex.protocol import messages as m
 from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
+from krex.protocol.liveness import PATIENT, Watch, lock_pid, reply_timeout_from_env
 from krex.workers.spec import ExecRequest, ExecResult
 
 CANCEL_TIMEOUT_S = 5.0
@@ -53,9 +54,6 @@ CANCEL_TIMEOUT_S = 5.0
 # acts for one: ``exec``/``submit``/``execute`` send it unless given a ``tenant``.
 ACTING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("krex_acting_for",
                                                                        default=None)
-REPLY_TIMEOUT_S = 20.0  # a request the daemon answers at once (KREX_REPLY_TIMEOUT_S; 0: none)
-PROBE_AFTER_S = 5.0  # silence in a long wait (acquire, exec) after which we ping
-PATIENT = ("acquire", "exec")  # requests whose reply may legitimately take long
 OutputSink = Callable[[str, str], object]  # (stream, text) of a running program; result unused
 
 
@@ -158,7 +156,7 @@ class Connection:
         ``timeout_s`` (default ``reply_timeout_s``) bounds the silence: see the module."""
         patient = rid in self._patient
         self._patient.discard(rid)
-        watch = _Watch(timeout_s or self.reply_timeout_s, patient)
+        watch = Watch(timeout_s or self.reply_timeout_s, patient)
         while True:
             data = self._read(watch)
             if data is None:  # silent for the probe interval: is the daemon there?
@@ -178,7 +176,7 @@ class Connection:
                 raise from_wire(data)
             return data.get("data") or {}
 
-    def _read(self, watch: _Watch) -> dict[str, Any] | None:
+    def _read(self, watch: Watch) -> dict[str, Any] | None:
         """The next frame; None when it is time to ping; raise when the daemon is silent."""
         wait = watch.wait_s()
         if wait is not None and wait <= 0:
@@ -199,7 +197,7 @@ class Connection:
         """Give up on the connection (a daemon that resumes ends what it held)."""
         self.broken = True
         self.close()
-        pid = self.welcome.get("daemon_pid") if hasattr(self, "welcome") else _lock_pid(self.path)
+        pid = self.welcome.get("daemon_pid") if hasattr(self, "welcome") else lock_pid(self.path)
         who = f"the krex daemon (pid {pid})" if pid else "the krex daemon"
         return DaemonUnresponsive(f"{who} at {self.path} {what}", pid=pid,
                                   seconds=self.reply_timeout_s)
@@ -209,62 +207,6 @@ class Connection:
             self.sock.close()
         except OSError:
             pass
-
-
-class _Watch:
-    """How long a wait for a reply may stay silent (``limit_s`` None: forever).
-
-    Impatient: ``limit_s`` from the last frame heard.  Patient: a ``ping`` after
-    ``probe_after_s`` of silence, then ``limit_s`` for any frame."""
-
-    def __init__(self, limit_s: float | None, patient: bool) -> None:
-        self.limit_s = limit_s
-        self.patient = patient and limit_s is not None
-        self.probe_after_s = min(PROBE_AFTER_S, limit_s / 2) if limit_s else None
-        self.last_heard = time.monotonic()
-        self.ping_sent: float | None = None
-
-    def wait_s(self) -> float | None:
-        if self.limit_s is None:
-            return None
-        if not self.patient:
-            return self.last_heard + self.limit_s - time.monotonic()
-        if self.ping_sent is None:
-            assert self.probe_after_s is not None
-            return self.last_heard + self.probe_after_s - time.monotonic()
-        return self.ping_sent + self.limit_s - time.monotonic()
-
-    def may_ping(self) -> bool:
-        return self.patient and self.ping_sent is None
-
-    def pinged(self, _rid: int) -> None:
-        self.ping_sent = time.monotonic()
-
-    def heard(self) -> None:
-        self.last_heard = time.monotonic()
-        self.ping_sent = None
-
-
-def _lock_pid(path: str) -> int | None:
-    """The pid a daemon wrote in its lock file next to socket ``path`` (when readable)."""
-    try:
-        with open(os.path.join(os.path.dirname(path), "krexd.lock")) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def reply_timeout_from_env() -> float:
-    """``$KREX_REPLY_TIMEOUT_S`` (seconds; 0: wait forever), else the default."""
-    raw = os.environ.get("KREX_REPLY_TIMEOUT_S")
-    if not raw:
-        return REPLY_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise KrexError(f"KREX_REPLY_TIMEOUT_S={raw!r} is not a number of seconds",
-                        hint="set it to seconds (e.g. 20), or 0 to wait forever") from None
-    return max(value, 0.0)
 
 
 def _connect(path: str, timeout_s: float | None = None) -> socket.socket:
