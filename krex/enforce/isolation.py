@@ -88,7 +88,10 @@ class CpuIsolation:
         if self._planned:
             return
         for d, _ in self._cpuset_dirs():
-            self.cpusets[d] = read(d + "/cpuset.cpus")
+            try:
+                self.cpusets[d] = read(d + "/cpuset.cpus")
+            except FileNotFoundError:  # the job ended meanwhile: nothing of it to move
+                continue
         for refs in processes_of([t for t, _ in self._jobs()]):
             for ref in refs:
                 self._snapshot(ref)
@@ -120,9 +123,14 @@ class CpuIsolation:
     def apply(self) -> None:
         self._plan()
         for d, is_holder in self._cpuset_dirs():
+            if d not in self.cpusets:
+                continue
             wanted = _cpulist(self.cores if is_holder else self.rest)
             if _parse_cpulist(self.cpusets[d]) != _parse_cpulist(wanted):
-                write(d + "/cpuset.cpus", wanted)
+                try:
+                    write(d + "/cpuset.cpus", wanted)
+                except FileNotFoundError:  # ended between the plan and now
+                    del self.cpusets[d]
         for _round in range(3):  # threads started while we were moving others
             if not self._place_all():
                 return
