@@ -421,3 +421,56 @@ def test_node_scope_freezes_each_device_subtree_once(backend, tmp_path, instance
             ["dev-cpu", "dev-fakegpu_0"], frozen_writes
     finally:
         _end(sibs, holder)
+
+
+PROBE_BASES = r"""
+import json
+from krex.enforce.cgroups import CgroupLayout
+layout = CgroupLayout.probe()
+print(json.dumps(layout.bases()))
+"""
+
+
+def test_a_daemon_started_inside_a_krex_tree_puts_its_own_beside_it(tmp_path):
+    """Found by the suite: a test process adopted as a holder by a daemon that was then
+    SIGKILLed stays in that daemon's holder slot; the next daemon it started made its
+    tree *inside* the dead one (nested krex-<a>/hold-cpu/krex-<b>/...), so its sweep
+    never saw the dead tree and the test process kept one core for the rest of the run.
+    Now the base is cut at the first krex- component.  Control: a caller in a plain
+    (non-krex) cgroup keeps it as its base."""
+    layout = CgroupLayout.probe()
+    if not layout.cpuset_writable or not layout.cpuset:
+        pytest.skip(f"no writable v1 cpuset: {layout.reasons}")
+    root = layout.mounts["cpuset"]
+    dead = os.path.join(root, f"krex-d{os.getpid()}-1")  # no such daemon: a dead instance
+    plain = os.path.join(root, f"plaintest-{os.getpid()}")
+    made = []
+    try:
+        for d in (dead, dead + "/hold-cpu", plain):
+            os.mkdir(d)
+            made.append(d)
+            for f in ("cpuset.mems", "cpuset.cpus"):
+                with open(os.path.join(os.path.dirname(d), f)) as src:
+                    value = src.read().strip()
+                with open(os.path.join(d, f), "w") as dst:
+                    dst.write(value)
+        bases = {}
+        for where in (dead + "/hold-cpu", plain):
+            proc = spawn([PY, "-c", "import sys; sys.stdin.read(); exec(sys.argv[1])",
+                          PROBE_BASES], stdin=-1, stdout=-1)
+            try:
+                with open(where + "/cgroup.procs", "w") as f:
+                    f.write(str(proc.pid))
+                out, _ = proc.communicate("", timeout=60)
+            finally:
+                reap(proc)
+            bases[where] = json.loads(out)["cpuset"]
+        assert bases[dead + "/hold-cpu"] == root.rstrip("/") or \
+            os.path.realpath(bases[dead + "/hold-cpu"]) == os.path.realpath(root), bases
+        assert os.path.realpath(bases[plain]) == os.path.realpath(plain), bases  # control
+    finally:
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass

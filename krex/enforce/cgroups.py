@@ -69,11 +69,23 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
     return out
 
 
+def _outside_krex(path: str) -> str:
+    """``path`` cut at its first ``krex-`` component: a daemon started by a process that
+    sits in a krex tree (a holder adopted by a daemon that then died, a job) puts its own
+    tree beside that one, where its sweep finds it -- never nested inside it."""
+    parts = path.strip("/").split("/")
+    for i, part in enumerate(parts):
+        if part.startswith(_PREFIX):
+            parts = parts[:i]
+            break
+    return "/".join(parts)
+
+
 def _own_v2_dir(root: str) -> str:
     with open("/proc/self/cgroup") as f:
         for line in f:
             if line.startswith("0::"):
-                return os.path.join(root, line[3:].strip().lstrip("/"))
+                return os.path.join(root, _outside_krex(line[3:].strip()))
     return root
 
 
@@ -84,7 +96,7 @@ def _own_v1_dir(mount: str, controller: str) -> str:
             for line in f:
                 _, names, path = line.rstrip("\n").split(":", 2)
                 if controller in names.split(","):
-                    own = os.path.join(mount, path.lstrip("/"))
+                    own = os.path.join(mount, _outside_krex(path))
                     return own if os.path.isdir(own) else mount
     except (OSError, ValueError):
         pass
