@@ -123,17 +123,20 @@ class Pools:
             self._in_flight.pop(session, None)
 
     def _run(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
+        # The program stops counting against its connection before its reply is sent: a
+        # client that sends its next program on the reply must not find the cap full.
         try:
-            self._execute(session, msg, device, tenant)
+            reply = self._execute(session, msg, device, tenant)
         finally:
             self._done(session)
+        session.push(reply)
 
-    def _execute(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
+    def _execute(self, session: Session, msg: m.Exec, device: str,
+                 tenant: str | None) -> m.Message:
         try:
             req = ExecRequest.from_dict(msg.request)
         except (TypeError, ValueError, KeyError) as exc:
-            session.push(m.ErrorReply.of(WorkerFailed(f"bad exec request: {exc}"), msg.id))
-            return
+            return m.ErrorReply.of(WorkerFailed(f"bad exec request: {exc}"), msg.id)
         if tenant is not None:
             req.env = {**(req.env or {}), "KREX_TENANT": tenant}
         try:
@@ -141,9 +144,8 @@ class Pools:
             result = pool.submit(req, lambda stream, text: session.push(
                 m.Output(re=msg.id, stream=stream, data=text)))
         except KrexError as exc:
-            session.push(m.ErrorReply.of(exc, msg.id))
-            return
-        session.push(m.Reply(re=msg.id, data={"result": result.to_dict()}))
+            return m.ErrorReply.of(exc, msg.id)
+        return m.Reply(re=msg.id, data={"result": result.to_dict()})
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -69,13 +69,16 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
     return out
 
 
+_INSTANCE_DIR = re.compile(r"^krex-[a-z]*\d+-\d+$")  # krex-<instance>, krex-shield<pid>-<t>
+
+
 def _outside_krex(path: str) -> str:
-    """``path`` cut at its first ``krex-`` component: a daemon started by a process that
+    """``path`` cut at its first ``krex-<instance>`` component: a daemon started by a process that
     sits in a krex tree (a holder adopted by a daemon that then died, a job) puts its own
     tree beside that one, where its sweep finds it -- never nested inside it."""
     parts = path.strip("/").split("/")
     for i, part in enumerate(parts):
-        if part.startswith(_PREFIX):
+        if _INSTANCE_DIR.match(part):
             parts = parts[:i]
             break
     return "/".join(parts)
