@@ -124,15 +124,10 @@ def _status_ok(d: Daemon) -> bool:
 
 
 INTERRUPTED = textwrap.dedent("""
-    import signal, sys, time
+    import time
     import krex
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)
-    try:
+    try:  # the test sends SIGINT (Ctrl-C) once this request is queued
         with krex.region("cpu", label="interrupted"):
             print("granted", flush=True)
     except KeyboardInterrupt:
@@ -141,18 +136,35 @@ INTERRUPTED = textwrap.dedent("""
 """)
 
 
-def test_an_interrupted_acquire_leaves_nothing_behind(daemon):
+def test_an_interrupted_acquire_leaves_nothing_behind(runtime_dir, monkeypatch):
     """Before: Ctrl-C while krex.region() waited left the request queued; the daemon
-    later granted it (freezing the others) to a client that had dropped the reply."""
+    later granted it (freezing the others) to a client that had dropped the reply.
+
+    Freezing is off here: with it on, the waiter (a sibling job of the held region) was
+    frozen as soon as it registered, so its timed interrupt could not run until the
+    holder's region was revoked at its 60 s maximum hold -- and then it was interrupted
+    in register, before it ever queued, which is not the path this test is about.  The
+    interrupt now comes once the request is seen queued, not after a fixed time."""
+    daemon = Daemon(str(runtime_dir), "--freeze", "off").start()
+    monkeypatch.setenv("KREX_SOCKET", daemon.socket)
+    try:
+        _interrupted_acquire(daemon)
+    finally:
+        daemon.stop()
+
+
+def _interrupted_acquire(daemon: Daemon) -> None:
     with daemon.client() as c:
         job = c.register(name="holder", device="cpu")["job_id"]
         grant = c.acquire(job, "cpu")
         waiter = subprocess.Popen([PY, "-c", INTERRUPTED], stdout=subprocess.PIPE, text=True)
         try:
+            wait_for(lambda: c.status()["scheduler"]["cpu"]["queue"], 30)  # it waits
+            waiter.send_signal(signal.SIGINT)
             assert waiter.stdout is not None
             assert waiter.stdout.readline().strip() == "interrupted"
             c.release(grant["region"])
-            time.sleep(0.5)
+            time.sleep(0.5)  # a queued request left behind would be granted meanwhile
             st = c.status()["scheduler"]["cpu"]
             assert st["holder"] is None and st["queue"] == []
             again = c.acquire(job, "cpu", timeout_s=2)  # nobody holds it in the way
