@@ -201,11 +201,38 @@ def test_all_region_records_come_back_in_pages(daemon):
         assert len(c.regions(limit=10)) == 10
 
 
-def test_sigterm_with_a_slow_ticker_still_stops(daemon):
-    """The daemon stops on SIGTERM promptly (ticker and lanes wind down)."""
-    assert daemon.proc is not None
+def _stopped_cleanly(d: Daemon, within_s: float) -> None:
+    assert d.proc is not None
+    try:
+        code = d.proc.wait(within_s)
+    except subprocess.TimeoutExpired:  # the log has every thread's stack (faulthandler)
+        raise AssertionError(f"not stopped within {within_s} s: {d.log()}") from None
+    assert code == 0, d.log()
+    assert not os.path.exists(d.socket), "the socket file was left behind"
+
+
+def test_sigterm_to_a_serving_daemon_stops_it_cleanly(daemon):
+    """The daemon stops on SIGTERM promptly (ticker and lanes wind down), exit code 0.
+    Before, the test sent SIGTERM as soon as the socket accepted a connection, which
+    was nearly always before the handlers existed: the default action killed the
+    daemon and the graceful path was never timed."""
+    with daemon.client() as c:
+        assert c.status()["daemon"]["pid"] == daemon.proc.pid  # serving: handlers set
     daemon.proc.send_signal(signal.SIGTERM)
-    daemon.proc.wait(15)
+    _stopped_cleanly(daemon, 15)
+    assert "stopping: holders finished in" in daemon.log()
+
+
+def test_sigterm_while_the_daemon_starts_is_a_clean_stop(runtime_dir):
+    """Before: the socket accepted connections before the daemon had its signal
+    handlers; a SIGTERM then killed it by the default action (exit -15, the socket
+    file and the job cgroups left behind)."""
+    d = Daemon(str(runtime_dir)).start()  # returns as soon as the socket accepts
+    try:
+        d.proc.send_signal(signal.SIGTERM)
+        _stopped_cleanly(d, 15)
+    finally:
+        d.stop()
 
 
 def test_programs_in_flight_per_connection_are_capped(runtime_dir, tmp_path):

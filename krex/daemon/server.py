@@ -15,6 +15,7 @@ deadline, never dies of an exception and never spins.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import fcntl
 import logging
 import math
@@ -147,6 +148,8 @@ class Server:
 
     def serve_forever(self) -> None:
         assert self.sock is not None
+        if self._signals:  # a signal came while the daemon was starting: stop cleanly
+            self.core.accepting = False
         threading.Thread(target=self._ticker, name="krex-tick", daemon=True).start()
         while self.core.accepting:
             try:
@@ -215,8 +218,12 @@ class Server:
             d.planned_wake_mono_s = 0.0
 
     def _finish(self) -> None:
+        t0 = time.monotonic()
         self._let_holders_finish()
+        t1 = time.monotonic()
         self.core.shutdown()
+        log.info("stopping: holders finished in %.2f s, shut down in %.2f s",
+                 t1 - t0, time.monotonic() - t1)
         for s in list(self.sessions):
             s.close()
         if self.sock:
@@ -239,9 +246,15 @@ class Server:
 
         def on_signal(signum: int, frame: Any) -> None:
             self._signals += 1
-            self.core.accepting = False
+            if self._signals == 1:  # stacks in the log if stopping is slow (#12)
+                faulthandler.dump_traceback_later(self.config.shutdown_grace_s + 2.0,
+                                                  file=sys.stderr)
+            if self.daemon is not None:
+                self.daemon.accepting = False
+            # (still starting: serve_forever sees _signals and stops at once)
             if self._signals >= 2:
-                self.core.emergency_stop()
+                if self.daemon is not None:
+                    self.daemon.emergency_stop()
                 os._exit(1)
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -354,6 +367,9 @@ def serve(config: DaemonConfig) -> int:
     """Run a daemon in the foreground until stopped; returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="krexd: %(message)s", stream=sys.stderr)
     server = Server(config)
+    # Handlers before the socket appears: a SIGTERM as soon as a client can connect
+    # takes the clean path (socket, lock and cgroups removed), not the default action.
+    server.install_signal_handlers()
     try:
         server.bind()
     except AlreadyRunning as exc:
@@ -363,7 +379,6 @@ def serve(config: DaemonConfig) -> int:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
     server.daemon = Daemon(config)
-    server.install_signal_handlers()
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()
     log.info("stopped")
