@@ -72,7 +72,7 @@ from chaos_rig import (
 from common import md_table, write_results
 
 from krex.client.connection import Client
-from krex.errors import DaemonUnresponsive, KrexError
+from krex.errors import DaemonNotRunning, DaemonUnresponsive, KrexError
 from krex.measure.stats import quantiles
 from krex.protocol import messages as m
 from krex.protocol.framing import FrameReader, encode_frame
@@ -298,6 +298,8 @@ def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
             newcomer = "served"
         except DaemonUnresponsive:
             newcomer = "daemon_unresponsive"
+        except DaemonNotRunning:  # accepted, then closed: no descriptor left to serve it
+            newcomer = "closed"
         newcomer_s = time.monotonic() - t0
         for s in socks:
             s.close()
