@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from helpers import PY, Daemon, run_krex
+from helpers import CONTENTION, PY, Daemon, run_krex
 
 from krex.protocol.report import (
     REPORT_FORMAT,
@@ -115,9 +115,13 @@ def test_default_daemon_region_is_clean_or_says_why(daemon):
     report = _region_report(daemon)
     assert report.mode == "region" and report.host is not None
     assert report.clean is (not report.reasons)
-    assert all(r.code.gap for r in report.reasons)  # only what this machine cannot do
+    # Unmanaged tasks on the holder's cores (a loaded machine: other engineers, a CPU
+    # loop beside the suite) are real evidence, judged by tests/test_contention.py;
+    # every other reason is only what this machine cannot do.
+    gaps = [r for r in report.reasons if r.code.value not in CONTENTION]
+    assert all(r.code.gap for r in gaps), report.to_dict()
     # Every mechanism of a cpu region was either applied (a step) or says why not.
     # ("slot": the holder's move out of its device's subtree, a step of freeze/isolate)
     applied = {s.name for s in report.host.steps if s.ok} - {"slot"}
-    missing = {r.evidence["mechanism"] for r in report.reasons}
+    missing = {r.evidence["mechanism"] for r in gaps}
     assert applied | missing == {"freeze", "isolate"} and not applied & missing
