@@ -2,6 +2,13 @@
 
 Freezing a sibling does not stop the work it already queued on the device
 (fakegpu queues kernels in its server, as a GPU does); only gate + drain do.
+
+fakegpu runs kernels on the host's CPU, so on a loaded machine (a CPU loop beside
+the suite) a 1 ms kernel's median reads 1.02-1.47 ms with nothing on the device
+but the holder: CPU contention inflates some samples, one-sidedly.  A sibling's
+queue time-slices the device and inflates every kernel it overlaps (2x and more).
+So the tests judge the low tail (10th percentile), which CPU noise leaves near
+1 ms and a shared device does not.  Measured beside a CPU loop: see CLEAN_P10_MS.
 """
 
 import json
@@ -14,6 +21,10 @@ from krex.devices import fakegpu
 
 pytestmark = pytest.mark.skipif(not fakegpu.available(), reason="fakegpu was not built")
 JOBS = os.path.join(REPO, "tests", "jobs")
+# 1 ms kernels beside a CPU loop (4 runs): gated p10 1.003-1.011 ms while the median read
+# 1.02-1.45 ms; freeze-only with a sibling's queue p10 2.003-2.030 ms (two contexts share
+# the device).  The line between, with room on both sides: 1.3 ms.
+CLEAN_P10_MS = 1.3
 
 
 def with_daemon(runtime_dir, monkeypatch, *flags):
@@ -58,13 +69,13 @@ def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatc
     assert "error" not in seen, seen
     if gate:
         # The sibling's ~0.5 s of queued kernels ran to completion before the grant.
-        assert seen["median_ms"] < 1.15, seen["median_ms"]
+        assert seen["p10_ms"] < CLEAN_P10_MS, seen
         host = seen["report"]["host"]
         assert host["gated_jobs"] == 1 and len(host["drain_acks_ms"]) == 1
         assert clean_but_contention(seen["report"]), seen["report"]
     else:
         # Negative control: frozen on the host, its queue still time-slices the device.
-        assert seen["median_ms"] > 1.4, seen["median_ms"]
+        assert seen["p10_ms"] > CLEAN_P10_MS, seen
         # ... and the report says the gate and drain were off (issue 11): not clean.
         assert not seen["report"]["clean"]
         off = [r for r in seen["report"]["reasons"] if r["code"] == "mechanism_disabled"]
@@ -109,7 +120,7 @@ def test_checkpoint_lock_backend_waits_for_queued_work(runtime_dir, monkeypatch)
         reap(sib)
         d.stop()
     assert "error" not in seen, seen
-    assert seen["median_ms"] < 1.15, seen["median_ms"]
+    assert seen["p10_ms"] < CLEAN_P10_MS, seen
     host = seen["report"]["host"]
     assert host["steps"][0]["name"] == "checkpoint_lock"
     assert len(host["locked_pids"]) >= 1
