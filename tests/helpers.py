@@ -193,3 +193,10 @@ def clean_but_contention(report) -> bool:
     data = report if isinstance(report, dict) else report.to_dict()
     return (data["outcome"] == "released"
             and all(r["code"] in CONTENTION for r in data["reasons"]))
+
+
+def why_not(report) -> tuple:
+    """A failed assertion's message: the outcome and every reason (the whole report's
+    repr is cut short by pytest before it gets to them)."""
+    data = report if isinstance(report, dict) else report.to_dict()
+    return data["outcome"], [(r["code"], r["message"]) for r in data["reasons"]]

@@ -9,7 +9,17 @@ import signal
 import time
 
 import pytest
-from helpers import CONTENTION, PY, REPO, Daemon, clean_but_contention, krex, reap, wait_for
+from helpers import (
+    CONTENTION,
+    PY,
+    REPO,
+    Daemon,
+    clean_but_contention,
+    krex,
+    reap,
+    wait_for,
+    why_not,
+)
 
 from krex.enforce.cgroups import CgroupLayout
 from krex.errors import KrexError
@@ -68,7 +78,7 @@ def test_sibling_makes_no_progress_inside_a_region(backend_daemon, tmp_path):
     inside = [t for t in stamps(out) if seen["t_in"] < t < seen["t_out"]]
     assert inside == []
     host = seen["report"]["host"]
-    assert clean_but_contention(seen["report"]), seen["report"]
+    assert clean_but_contention(seen["report"]), why_not(seen["report"])
     assert host["siblings_frozen"] == 1 and host["freeze_backend"].startswith(
         backend_daemon.extra[1])
 
@@ -156,7 +166,7 @@ def test_first_sigterm_lets_the_holder_finish_second_forces(runtime_dir, monkeyp
         _, err = holder.communicate(timeout=30)
         assert holder.returncode == 0, err  # its release was still served
         seen = json.loads((tmp_path / "h.json").read_text())
-        assert clean_but_contention(seen["report"]), seen["report"]
+        assert clean_but_contention(seen["report"]), why_not(seen["report"])
         assert d.proc.wait(15) == 0
         wait_for(lambda: stamps(out)[-1] > seen["t_out"], 5)  # thawed at the end
         # A second signal exits at once, still thawing.

@@ -15,7 +15,7 @@ import json
 import os
 
 import pytest
-from helpers import PY, REPO, Daemon, clean_but_contention, krex, reap
+from helpers import PY, REPO, Daemon, clean_but_contention, krex, reap, why_not
 
 from krex.devices import fakegpu
 
@@ -72,7 +72,7 @@ def test_queued_sibling_work_inflates_only_without_drain(runtime_dir, monkeypatc
         assert seen["p10_ms"] < CLEAN_P10_MS, seen
         host = seen["report"]["host"]
         assert host["gated_jobs"] == 1 and len(host["drain_acks_ms"]) == 1
-        assert clean_but_contention(seen["report"]), seen["report"]
+        assert clean_but_contention(seen["report"]), why_not(seen["report"])
     else:
         # Negative control: frozen on the host, its queue still time-slices the device.
         assert seen["p10_ms"] > CLEAN_P10_MS, seen
@@ -124,7 +124,7 @@ def test_checkpoint_lock_backend_waits_for_queued_work(runtime_dir, monkeypatch)
     host = seen["report"]["host"]
     assert host["steps"][0]["name"] == "checkpoint_lock"
     assert len(host["locked_pids"]) >= 1
-    assert clean_but_contention(seen["report"]), seen["report"]
+    assert clean_but_contention(seen["report"]), why_not(seen["report"])
 
 
 def test_checkpoint_lock_times_out_like_a_drain(runtime_dir, monkeypatch):
