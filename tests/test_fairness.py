@@ -66,6 +66,17 @@ def test_back_to_back_jobs_get_equal_shares(tmp_path):
         finally:
             d.stop()
     fair, unfair = shares["50"], shares["0"]
+    # The premise: a region's whole cycle (grant, hold, release, enforcement) is well
+    # under the others' 30 ms gap, so they are still busy when the greedy job asks again.
+    # As the cycle nears the gap, every job is queued at every release and plain FIFO
+    # is round-robin: neither the claim nor its control can show anything.  Measured
+    # on the loaded machine (cycle ms: greedy/others without the window): 13.8: 1.6,
+    # 21.0: 1.29, 21.3: 1.45, 23.1: 1.19, 25.2: 1.06, and 54: 1.0 in a loaded suite run.
+    # So the control needs cycles under 20 ms (2/3 of the gap).
+    cycle_ms = SECONDS * 1e3 / sum(unfair)
+    if cycle_ms >= 20.0:
+        pytest.skip(f"the machine is too loaded: {cycle_ms:.0f} ms per region cycle, not "
+                    f"under the 20 ms this test needs ({shares})")
     assert spread(fair) <= 0.20, shares
     greedy, others = unfair[0], sum(unfair[1:]) / 3
     assert greedy > 1.2 * others, shares  # the control: without the window it is unfair
