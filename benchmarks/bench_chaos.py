@@ -156,6 +156,7 @@ def check_sigstop(stop_s: float = 5.0, n: int = 8, reply_timeout_s: float = 1.0,
                 results[name] = (type(exc).__name__, time.monotonic() - t0)
 
         os.kill(d.pid, signal.SIGSTOP)
+        wait_until(lambda: all_threads_stopped(d.pid), 5)  # a group stop takes ms to land
         try:
             threads = [threading.Thread(target=attempt, args=("acquire", lambda: waiter.acquire(
                 wjob, "cpu")))]
@@ -318,6 +319,19 @@ def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
         for s in socks:
             s.close()
         d.stop()
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` in state T: SIGSTOP's group stop is not synchronous, and a
+    request sent before it reaches a session thread is still answered."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rpartition(")")[2].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return bool(states) and all(st in ("T", "t") for st in states)
 
 
 def _tiny_tmpfs(size_kb: int) -> str | None:
