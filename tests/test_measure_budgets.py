@@ -101,3 +101,18 @@ def test_a_request_under_the_ceiling_is_kept(short_ceiling):
         pass
     assert r.grant["max_hold_s"] == 0.5
 
+
+
+def test_a_grant_that_arrived_late_leaves_less_of_the_ceiling():
+    """The daemon counts the hold from when it sent the grant; a loaded run revoked a
+    measurement that stopped by its own clock, started only when the grant arrived."""
+    from types import SimpleNamespace
+
+    from krex.measure.loop import HOLD_SLACK_S, granted_ceiling_s
+
+    now = time.monotonic()
+    late = SimpleNamespace(grant={"max_hold_s": 0.5, "granted_mono_s": now - 0.2})
+    on_time = SimpleNamespace(grant={"max_hold_s": 0.5, "granted_mono_s": now})
+    assert granted_ceiling_s(on_time) == pytest.approx(0.5 - HOLD_SLACK_S, abs=0.02)
+    assert granted_ceiling_s(late) == pytest.approx(0.5 - HOLD_SLACK_S - 0.2, abs=0.02)
+    assert granted_ceiling_s(SimpleNamespace(grant={"max_hold_s": None})) == float("inf")

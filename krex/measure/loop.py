@@ -252,8 +252,18 @@ def _no_report(device: str) -> RegionReport:
 
 
 def granted_ceiling_s(region: Any) -> float:
-    """The daemon's granted maximum hold of ``region`` less the slack (inf when none)."""
-    granted = (getattr(region, "grant", None) or {}).get("max_hold_s")
+    """The daemon's granted maximum hold of ``region`` less the slack (inf when none),
+    less the time the grant took to reach us: the daemon's hold began when it sent the
+    grant (``granted_mono_s``, its CLOCK_MONOTONIC: ours too, on the same host), and on
+    a loaded machine the reply can wait tens of ms for this process to run."""
+    grant = getattr(region, "grant", None) or {}
+    granted = grant.get("max_hold_s")
     if not granted:
         return math.inf
-    return max(float(granted) - HOLD_SLACK_S, float(granted) / 2)
+    ceiling = max(float(granted) - HOLD_SLACK_S, float(granted) / 2)
+    sent = grant.get("granted_mono_s")
+    if sent is not None:
+        late = time.monotonic() - float(sent)
+        if 0.0 < late < ceiling:
+            ceiling -= late
+    return ceiling
