@@ -78,6 +78,21 @@ class _Region:
         return {kind: dst for op in self.enforcement.applied if isinstance(op, HolderSlot)
                 for kind, (_, dst) in op.moves.items()}
 
+    def can_hand_over(self) -> bool:
+        """Whether the next holder of the device may take this enforcement over."""
+        return self.drain is None and self.audit is None and self.enforcement.report is None
+
+    def lease(self) -> None:
+        """A handed-over region's lease to the guardian (after its grant is sent)."""
+        if self.enforcement.pending_lease is not None:
+            from krex.enforce.handoff import lease_handed
+
+            lease_handed(self.enforcement)
+
+    def stopped(self) -> bool:
+        """Whether it stopped its siblings (as its report will say), before its undo."""
+        return self.enforcement.freeze_step is not None and bool(self.enforcement.siblings)
+
     def exit(self) -> Evidence:
         host = self.enforcement.exit()
         audit = self.audit.finish() if self.audit is not None else None
@@ -249,6 +264,30 @@ class Exclusivity:
         if audit is not None:
             audit.begin({r.pid for r in holder_target.processes()})
         return _Region(enforcement, drain, audit)
+
+    def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
+                  others: Sequence[Any] = ()) -> Held | None:
+        """The next region on ``held``'s device, taken over from it without undoing
+        what both need (the frozen subtree, the narrowed cpusets and shield): the
+        outgoing holder is moved back among the frozen, the incoming one into the slot.
+        None (nothing changed) when it cannot be; then ``held.exit()`` and
+        :meth:`enter` as usual.  Regions with a GPU step (gate/drain, lock) or a
+        device audit are always undone and set up again."""
+        if not isinstance(held, _Region) or held.drain is not None or held.audit is not None:
+            return None
+        if is_gpu(request.device) and self.config.gate:
+            return None
+        hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
+        enforcement = self.enforcer.hand_over(
+            held.enforcement, self.target(holder), [self.target(j) for j in siblings],
+            max_hold_s=hold, others=[self.target(j) for j in others])
+        if enforcement is None:
+            return None
+        if is_gpu(request.device):
+            enforcement.gaps.append(Reason.mechanism(
+                "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
+                "GPU work may run during the region", disabled=True))
+        return _Region(enforcement, None, None)
 
     def _all_off(self, device: str) -> bool:
         c = self.config

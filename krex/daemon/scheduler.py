@@ -163,9 +163,14 @@ class Scheduler:
         if req is not None and req.granted_mono_s is not None and req.started_mono_s is None:
             req.started_mono_s = now
 
-    def release(self, region: int, now: float, frozen: Iterable[int] = ()) -> list[Decision]:
+    def release(self, region: int, now: float, frozen: Iterable[int] = (),
+                served: Iterable[int] = ()) -> list[Decision]:
         """End a region (held, revoked or still queued).  ``frozen``: the jobs its
-        enforcement froze; they get the fair window before the next grant."""
+        enforcement froze; they get the fair window before the next grant.
+        ``served``: those of them that held the device earlier in the same handoff
+        chain (frozen since their own release, handed over without a thaw): they had
+        their turn after every job still queued asked, so while a job is queued the
+        window does not wait for them; with nobody queued they get it as any other."""
         req = self.live.pop(region, None)
         if req is None:
             return []
@@ -177,7 +182,7 @@ class Scheduler:
         held_from = req.started_mono_s if req.started_mono_s is not None else now
         dq.usage[req.share] = dq.usage.get(req.share, 0.0) + max(0.0, now - held_from)
         dq.last_active[req.share] = now
-        self._open_window(dq, req, set(frozen), now)
+        self._open_window(dq, req, set(frozen), now, set(served))
         if dq.window is not None:
             return []
         return self._dispatch(dq, now)
@@ -277,12 +282,13 @@ class Scheduler:
                 del dq.shares[req.share]
 
     def _open_window(self, dq: DeviceQueue, released: Request, frozen: set[int],
-                     now: float) -> None:
+                     now: float, served: set[int] = frozenset()) -> None:
         if self.window_s <= 0 or not frozen:
             return
         queued = dq.queued_jobs()
+        skip = served if queued else set()
         waiting_for = {j for j in frozen
-                       if j != released.job_id and j not in queued
+                       if j != released.job_id and j not in queued and j not in skip
                        and dq.misses.get(j, self.max_misses) < self.max_misses}
         if waiting_for:
             dq.window = Window(now + self.window_s, waiting_for)
