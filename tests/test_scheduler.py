@@ -320,3 +320,29 @@ def test_within_a_tenant_the_job_served_least_recently_goes_first():
     assert granted(s.release(two.region, 1.1)) == [three]
     s.started(three.region, 1.1)
     assert granted(s.release(three.region, 1.2)) == [greedy]
+
+
+def test_jobs_served_earlier_in_a_handoff_chain_do_not_hold_back_a_queued_job():
+    """Issue 18: a job handed over from (frozen since its own release, so it cannot have
+    asked) had its turn: while another job is queued the window does not wait for it;
+    with nobody queued it gets the window like any frozen job.  Control: the same
+    release without ``served`` opens the window and grants nobody."""
+    s = Scheduler(window_s=0.02)
+    j1, j2, j3 = req(1), req(2), req(3)
+    assert granted(s.submit(j1, 0.0)) == [j1]
+    s.submit(j2, 0.0)
+    s.submit(j3, 0.0)
+    assert granted(s.release(j1.region, 1.0, frozen={2, 3})) == [j2]  # both queued
+    # j2 hands over to j3: j1 (the chain's first holder) is frozen and has not asked
+    assert granted(s.release(j2.region, 2.0, frozen={1, 3}, served={1})) == [j3]
+    # nobody queued now: j1 and j2 get the window as usual
+    assert granted(s.release(j3.region, 3.0, frozen={1, 2}, served={1, 2})) == []
+    assert s.queue("cpu").window is not None
+
+    c = Scheduler(window_s=0.02)  # the control
+    k1, k2, k3 = req(1), req(2), req(3)
+    c.submit(k1, 0.0)
+    c.submit(k2, 0.0)
+    c.submit(k3, 0.0)
+    assert granted(c.release(k1.region, 1.0, frozen={2, 3})) == [k2]
+    assert granted(c.release(k2.region, 2.0, frozen={1, 3})) == []  # waits for job 1
