@@ -110,8 +110,8 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     for was, op in zip(old.applied, fresh, strict=True):
         t0 = time.perf_counter()
         if isinstance(op, HolderSlot):
-            old._revert(was, _step(old, was))  # outgoing holder back into the frozen subtree
-            op.apply()  # incoming holder out of it, onto the reserved cores
+            was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
+            op.apply()  # the incoming holder out of it, onto the reserved cores
             incoming = set(op.pids())
         elif isinstance(op, SubtreeFreeze):
             was.hand_over(op, incoming)
@@ -133,7 +133,9 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
 
 
 def lease_handed(new: Enforcement) -> None:
-    """The new region's lease, then the end of the old one: after the grant is sent.
+    """After the grant is sent: the outgoing holder's move back in the hierarchies
+    other than the freezing one (it is frozen: where it may run can wait), then the
+    new region's lease and the end of the old one.
 
     No ack is waited for, and nothing is lost if the daemon dies before this runs:
     the old lease is still active and its undo records are the new region's (the
@@ -145,6 +147,9 @@ def lease_handed(new: Enforcement) -> None:
     if pending is None:
         return
     old, lease_s = pending
+    for op in old.applied:  # the outgoing holder's other hierarchies (v1 cpuset)
+        if isinstance(op, HolderSlot):
+            old._revert(op, _step(old, op))
     new._lease(new.applied, lease_s)  # before the old lease ends: never a moment unleased
     guardian = old.enforcer.guardian
     if guardian is not None and old.leased is not None:
