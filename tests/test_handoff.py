@@ -4,11 +4,14 @@ leave nothing frozen.  Enforcement without the scheduler, then through a real da
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import signal
 import subprocess
 import time
 
+import psutil
 import pytest
 from helpers import PY, Daemon, reap, spawn, wait_for
 from test_enforce_support import Sibling, layout_or_skip, stamps_after
@@ -19,6 +22,7 @@ from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.handoff import lease_handed
 from krex.enforce.undo import replay
 
+LAYOUT = CgroupLayout.probe()
 CGROUP_BACKENDS = ["cgroup2", "cgroup1"]
 KIND = {"cgroup2": "v2", "cgroup1": "freezer"}
 CONTROL = {"cgroup2": ("cgroup.freeze", "0"), "cgroup1": ("freezer.state", "THAWED")}
@@ -292,3 +296,101 @@ def test_a_chain_of_handoffs_through_the_daemon_reports_truthfully(tmp_path):
 def _carried(report: dict) -> bool:
     return any(s["name"] == "freeze" and s["apply_ms"] is not None and s["apply_ms"] < 0.02
                for s in report["host"]["steps"]) and report["host"]["freeze_backend"] != "off"
+
+
+# A job taking back-to-back 3 ms regions until its daemon is gone; a line per region.
+LOOP = r"""
+import sys, time
+from krex.client.connection import Client
+c = Client(autostart=False)
+job = c.register()["job_id"]
+f = open(sys.argv[1], "a", buffering=1)
+print("ready", flush=True)
+while True:
+    rid = c.acquire(job)["region"]
+    end = time.perf_counter() + 0.003
+    while time.perf_counter() < end:
+        pass
+    c.release(rid)
+    f.write(f"{time.monotonic()}\n")
+"""
+
+
+def _loops(sock: str, tmp_path, n: int = 3):
+    env = {**os.environ, "KREX_SOCKET": sock}
+    procs = []
+    for i in range(n):
+        procs.append(subprocess.Popen([PY, "-c", LOOP, str(tmp_path / f"loop{i}")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, env=env, start_new_session=True))
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def _regions_after(path, t: float) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for x in f.read().split() if float(x) > t)
+    except (OSError, ValueError):
+        return 0
+
+
+def _krex_frozen(daemon_pid: int) -> list[str]:
+    """This daemon's device subtrees that are frozen (v1 freezer, v2)."""
+    out = []
+    bases = LAYOUT.bases()
+    for base in filter(None, (bases.get("freezer"), bases.get("v2"))):
+        for d in glob.glob(os.path.join(base, f"**/krex-d{daemon_pid}-*/dev-*"),
+                           recursive=True):
+            for control, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                path = os.path.join(d, control)
+                if os.path.exists(path) and read(path) != thawed:
+                    out.append(path)
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("crash", ["daemon", "guardian+daemon", "holder"])
+def test_a_crash_mid_chain_leaves_nothing_frozen_and_the_shield_undone(crash, tmp_path):
+    """Three jobs hand the device to each other back to back; then the daemon, the
+    daemon and its guardian, or one holder is SIGKILLed.  Every job runs again (the
+    loops end, or go on), the device subtrees are thawed, the shield's rest cpuset goes."""
+    if os.geteuid() != 0 or not (LAYOUT.freezer_writable or LAYOUT.v2_writable):
+        pytest.skip("needs root and a cgroup freezer")
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    d = Daemon(str(rt)).start()
+    procs = []
+    try:
+        procs = _loops(d.socket, tmp_path)
+        t0 = time.monotonic()
+        wait_for(lambda: all(_regions_after(tmp_path / f"loop{i}", t0) >= 5 for i in range(3)),
+                 timeout_s=20)
+        pid = d.proc.pid
+        wait_for(lambda: _krex_frozen(pid), timeout_s=5)  # the check sees a held region
+        if crash == "holder":
+            procs[0].kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: all(_regions_after(tmp_path / f"loop{i}", killed_at) >= 5
+                                 for i in (1, 2)), timeout_s=20)
+            d.stop()
+        else:
+            if crash == "guardian+daemon":
+                for p in psutil.Process(pid).children():
+                    if "krex.enforce.guardian" in " ".join(p.cmdline()):
+                        p.kill()
+            os.kill(pid, signal.SIGKILL)
+            d.proc.wait(10)
+            if crash == "guardian+daemon":  # nobody left to thaw: the next daemon sweeps
+                d = Daemon(str(rt)).start()
+                d.stop()
+        for p in procs:  # a frozen job could not end
+            p.wait(timeout=15)
+        assert not _krex_frozen(pid)
+        wait_for(lambda: not glob.glob(os.path.join(LAYOUT.cpuset or "/nonexistent",
+                                                    f"krex-shield{pid}-*")), timeout_s=10)
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
