@@ -90,14 +90,12 @@ def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
 def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
               others: list[JobTarget], lease_s: float) -> Enforcement | None:
     """The next region's enforcement, taken over from ``old`` (which then only reports)."""
-    from krex.enforce.enforcer import Enforcement
-
     # No holder process may be outside its cgroup (plan checks), so nothing needs
     # excluding from a signal freeze, and its cgroup lists all of it.
     fresh = plan(old, holder, siblings, others, set())
     if fresh is None:
         return None
-    new = Enforcement(old.enforcer, holder, siblings)
+    new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
     refs = holder.processes()
     # Frozen (it waited in the frozen subtree), its counters stand still until the slot
     # move below thaws it: this is its region's start.
