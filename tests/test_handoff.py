@@ -72,6 +72,12 @@ def test_a_handoff_keeps_the_device_frozen_and_moves_only_the_holders(
         second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
         assert second is not None
         assert len(writes) == before, writes[before:]  # nothing thawed, nothing re-frozen
+        slot_cpuset = layout.device(instance).slot.get("cpuset")
+        if slot_cpuset and a.target.cgroups.cpuset != slot_cpuset:  # v1: moved after the grant
+            assert a.proc.pid in _procs(slot_cpuset)
+            lease_handed(second)
+            assert a.proc.pid not in _procs(slot_cpuset)
+            assert b.proc.pid in _procs(slot_cpuset)
         report = first.exit()  # made after the grant: the subtree stays frozen
         assert not _thawed(layout, instance, backend)
         time.sleep(0.3)
