@@ -149,14 +149,15 @@ from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
 backend, journal, instance = sys.argv[1:4]
 leased, pids = sys.argv[4] == "1", list(map(int, sys.argv[5:]))
-layout = CgroupLayout.probe()
-guardian = GuardianClient()
-guardian.start("standin", journal)
-def job(i, pid):
-    cg = layout.create_job(instance, i)
-    cg.adopt(ProcessRef.of(pid))
-    return JobTarget(i, root=ProcessRef.of(pid), pgid=pid, cgroups=cg)
-a, b, c = (job(i + 1, pid) for i, pid in enumerate(pids))
+layout, guardian = CgroupLayout.probe(), GuardianClient()
+guardian.start("standin-chain", journal)
+targets = []
+for i, pid in enumerate(pids, 1):
+    ref = ProcessRef.of(pid)
+    cgroups = layout.create_job(instance, i)
+    cgroups.adopt(ref)
+    targets.append(JobTarget(i, root=ref, pgid=pid, cgroups=cgroups))
+a, b, c = targets
 enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
 first = enforcer.enter(a, [b, c], max_hold_s=60)
 second = enforcer.hand_over(first, b, [a, c], max_hold_s=60)
