@@ -266,7 +266,7 @@ class Exclusivity:
         return _Region(enforcement, drain, audit)
 
     def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
-                  others: Sequence[Any] = ()) -> Held | None:
+                  others: Sequence[Any] = ()) -> _Region | None:
         """The next region on ``held``'s device, taken over from it without undoing
         what both need (the frozen subtree, the narrowed cpusets and shield): the
         outgoing holder is moved back among the frozen, the incoming one into the slot.

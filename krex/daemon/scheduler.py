@@ -282,11 +282,11 @@ class Scheduler:
                 del dq.shares[req.share]
 
     def _open_window(self, dq: DeviceQueue, released: Request, frozen: set[int],
-                     now: float, served: set[int] = frozenset()) -> None:
+                     now: float, served: set[int] | None = None) -> None:
         if self.window_s <= 0 or not frozen:
             return
         queued = dq.queued_jobs()
-        skip = served if queued else set()
+        skip = (served or set()) if queued else set()
         waiting_for = {j for j in frozen
                        if j != released.job_id and j not in queued and j not in skip
                        and dq.misses.get(j, self.max_misses) < self.max_misses}
