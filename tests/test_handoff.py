@@ -20,6 +20,7 @@ from krex.enforce import freeze as freeze_mod
 from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.handoff import lease_handed
+from krex.enforce.process import ProcessRef
 from krex.enforce.undo import replay
 
 LAYOUT = CgroupLayout.probe()
@@ -145,6 +146,7 @@ from krex.enforce.cgroups import CgroupLayout
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.handoff import lease_handed
+from krex.enforce.process import ProcessRef
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
 backend, journal, instance = sys.argv[1:4]
@@ -401,3 +403,62 @@ def test_a_crash_mid_chain_leaves_nothing_frozen_and_the_shield_undone(crash, tm
         for p in procs:
             reap(p)
         d.stop()
+
+
+def test_gates_stay_closed_across_a_handoff_only_the_holders_change(tmp_path, instance):
+    """GPU step: A holds with B's and C's gates closed; at the handoff to B only A's gate
+    closes (and only A is drained) and B's opens; C's is not closed again (same
+    generation).  Control: a drain that times out changes nothing (A's gate open
+    again, the handoff raises) and the ordinary undo opens every gate."""
+    from krex.enforce.gate import GateFile
+    from krex.enforce.gatedrain import GatedJob, GateDrain
+    from krex.errors import DrainTimeout
+
+    layout = layout_or_skip("cgroup1")
+    jobs = _jobs(layout, instance, tmp_path)
+    gates = {}
+    for s in jobs:
+        path = str(tmp_path / f"gate-{s.target.job_id}")
+        gates[s.target.job_id] = GatedJob(s.target.job_id, GateFile.create(path), path)
+    a, b, c = jobs
+    ga, gb, gc = (gates[s.target.job_id].gate for s in jobs)
+    victim = None
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze="cgroup1"), layout, None)
+
+        def drain(*targets):
+            return [GateDrain([gates[t.target.job_id] for t in targets], timeout_s=0.3)]
+
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5,
+                               pre_ops=drain(b, c))
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (False, True, True)
+        c_generation = gc.generation()
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5,
+                                    pre_ops=drain(a, c))
+        assert second is not None
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (True, False, True)
+        assert gc.generation() == c_generation  # kept closed, not closed again
+        first.exit()
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (True, False, True)
+        report = second.exit()
+        assert not any(g.is_closed() for g in (ga, gb, gc))
+        assert all(s.ok for s in report.steps), report.steps
+        # the control: B's process never acknowledges the drain when C takes over
+        victim = spawn([PY, "-c", "import time; time.sleep(60)"])
+        p = gb._dev(0).procs[0]
+        p.pid, p.start_time = victim.pid, ProcessRef.of(victim.pid).start_time
+        first = enforcer.enter(b.target, [a.target, c.target], max_hold_s=5,
+                               pre_ops=drain(a, c))
+        with pytest.raises(DrainTimeout):
+            enforcer.hand_over(first, c.target, [a.target, b.target], max_hold_s=5,
+                               pre_ops=drain(a, b))
+        assert not gb.is_closed() and ga.is_closed() and gc.is_closed()  # as before
+        first.exit()
+        assert not any(g.is_closed() for g in (ga, gb, gc))
+    finally:
+        if victim:
+            reap(victim)
+        for s in jobs:
+            s.kill()
+        for g in gates.values():
+            g.gate.unlink()

@@ -183,13 +183,14 @@ class Enforcer:
         return enforcement
 
     def hand_over(self, old: Enforcement, holder: JobTarget, siblings: list[JobTarget], *,
-                  max_hold_s: float, others: list[JobTarget] | tuple = ()) -> Enforcement | None:
+                  max_hold_s: float, others: list[JobTarget] | tuple = (),
+                  pre_ops: list[Operation] | tuple = ()) -> Enforcement | None:
         """The next region on ``old``'s device, taken over without undoing what both
         need (:mod:`krex.enforce.handoff`); None when it cannot be, and nothing changed."""
         from krex.enforce.handoff import hand_over
 
         return hand_over(old, holder, siblings, list(others),
-                         max_hold_s + self.config.lease_margin_s)
+                         max_hold_s + self.config.lease_margin_s, pre_ops)
 
 
 def _backend(op: object) -> str:

@@ -130,6 +130,49 @@ class GateDrain:
                             f"within {self.timeout_s} s", pid=pid, device=str(job.slot),
                             seconds=self.timeout_s)
 
+    # -- overlapped handoff (krex.enforce.handoff) ---------------------------------------
+
+    def carriable(self, fresh: GateDrain, outgoing: int) -> bool:
+        """Whether ``fresh`` (the next region's) needs no gate closed here but the
+        outgoing holder's (job id ``outgoing``)."""
+        closed = {j.job_id for j in self._closed} | {outgoing}
+        return (fresh.policy == self.policy and not fresh._closed
+                and {j.job_id for j in fresh.jobs} <= closed)
+
+    def hand_over(self, fresh: GateDrain, incoming: int) -> None:
+        """``fresh`` keeps every gate closed that both regions close; only the outgoing
+        holder's gate is closed (and its queued GPU work drained) and the incoming
+        holder's opened.  If the drain fails nothing changes here (the gates this
+        closed are opened again) and the error is raised."""
+        kept = {j.job_id: j for j in self._closed}
+        new = [j for j in fresh.jobs if j.job_id not in kept]
+        generations = {}
+        for job in new:
+            if not job.gate.interposed(job.slot):
+                fresh.idle_jobs.append(job.job_id)
+            generations[job.job_id] = job.gate.close(job.slot)
+        fresh._closed = [kept.get(j.job_id, j) for j in fresh.jobs]
+        try:
+            fresh.jobs = new  # wait for the newly closed only
+            fresh._drain_all(generations)
+            fresh.drain_failures += [(job.job_id, st.pid, st.ack_status) for job in new
+                                     for st in job.gate.slots(job.slot)
+                                     if st.ack_generation >= generations[job.job_id]
+                                     and st.ack_status != 0]
+        except BaseException:
+            for job in new:
+                job.gate.open(job.slot)
+            fresh._closed = []
+            raise
+        finally:
+            fresh.jobs = [j for j in fresh._closed]
+        fresh.idle_jobs += [j.job_id for j in fresh.jobs if j.job_id in kept
+                            and not j.gate.interposed(j.slot)]
+        carried = {j.job_id for j in fresh._closed}
+        self._closed, leave = [], [j for j in self._closed if j.job_id not in carried]
+        for job in leave:  # the incoming holder (and any job no longer a sibling)
+            job.gate.open(job.slot)
+
     def _kill(self, job: GatedJob, exc: DrainTimeout) -> None:
         """SIGKILL the slot's owner if it is a verified member of the job, else give up:
         the pid comes from a file the job can write."""

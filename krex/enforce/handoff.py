@@ -21,8 +21,13 @@ frozen processes are counted (the incoming holder's, which left for the slot
 meanwhile, included), its holder's counters are judged over the region it
 held, and tasks that reached the root cpuset meanwhile are named (and swept).
 
+A GPU gate/drain step is carried the same way: the gates of jobs that stay
+siblings stay closed (no close, no drain wait), the outgoing holder's gate is
+closed and only its queued GPU work is waited for — before it is moved among
+the frozen — and the incoming holder's gate is opened.
+
 A handoff is refused (``None``: the caller undoes and sets up as before)
-when something applied cannot be carried as it is: a GPU gate/drain or lock
+when something applied cannot be carried as it is: a checkpoint-lock GPU
 step, per-process or signal freezing, processes outside their cgroups, other
 cpusets to narrow, other reserved cores, a lease the guardian expired.
 """
@@ -33,6 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from krex.enforce.freeze import SubtreeFreeze
+from krex.enforce.gatedrain import GateDrain
 from krex.enforce.isolation import SlotIsolation
 from krex.enforce.job import JobTarget
 from krex.enforce.schedstat import HolderCounters
@@ -43,13 +49,16 @@ from krex.protocol.report import Step
 if TYPE_CHECKING:
     from krex.enforce.enforcer import Enforcement
 
-CARRIED = (HolderSlot, SubtreeFreeze, SlotIsolation, ShieldRegion)
+CARRIED = (GateDrain, HolderSlot, SubtreeFreeze, SlotIsolation, ShieldRegion)
 
 
-def _matches(old: object, fresh: object) -> bool:
+def _matches(old: object, fresh: object, outgoing: int) -> bool:
     """Whether ``fresh`` (built for the next holder) would apply what ``old`` did."""
     if type(old) is not type(fresh):
         return False
+    if isinstance(old, GateDrain):
+        assert isinstance(fresh, GateDrain)
+        return old.carriable(fresh, outgoing)
     if isinstance(old, HolderSlot):
         assert isinstance(fresh, HolderSlot)
         return ({k: d for k, (_, d) in old.moves.items()}
@@ -66,7 +75,7 @@ def _matches(old: object, fresh: object) -> bool:
 
 
 def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
-         others: list[JobTarget], exclude: set[int]) -> list | None:
+         others: list[JobTarget], exclude: set[int], pre_ops: list | tuple = ()) -> list | None:
     """The next region's operations, if every one can take over the applied one."""
     if old.report is not None or old.revoked or not old.applied:
         return None
@@ -77,9 +86,11 @@ def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     if holder.may_run_outside():
         return None
     fresh, skipped = old.enforcer._ops(holder, siblings, others, exclude)
+    fresh = list(pre_ops) + fresh
     if skipped or len(fresh) != len(old.applied):
         return None
-    if not all(_matches(o, f) for o, f in zip(old.applied, fresh, strict=True)):
+    outgoing = old.holder.job_id
+    if not all(_matches(o, f, outgoing) for o, f in zip(old.applied, fresh, strict=True)):
         return None
     guardian = old.enforcer.guardian
     if guardian is not None and old.lease_id in guardian.expired():
@@ -88,11 +99,13 @@ def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
 
 
 def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
-              others: list[JobTarget], lease_s: float) -> Enforcement | None:
-    """The next region's enforcement, taken over from ``old`` (which then only reports)."""
+              others: list[JobTarget], lease_s: float,
+              pre_ops: list | tuple = ()) -> Enforcement | None:
+    """The next region's enforcement, taken over from ``old`` (which then only reports).
+    ``pre_ops``: the next region's GPU step (a :class:`GateDrain`), as for ``enter``."""
     # No holder process may be outside its cgroup (plan checks), so nothing needs
     # excluding from a signal freeze, and its cgroup lists all of it.
-    fresh = plan(old, holder, siblings, others, set())
+    fresh = plan(old, holder, siblings, others, set(), pre_ops)
     if fresh is None:
         return None
     new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
@@ -105,12 +118,27 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
         if isinstance(was, SubtreeFreeze):
             was.settle()  # seen frozen before the outgoing holder joins the subtree
     incoming: set[int] = set()
+    try:
+        _take_over(old, new, fresh, holder, refs, incoming)
+    except BaseException:
+        old.ended_ns = None  # not handed over: it ends when it is undone
+        raise
+    new.handed_from = old.lease_id
+    new.pending_lease = (old, lease_s)  # sent by lease_handed(), after the grant
+    new.t0_ns = time.monotonic_ns()
+    return new
+
+
+def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarget,
+               refs: list, incoming: set[int]) -> None:
     for was, op in zip(old.applied, fresh, strict=True):
         t0 = time.perf_counter()
-        if isinstance(op, HolderSlot):
+        if isinstance(op, GateDrain):  # first: the outgoing holder's GPU work drains
+            was.hand_over(op, holder.job_id)
+        elif isinstance(op, HolderSlot):
             was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
             op.apply()  # the incoming holder out of it, onto the reserved cores
-            incoming = set(op.pids())
+            incoming |= set(op.pids())
         elif isinstance(op, SubtreeFreeze):
             was.hand_over(op, incoming)
         elif isinstance(op, ShieldRegion):
@@ -124,10 +152,6 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
         new.stack.callback(new._revert, op, step)
         if op.name == "freeze":
             new.freeze_step = step
-    new.handed_from = old.lease_id
-    new.pending_lease = (old, lease_s)  # sent by lease_handed(), after the grant
-    new.t0_ns = time.monotonic_ns()
-    return new
 
 
 def lease_handed(new: Enforcement) -> None:
