@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from helpers import PY, Daemon, reap, spawn, wait_for
+from helpers import PY, Daemon, krex, reap, spawn, wait_for
 from test_enforce_support import Sibling, layout_or_skip, stamps_after
 
 from krex.enforce import freeze as freeze_mod
@@ -462,3 +462,69 @@ def test_gates_stay_closed_across_a_handoff_only_the_holders_change(tmp_path, in
             s.kill()
         for g in gates.values():
             g.gate.unlink()
+
+
+# A fakegpu job under `krex run`: REGIONS back-to-back regions, each launching three
+# 1 ms kernels and synchronising; prints the reports' host evidence as JSON.
+GPU_JOB = r"""
+import ctypes, json, sys
+import krex
+lib = ctypes.CDLL("libcuda.so.1")
+def ok(rc):
+    assert rc == 0, rc
+ok(lib.cuInit(0))
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+ok(lib.cuDeviceGet(ctypes.byref(dev), 0))
+ok(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+ok(lib.cuCtxSetCurrent(ctx))
+mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+ok(lib.cuModuleLoadData(ctypes.byref(mod), b"fake"))
+ok(lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin_us_1000"))
+args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
+print("ready", flush=True)
+sys.stdin.readline()
+hosts = []
+for _ in range(int(sys.argv[1])):
+    with krex.region(device="fakegpu:0") as r:
+        for _ in range(3):
+            ok(lib.cuLaunchKernel(fn, *args))
+        ok(lib.cuCtxSynchronize())
+    hosts.append(r.report.host.to_dict())
+print(json.dumps(hosts), flush=True)
+"""
+
+
+@pytest.mark.root
+def test_a_gpu_chain_hands_the_gates_over_and_every_holder_can_launch(runtime_dir,
+                                                                      monkeypatch):
+    """Three fakegpu jobs back to back: grants are handed over with the gates carried
+    (a handed-over holder whose gate stayed closed would park at its first launch and
+    never finish); every region gated its two siblings."""
+    from krex.devices import fakegpu
+
+    if not fakegpu.available() or os.geteuid() != 0:
+        pytest.skip("needs fakegpu and root")
+    d = Daemon(str(runtime_dir)).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    procs = []
+    try:
+        procs = [krex("run", "--device", "fakegpu:0", "--", PY, "-c", GPU_JOB, "8",
+                      stdin=subprocess.PIPE) for _ in range(3)]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
+    hosts = [h for out, _ in outs for h in json.loads(out.strip().splitlines()[-1])]
+    steps = [{s["name"]: s for s in h["steps"]} for h in hosts]
+    assert all(s["gate_drain"]["ok"] for s in steps), steps
+    handed = [s for s in steps if s["freeze"]["apply_ms"] < 0.02]
+    assert handed, [s["freeze"] for s in steps]
+    print(f"{len(handed)}/{len(steps)} handed over")
+    assert all(h["gated_jobs"] for h in hosts)
