@@ -128,7 +128,16 @@ def held_fraction(jobs: int, hold_ms: float, seconds: float) -> dict:
     return {"jobs": jobs, "hold_ms": hold_ms, "seconds": round(wall / 1e9, 3),
             "regions": len(spans), "held_fraction": round(held / wall, 4),
             "regions_per_job": per_job, "overlaps": overlaps,
-            "gap_us": quantiles(gaps), "steps_p50_ms": breakdown(spans)}
+            "gap_us": quantiles(gaps), **split_gaps(spans), "steps_p50_ms": breakdown(spans)}
+
+
+def split_gaps(spans: list) -> dict:
+    """Release-to-next-grant gaps (µs) before handed-over grants and set-up grants."""
+    pairs = list(itertools.pairwise(spans))
+    return {"gap_us_handed_over": quantiles([(b[0] - a[1]) / 1e3 for a, b in pairs
+                                             if carried(b[3])]),
+            "gap_us_set_up": quantiles([(b[0] - a[1]) / 1e3 for a, b in pairs
+                                        if not carried(b[3])])}
 
 
 def enforced(args: argparse.Namespace, shield: str | None) -> dict:
@@ -141,6 +150,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
             ho = [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
+            ho_split = split_gaps(spans)
             held = held_fraction(args.jobs, args.hold_ms, args.seconds)
     finally:
         if old is None:
@@ -149,6 +159,8 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             os.environ["KREX_SHIELD"] = old
     return {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
             "handoffs_measured": len(ho), "handoff_steps_p50_ms": breakdown(spans),
+            "handoff_us_handed_over": ho_split["gap_us_handed_over"],
+            "handoff_us_set_up": ho_split["gap_us_set_up"],
             "held": held}
 
 
@@ -184,7 +196,14 @@ def main() -> None:
                     for name, r in rows]))
     for name, r in runs.items():
         print(f"\n{name}: step p50 ms (held runs): {json.dumps(r['held']['steps_p50_ms'])}")
+        print(f"{name}: handoff µs handed over {_q(r['handoff_us_handed_over'])}, set up "
+              f"{_q(r['handoff_us_set_up'])}; held-run gap µs handed over "
+              f"{_q(r['held']['gap_us_handed_over'])}, set up {_q(r['held']['gap_us_set_up'])}")
     print(f"\nload average before {load_before}, after {os.getloadavg()}; written {path}")
+
+
+def _q(q: dict) -> str:
+    return "p50 {p50:.0f} / p95 {p95:.0f}".format(**q)
 
 
 def _handed(held: dict) -> str:
