@@ -474,14 +474,13 @@ import krex
 lib = ctypes.CDLL("libcuda.so.1")
 def ok(rc):
     assert rc == 0, rc
-ok(lib.cuInit(0))
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-ok(lib.cuDeviceGet(ctypes.byref(dev), 0))
-ok(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
-ok(lib.cuCtxSetCurrent(ctx))
-mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-ok(lib.cuModuleLoadData(ctypes.byref(mod), b"fake"))
-ok(lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin_us_1000"))
+dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+for rc in (lambda: lib.cuInit(0), lambda: lib.cuDeviceGet(ctypes.byref(dev), 0),
+           lambda: lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+           lambda: lib.cuCtxSetCurrent(ctx),
+           lambda: lib.cuModuleLoadData(ctypes.byref(mod), b"fake"),
+           lambda: lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin_us_1000")):
+    ok(rc())
 args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
 print("ready", flush=True)
 sys.stdin.readline()
