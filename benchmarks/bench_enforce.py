@@ -4,7 +4,9 @@ For each available freeze backend and 1, 4, 16 and 64 busy sibling processes
 (each its own job, in its own cgroup for the cgroup backends), enters and
 exits REGIONS regions around a sleeping holder and records the wall time of
 ``Enforcer.enter`` (freeze + isolate) and ``Enforcement.exit`` (thaw +
-restore).  Writes ``results/enforce.json`` (format version 1, written
+restore); for the cgroup backends also overlapped handoffs between two holders
+(``Enforcer.hand_over``: to the next grant, then the outgoing report).  Writes
+``results/enforce.json`` (format version 1, written
 atomically) and prints a markdown table.
 
     .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
@@ -60,7 +62,13 @@ def run_case(layout: CgroupLayout, backend: str, n: int, regions: int) -> dict:
             procs.append(_spawn(BUSY, job_cg))
             siblings.append(_target(i, procs[-1], job_cg))
         time.sleep(0.3)  # let them start and get busy
-        return _measure(layout, backend, holder, siblings, regions)
+        row = _measure(layout, backend, holder, siblings, regions)
+        if backend != "signal":  # a second holder, sleeping too, for the handoffs
+            other_cg = cg(n + 1)
+            procs.append(_spawn(HOLDER, other_cg))
+            other = _target(n + 1, procs[-1], other_cg)
+            row["handoff"] = _handoffs(layout, backend, [holder, other], siblings, regions)
+        return row
     finally:
         for p in procs:
             p.kill()
@@ -91,6 +99,36 @@ def _measure(layout, backend, holder, siblings, regions) -> dict:
     }
 
 
+def _handoffs(layout, backend, holders, siblings, regions) -> dict | None:
+    """Overlapped handoffs between two holders with ``siblings`` frozen throughout:
+    the time to the next holder's grant (``Enforcer.hand_over``) and, after it, the
+    outgoing region's report (``exit``)."""
+    enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+    region = enforcer.enter(holders[0], siblings + [holders[1]], max_hold_s=10)
+    grant_ms, report_ms, carried = [], [], 0
+    for i in range(1, regions + 1):
+        time.sleep(0.005)  # the region is held
+        nxt, prev = holders[i % 2], holders[(i - 1) % 2]
+        t0 = time.perf_counter()
+        new = enforcer.hand_over(region, nxt, siblings + [prev], max_hold_s=10)
+        t1 = time.perf_counter()
+        if new is None:
+            region.exit()
+            new = enforcer.enter(nxt, siblings + [prev], max_hold_s=10)
+        else:
+            carried += 1
+            grant_ms.append((t1 - t0) * 1e3)
+        t2 = time.perf_counter()
+        region.exit()
+        report_ms.append((time.perf_counter() - t2) * 1e3)
+        region = new
+    region.exit()
+    if not grant_ms:
+        return None
+    return {"grant": _summary(grant_ms), "outgoing_report": _summary(report_ms),
+            "carried": carried, "regions": regions}
+
+
 def backends(layout: CgroupLayout) -> list[str]:
     out = ["signal"]
     if layout.v2_writable:
@@ -102,14 +140,18 @@ def backends(layout: CgroupLayout) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| backend | siblings | freeze+isolate p50 / p95 (ms) | thaw p50 / p95 (ms) | clean |",
-        "|---|---:|---:|---:|---:|",
+        "| backend | siblings | freeze+isolate p50 / p95 (ms) | thaw p50 / p95 (ms) | clean "
+        "| handoff to grant p50 / p95 (ms) | outgoing report p50 / p95 (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        fi, th = r["freeze_isolate"], r["thaw"]
+        fi, th, ho = r["freeze_isolate"], r["thaw"], r.get("handoff")
+        hand = (f"{ho['grant']['p50_ms']:.2f} / {ho['grant']['p95_ms']:.2f} | "
+                f"{ho['outgoing_report']['p50_ms']:.2f} / {ho['outgoing_report']['p95_ms']:.2f}"
+                if ho else "– | –")
         lines.append(
             f"| {r['backend']} | {r['siblings']} | {fi['p50_ms']:.2f} / {fi['p95_ms']:.2f}"
-            f" | {th['p50_ms']:.2f} / {th['p95_ms']:.2f} | {r['clean']}/{r['regions']} |"
+            f" | {th['p50_ms']:.2f} / {th['p95_ms']:.2f} | {r['clean']}/{r['regions']} | {hand} |"
         )
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """The gate/drain operation on real gate files (no processes needed)."""
 
 import signal
+import time
 from dataclasses import replace
 
 import pytest
@@ -98,3 +99,30 @@ def test_findings_name_drain_failures_and_gate_bypasses(jobs):
         assert clean.findings() == []  # negative control
     finally:
         reap(sibling)
+
+
+def test_siblings_that_do_not_drain_are_waited_for_at_once_not_one_after_another(jobs):
+    """Issue 12: N siblings that never acknowledge, kill policy: the grant waits one
+    timeout (all together), then kills them all — not one ``timeout_s`` per sibling.
+    Control: the per-sibling waits add up to N timeouts, what the sequential form cost."""
+    timeout_s = 0.4
+    victims = [spawn([PY, "-c", "import time; time.sleep(60)"]) for _ in jobs]
+    try:
+        gated = []
+        for job, victim in zip(jobs, victims, strict=True):
+            _own_slot(job.gate, victim)
+            members = [ProcessRef.of(victim.pid)]
+            gated.append(replace(job, members=lambda m=members: m))
+        op = GateDrain(gated, timeout_s=timeout_s, policy="kill")
+        t0 = time.monotonic()
+        op.apply()
+        elapsed = time.monotonic() - t0
+        op.revert()
+        assert all(v.wait(timeout=5) == -signal.SIGKILL for v in victims)
+        assert sorted(op.waited_s) == [j.job_id for j in jobs]
+        assert elapsed < 2 * timeout_s, f"waited {elapsed:.2f} s for {len(jobs)} siblings"
+        # the control: waiting for each in turn costs the sum of their waits
+        assert sum(op.waited_s.values()) >= len(jobs) * timeout_s > elapsed
+    finally:
+        for v in victims:
+            reap(v)

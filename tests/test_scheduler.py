@@ -320,3 +320,66 @@ def test_within_a_tenant_the_job_served_least_recently_goes_first():
     assert granted(s.release(two.region, 1.1)) == [three]
     s.started(three.region, 1.1)
     assert granted(s.release(three.region, 1.2)) == [greedy]
+
+
+def test_jobs_served_earlier_in_a_handoff_chain_do_not_hold_back_a_queued_job():
+    """Issue 18: a job handed over from (frozen since its own release, so it cannot have
+    asked) had its turn: while another job is queued the window does not wait for it;
+    with nobody queued it gets the window like any frozen job.  Control: the same
+    release without ``served`` opens the window and grants nobody."""
+    s = Scheduler(window_s=0.02)
+    j1, j2, j3 = req(1), req(2), req(3)
+    assert granted(s.submit(j1, 0.0)) == [j1]
+    s.started(j1.region, 0.0)
+    s.submit(j2, 0.0)
+    s.submit(j3, 0.0)
+    assert granted(s.release(j1.region, 1.0, frozen={2, 3})) == [j2]  # both queued
+    s.started(j2.region, 1.0)
+    # j2 hands over to j3: j1 (the chain's first holder) is frozen and has not asked;
+    # it held the device for 1 s, j3 not at all: it would not go first
+    assert granted(s.release(j2.region, 2.0, frozen={1, 3}, served={1})) == [j3]
+    s.started(j3.region, 2.0)
+    # nobody queued now: j1 and j2 get the window as usual
+    assert granted(s.release(j3.region, 3.0, frozen={1, 2}, served={1, 2})) == []
+    assert s.queue("cpu").window is not None
+
+    c = Scheduler(window_s=0.02)  # the control
+    k1, k2, k3 = req(1), req(2), req(3)
+    c.submit(k1, 0.0)
+    c.started(k1.region, 0.0)
+    c.submit(k2, 0.0)
+    c.submit(k3, 0.0)
+    assert granted(c.release(k1.region, 1.0, frozen={2, 3})) == [k2]
+    c.started(k2.region, 1.0)
+    assert granted(c.release(k2.region, 2.0, frozen={1, 3})) == []  # waits for job 1
+
+
+def test_a_served_job_of_a_tenant_that_used_the_device_less_is_still_waited_for():
+    """Tenant fairness first: a job handed over from whose tenant has used the device
+    less than the queued tenant's would go first if it asked: the window waits."""
+    s = Scheduler(window_s=0.02)
+    a, b1, b2 = req(1, tenant="A"), req(2, tenant="B"), req(3, tenant="B")
+    assert granted(s.submit(b1, 0.0)) == [b1]
+    s.started(b1.region, 0.0)
+    s.submit(a, 0.5)
+    s.submit(b2, 0.5)
+    assert granted(s.release(b1.region, 5.0, frozen={1, 3})) == [a]  # A used nothing yet
+    s.started(a.region, 5.0)
+    # A (1 s) hands over to B's next job; B has used 5 s: A would go first again
+    assert granted(s.release(a.region, 6.0, frozen={3}, served=set())) == [b2]
+    s.started(b2.region, 6.0)
+    assert granted(s.release(b2.region, 6.5, frozen={1}, served={1})) == []  # nobody queued
+    s2 = Scheduler(window_s=0.02)
+    a, b1, b2, b3 = req(1, tenant="A"), req(2, tenant="B"), req(3, tenant="B"), req(4, tenant="B")
+    assert granted(s2.submit(b1, 0.0)) == [b1]
+    s2.started(b1.region, 0.0)
+    s2.submit(a, 0.1)
+    s2.submit(b2, 0.1)
+    s2.submit(b3, 0.1)
+    assert granted(s2.release(b1.region, 5.0, frozen={1, 3, 4})) == [a]
+    s2.started(a.region, 5.0)
+    assert granted(s2.release(a.region, 6.0, frozen={3, 4})) == [b2]
+    s2.started(b2.region, 6.0)
+    # b2 hands over; A (1 s) is frozen and was served in the chain, B has 5.5 s, b3 is
+    # queued: A would go first if it asked, so the window waits for it
+    assert granted(s2.release(b2.region, 6.5, frozen={1, 4}, served={1})) == []

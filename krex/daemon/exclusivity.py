@@ -78,6 +78,24 @@ class _Region:
         return {kind: dst for op in self.enforcement.applied if isinstance(op, HolderSlot)
                 for kind, (_, dst) in op.moves.items()}
 
+    def can_hand_over(self) -> bool:
+        """Whether the next holder of the device may take this enforcement over."""
+        return (not isinstance(self.drain, CheckpointLock) and self.audit is None
+                and self.enforcement.report is None)
+
+    def lease(self) -> None:
+        """A handed-over region's lease to the guardian (after its grant is sent)."""
+        if self.enforcement.pending_lease is not None:
+            from krex.enforce.handoff import lease_handed
+
+            lease_handed(self.enforcement)
+
+    def stopped(self) -> bool:
+        """Whether it stopped its siblings (as its report will say), before its undo."""
+        gated = isinstance(self.drain, GateDrain) and bool(self.drain.jobs)
+        return gated or (self.enforcement.freeze_step is not None
+                         and bool(self.enforcement.siblings))
+
     def exit(self) -> Evidence:
         host = self.enforcement.exit()
         audit = self.audit.finish() if self.audit is not None else None
@@ -249,6 +267,35 @@ class Exclusivity:
         if audit is not None:
             audit.begin({r.pid for r in holder_target.processes()})
         return _Region(enforcement, drain, audit)
+
+    def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
+                  others: Sequence[Any] = ()) -> _Region | None:
+        """The next region on ``held``'s device, taken over from it without undoing
+        what both need (the frozen subtree, the narrowed cpusets and shield): the
+        outgoing holder is moved back among the frozen, the incoming one into the slot.
+        None (nothing changed) when it cannot be; then ``held.exit()`` and
+        :meth:`enter` as usual.  The interposer's gates carry over (only the outgoing
+        holder's closes and drains, the incoming one's opens); regions with the
+        checkpoint lock or a device audit are always undone and set up again."""
+        if not isinstance(held, _Region) or not held.can_hand_over():
+            return None
+        drain = None
+        if is_gpu(request.device) and self.config.gate:
+            drain = self._gate_drain(siblings, request)
+            if drain is None or not isinstance(held.drain, GateDrain):
+                return None
+        hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
+        enforcement = self.enforcer.hand_over(
+            held.enforcement, self.target(holder), [self.target(j) for j in siblings],
+            max_hold_s=hold, others=[self.target(j) for j in others],
+            pre_ops=[drain] if drain else [])
+        if enforcement is None:
+            return None
+        if is_gpu(request.device) and not self.config.gate:
+            enforcement.gaps.append(Reason.mechanism(
+                "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
+                "GPU work may run during the region", disabled=True))
+        return _Region(enforcement, drain, None)
 
     def _all_off(self, device: str) -> bool:
         c = self.config

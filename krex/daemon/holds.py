@@ -76,6 +76,8 @@ class RegionState:
     release_id: int | None = None  # a release waiting for the report
     gone: bool = False  # nobody to answer: cancelled, or the connection closed
     frozen_jobs: list[int] = field(default_factory=list)  # siblings it stopped
+    handed_mono_s: float | None = None  # its enforcement passed to the next holder then
+    chain: tuple[int, ...] = ()  # jobs that held the device before it, handed over to it
 
     @property
     def region(self) -> int:
@@ -257,6 +259,78 @@ class Holds:
         self._exit(st)
 
     def _exit(self, st: RegionState) -> None:
+        nxt = self._next_holder(st)
+        if nxt is not None:
+            self._hand_over(st, *nxt)
+            return
+        self._undo(st)
+
+    def _next_holder(self, st: RegionState) -> tuple[RegionState, Job, list[Job],
+                                                    list[Job]] | None:
+        """The region granted next on this device, when its holder can take the
+        enforcement over (see :meth:`_hand_over`): the scheduler is told of the
+        release now, before anything is undone."""
+        if st.held is None or not getattr(st.held, "can_hand_over", lambda: False)():
+            return None
+        with self.d.locked():
+            now = time.monotonic()
+            frozen = st.frozen_jobs if _stopped_held(st.held) else []
+            decisions = self.d.scheduler.release(st.region, now, frozen, st.chain)
+            pick = next((d for d in decisions if isinstance(d, Grant)
+                         and self._takes_over(st, self.regions.get(d.request.region))), None)
+            self.apply([d for d in decisions if d is not pick])
+            if pick is None:
+                return None
+            nxt = self.regions[pick.request.region]
+            holder = self.d.jobs.get(nxt.request.job_id)
+            assert holder is not None  # checked by _takes_over
+            siblings, others = self.d.siblings(nxt.request)
+            nxt.phase = Phase.ENTERING
+            nxt.enter_mono_s = now
+            nxt.chain = (*st.chain, st.request.job_id)
+            st.handed_mono_s = now
+            return nxt, holder, siblings, others
+
+    def _takes_over(self, st: RegionState, nxt: RegionState | None) -> bool:
+        if nxt is None or nxt.outcome is not None or nxt.phase is not Phase.QUEUED:
+            return False
+        req = nxt.request
+        return (req.device == st.request.device and req.exclusive and not req.nested
+                and self.d.jobs.get(req.job_id) is not None)
+
+    def _hand_over(self, st: RegionState, nxt: RegionState, holder: Job, siblings: list[Job],
+                   others: list[Job]) -> None:
+        """Overlapped handoff: the next holder's grant is sent before the outgoing
+        region's report is made; nothing both need is undone and redone.  When the
+        enforcement cannot be carried over, it is undone and set up again, in order."""
+        assert st.held is not None
+        try:
+            held = self.d.exclusivity.hand_over(st.held, holder, siblings, nxt.request, others)
+        except Exception:
+            log.exception("region %d: handoff to region %d failed", st.region, nxt.region)
+            held = None
+        if held is None:
+            st.handed_mono_s = None
+            nxt.chain = ()
+            self._undo(st)
+            self._enter(nxt)
+            return
+        with self.d.locked():
+            nxt.held = held
+            nxt.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
+            gone = nxt.outcome is not None
+            if not gone:
+                nxt.phase = Phase.HELD
+                self._granted(nxt, time.monotonic())  # sent as the lock is released
+            else:
+                nxt.phase = Phase.CLOSING
+                nxt.ending_mono_s = time.monotonic()
+        held.lease()  # the guardian's records, after the grant (see krex.enforce.handoff)
+        self._undo(st)  # the outgoing report: confirmation, counts, contention, after the grant
+        if gone:
+            self._exit(nxt)
+
+    def _undo(self, st: RegionState) -> None:
         evidence: Evidence | None = None
         if st.held is not None:
             try:
@@ -389,10 +463,12 @@ class Holds:
             a.held_s += st.report.held_s
         if st.enter_mono_s is not None and st.report.host is not None \
                 and _stopped_host(st.report.host):
+            # handed over: its siblings' freeze from then on is the next region's
+            until = st.handed_mono_s if st.handed_mono_s is not None else now
             for job_id in st.frozen_jobs:
                 sibling = self.d.jobs.get(job_id)
                 if sibling is not None:
-                    sibling.account.frozen_s += now - st.enter_mono_s
+                    sibling.account.frozen_s += max(0.0, until - st.enter_mono_s)
 
     def _report(self, st: RegionState, evidence: Evidence | None,
                 outcome: Outcome) -> RegionReport:
@@ -425,6 +501,12 @@ def slot_paths(held: Held | None) -> dict[str, str]:
 
 def _stopped_host(host: HostEvidence) -> bool:
     return bool(host.siblings_frozen or host.gated_jobs or host.locked_pids)
+
+
+def _stopped_held(held: Held) -> bool:
+    """Whether a held region's enforcement stopped its siblings (known before its undo)."""
+    stopped = getattr(held, "stopped", None)
+    return bool(stopped()) if stopped is not None else False
 
 
 def _stopped(evidence: Evidence) -> bool:

@@ -114,6 +114,7 @@ class DeviceQueue:
     window: Window | None = None
     misses: dict[int, int] = field(default_factory=dict)  # jobs that ask here -> windows missed
     served: dict[int, int] = field(default_factory=dict)  # job -> the turn it was last granted
+    share_of: dict[int, Hashable] = field(default_factory=dict)  # job -> its tenant, last seen
     turns: int = 0
 
     def waiting(self) -> Iterator[Request]:
@@ -163,9 +164,15 @@ class Scheduler:
         if req is not None and req.granted_mono_s is not None and req.started_mono_s is None:
             req.started_mono_s = now
 
-    def release(self, region: int, now: float, frozen: Iterable[int] = ()) -> list[Decision]:
+    def release(self, region: int, now: float, frozen: Iterable[int] = (),
+                served: Iterable[int] = ()) -> list[Decision]:
         """End a region (held, revoked or still queued).  ``frozen``: the jobs its
-        enforcement froze; they get the fair window before the next grant."""
+        enforcement froze; they get the fair window before the next grant.
+        ``served``: those of them that held the device earlier in the same handoff
+        chain (frozen since their own release, handed over without a thaw): the window
+        does not wait for one that would not be picked first if it asked (its tenant
+        used the device more than the next queued tenant, or it is of that tenant and
+        was served after the job it would pick); otherwise it waits as for any other."""
         req = self.live.pop(region, None)
         if req is None:
             return []
@@ -177,7 +184,7 @@ class Scheduler:
         held_from = req.started_mono_s if req.started_mono_s is not None else now
         dq.usage[req.share] = dq.usage.get(req.share, 0.0) + max(0.0, now - held_from)
         dq.last_active[req.share] = now
-        self._open_window(dq, req, set(frozen), now)
+        self._open_window(dq, req, set(frozen), now, set(served))
         if dq.window is not None:
             return []
         return self._dispatch(dq, now)
@@ -277,15 +284,29 @@ class Scheduler:
                 del dq.shares[req.share]
 
     def _open_window(self, dq: DeviceQueue, released: Request, frozen: set[int],
-                     now: float) -> None:
+                     now: float, served: set[int] | None = None) -> None:
         if self.window_s <= 0 or not frozen:
             return
         queued = dq.queued_jobs()
+        skip = {j for j in served or () if queued and not self._would_go_first(dq, j)}
         waiting_for = {j for j in frozen
-                       if j != released.job_id and j not in queued
+                       if j != released.job_id and j not in queued and j not in skip
                        and dq.misses.get(j, self.max_misses) < self.max_misses}
         if waiting_for:
             dq.window = Window(now + self.window_s, waiting_for)
+
+    def _would_go_first(self, dq: DeviceQueue, job_id: int) -> bool:
+        """Whether ``job_id``, had it asked, might be picked before every queued job:
+        its tenant has used the device no more than the next tenant, and (same tenant)
+        it was not served after the job that tenant would pick."""
+        share = dq.share_of.get(job_id)
+        best = min(dq.shares, key=lambda t: dq.usage.get(t, 0.0))
+        if share is None or dq.usage.get(share, 0.0) < dq.usage.get(best, 0.0):
+            return True
+        if share != best:
+            return dq.usage.get(share, 0.0) <= dq.usage.get(best, 0.0)
+        first = min(dq.shares[best], key=lambda j: dq.served.get(j, 0))
+        return dq.served.get(job_id, 0) <= dq.served.get(first, 0)
 
     def _pick(self, dq: DeviceQueue) -> Request:
         share = min(dq.shares, key=lambda t: dq.usage.get(t, 0.0))  # first of equals: RR
@@ -295,6 +316,7 @@ class Scheduler:
         req = q.popleft()
         dq.turns += 1
         dq.served[job_id] = dq.turns
+        dq.share_of[job_id] = share
         if not q:
             del jobs[job_id]
         if jobs:

@@ -182,6 +182,16 @@ class Enforcer:
         enforcement.start(list(pre_ops) + ops, max_hold_s + self.config.lease_margin_s)
         return enforcement
 
+    def hand_over(self, old: Enforcement, holder: JobTarget, siblings: list[JobTarget], *,
+                  max_hold_s: float, others: list[JobTarget] | tuple = (),
+                  pre_ops: list[Operation] | tuple = ()) -> Enforcement | None:
+        """The next region on ``old``'s device, taken over without undoing what both
+        need (:mod:`krex.enforce.handoff`); None when it cannot be, and nothing changed."""
+        from krex.enforce.handoff import hand_over
+
+        return hand_over(old, holder, siblings, list(others),
+                         max_hold_s + self.config.lease_margin_s, pre_ops)
+
 
 def _backend(op: object) -> str:
     return str(getattr(op, "full_backend", None) or getattr(op, "backend", type(op).__name__))
@@ -207,6 +217,9 @@ class Enforcement:
         self.revoked = False
         self.freeze_step: Step | None = None
         self.leased: list[dict] | None = None
+        self.ended_ns: int | None = None  # set by a handoff: the region ended there
+        self.handed_from: int | None = None  # the lease id it was handed over from
+        self.pending_lease: tuple[Enforcement, float] | None = None  # handoff: see handoff.py
 
     def start(self, ops: list, lease_s: float) -> None:
         usable = [op for op in ops if self._check(op)]
@@ -295,10 +308,15 @@ class Enforcement:
             return self.report
         self._judge()  # before anything is thawed or moved back
         self._count_frozen()
+        if self.pending_lease is not None:  # handed over, never leased: lease it first
+            from krex.enforce.handoff import lease_handed
+
+            lease_handed(self)
         self.stack.close()
         guardian = self.enforcer.guardian
         if guardian is not None and self.leased is not None:
-            self.revoked = self.lease_id in guardian.expired()
+            expired = guardian.expired()
+            self.revoked = self.lease_id in expired or self.handed_from in expired
             guardian.end(self.lease_id)
         self.report = self._report()
         return self.report
@@ -315,7 +333,8 @@ class Enforcement:
             return
         isolated = any(op.name == "isolate" for op in self.applied)
         cores = self.enforcer.cores() if isolated else self.enforcer.all_cores
-        self.contention = Contention(self.counters.totals(), time.monotonic_ns() - self.t0_ns,
+        end_ns = self.ended_ns or time.monotonic_ns()
+        self.contention = Contention(self.counters.totals(), end_ns - self.t0_ns,
                                      cores, confined=isolated)
         if not delay_measurable():
             self.contention_reasons = [unmeasurable()]

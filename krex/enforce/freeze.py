@@ -293,6 +293,7 @@ class SubtreeFreeze:
         self._slow: str | None = None
         self._confirmed = False
         self._applied_at = 0.0
+        self.handed: set[int] = set()  # siblings' processes that left for the slot at a handoff
 
     def available(self) -> tuple[bool, str]:
         missing = [d for d in self.parents if not os.path.exists(os.path.join(d, self.cls.control))]
@@ -356,7 +357,31 @@ class SubtreeFreeze:
         self.frozen = []
 
     def frozen_count(self) -> int:
-        return len(_pids_in(self.siblings, self.kind)) + self.stragglers.frozen_count()
+        pids = _pids_in(self.siblings, self.kind) | self.handed
+        return len(pids) + self.stragglers.frozen_count()
+
+    # -- overlapped handoff (krex.enforce.handoff) -------------------------------------
+
+    def carriable(self) -> bool:
+        """Whether this freeze can stay applied for another holder: one write per
+        parent and nothing else (no sibling process SIGSTOPped outside its cgroup)."""
+        return bool(self.frozen) and not self.stragglers.targets and not self.stragglers.stopped
+
+    def settle(self) -> None:
+        """Before a handoff moves the outgoing holder in: one read per parent."""
+        if self.frozen and not self._confirmed and self._all_frozen():
+            self._confirmed = True
+
+    def hand_over(self, fresh: SubtreeFreeze, incoming: set[int]) -> None:
+        """``fresh`` (the next region's freeze of the same parents) takes the frozen
+        subtrees over without a write; this region stops being the one to thaw them.
+        ``incoming``: the next holder's processes, frozen by this region and now in
+        the slot, still counted as frozen in this region's report.  A subtree not yet
+        seen "frozen" is confirmed when this region's report is made, after the grant."""
+        fresh.frozen = list(self.frozen)
+        fresh._applied_at = time.monotonic()
+        self.frozen = []
+        self.handed = set(incoming)
 
     @property
     def full_backend(self) -> str:

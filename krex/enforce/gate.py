@@ -278,6 +278,16 @@ class GateFile:
     def _pending(self, slot: int, generation: int) -> list[int]:
         return [ref.pid for p, ref in self._live(slot) if p.ack_generation < generation]
 
+    def pending(self, slot: int, generation: int) -> list[int]:
+        """Live processes that have not acknowledged the drain of ``generation`` yet."""
+        return self._pending(slot, generation)
+
+    def acks(self, slot: int, generation: int) -> dict[int, float]:
+        """``{pid: seconds from close to its ack}`` of the processes that acked."""
+        dev = self._dev(slot)
+        return {ref.pid: max(0, int(p.ack_ns) - int(dev.close_ns)) / 1e9
+                for p, ref in self._live(slot) if p.ack_generation >= generation}
+
     def wait_drained(self, slot: int, generation: int, timeout_s: float = 10.0) -> dict[int, float]:
         """Wait for every live process's drain ack of ``generation``.
 

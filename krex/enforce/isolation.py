@@ -247,6 +247,15 @@ class SlotIsolation:
         if self.loose is not None:
             self.loose.apply()
 
+    def carriable(self, fresh: SlotIsolation) -> bool:
+        """Whether ``fresh`` (the next holder's) would write exactly what this wrote."""
+        return (self.loose is None and fresh.loose is None and fresh.slot == self.slot
+                and fresh.cores == self.cores and fresh.narrow == self.narrow)
+
+    def hand_over(self, fresh: SlotIsolation) -> None:
+        """``fresh`` keeps the cpusets as they are and puts them back at its end."""
+        fresh.previous, self.previous = self.previous, {}
+
     def revert(self) -> None:
         if self.loose is not None:
             self.loose.revert()

@@ -320,6 +320,7 @@ class ShieldRegion:
         self._pids: set[int] = set()
         self._foreign: list[tuple[str, str, str, int]] | None = None  # dir, old, new, tasks
         self.narrowed: list[tuple[str, str, str]] = []  # dir, old, new: as written
+        self.handed = False  # the next holder's region took the narrowed shield over
 
     def available(self) -> tuple[bool, str]:
         return True, ""  # built only when the shield can act (Shield.ops)
@@ -405,14 +406,30 @@ class ShieldRegion:
         exempt, kthreads = shield.exempt(self.cores)
         self.evidence.update(exempt=exempt[:_LISTED], kernel_threads_left=kthreads)
 
+    def carriable(self, fresh: ShieldRegion) -> bool:
+        return fresh.shield is self.shield and fresh.cores == self.cores and not self.handed
+
+    def hand_over(self, fresh: ShieldRegion, holder_pids: set[int]) -> None:
+        """``fresh`` (the next holder's region) keeps the shield narrowed as it is:
+        no sweep, no writes; it widens it at its end (or hands it on)."""
+        fresh._foreign, fresh.narrowed, self.narrowed = self._foreign, self.narrowed, []
+        fresh.evidence = {**self.evidence, "moved": 0, "refused": [], "carried": True,
+                          "apply_ms": 0.0}
+        fresh._pids = set(holder_pids)  # it is in the slot now: its job cgroup is empty
+        self.handed = True
+
     def revert(self) -> None:
         shield = self.shield
         if shield.root is None or shield.path is None:
             return
         late = [p for p in _procs(shield.root)
                 if p > 1 and p not in self._pids and (st := _stat(p)) and not st[1] & _PF_KTHREAD]
-        shield.widen()
         self.evidence["late"] = late[:_LISTED]  # came to the root cpuset during the region
+        if self.handed:  # still narrowed: the next region's to widen; what came meanwhile
+            if late:     # is swept off its reserved cores now, as its own apply would have
+                shield.sweep(self._pids)
+            return
+        shield.widen()
         for d, old, new in reversed(self.narrowed):  # parents first
             try:  # unless its owner changed it meanwhile: then the owner's value stays
                 if parse_cpulist(read(os.path.join(d, "cpuset.cpus"))) == parse_cpulist(new):

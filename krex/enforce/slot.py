@@ -40,6 +40,7 @@ class HolderSlot:
                     self.moves[kind] = (src, dst)
         self.moved: list[int] = []
         self.applied = False
+        self._back: list[int] | None = None  # moved back by revert_lead, the rest to follow
 
     def available(self) -> tuple[bool, str]:
         if not self.moves:
@@ -59,12 +60,12 @@ class HolderSlot:
             self.moved = self.holder.cgroups.pids()
         for kind, (_, dst) in self.moves.items():
             if kind != lead:
-                self._follow(dst)
+                self._follow(dst, self.moved)
 
-    def _follow(self, dst: str) -> None:
+    def _follow(self, dst: str, pids: list[int]) -> None:
         """The other hierarchies: the same processes (v1 cpuset dirs are shared by the
         device's jobs, so move exactly the holder's PIDs, not the directory)."""
-        for pid in self.moved:
+        for pid in pids:
             try:
                 write(dst + "/cgroup.procs", str(pid))
             except (ProcessLookupError, OSError):
@@ -73,8 +74,36 @@ class HolderSlot:
     def revert(self) -> None:
         if not self.applied:
             return
+        if self._back is not None:  # the freezing hierarchy went back at a handoff
+            self.revert_rest()
+            return
         for src, dst in self.moves.values():
             move_all(dst, src)  # the slot holds only the holder's processes
+        self.applied = False
+
+    # -- overlapped handoff (krex.enforce.handoff) ---------------------------------------
+
+    def _lead(self) -> str | None:
+        return next((k for k in ("v2", "freezer") if k in self.moves), None)
+
+    def revert_lead(self) -> None:
+        """Back into the job cgroup of the freezing hierarchy only: under the frozen
+        device parent the processes stop at once.  The next holder can be let in; the
+        other hierarchies (the v1 cpuset) follow, after its grant, in :meth:`revert_rest`."""
+        lead = self._lead()
+        if not self.applied or lead is None:
+            return
+        src, dst = self.moves[lead]
+        self._back = move_all(dst, src)
+
+    def revert_rest(self) -> None:
+        """The other hierarchies, for exactly the processes moved back (the slot now
+        holds the next holder's processes too)."""
+        lead, back = self._lead(), self._back or []
+        for kind, (src, _) in self.moves.items():
+            if kind != lead:
+                self._follow(src, back)
+        self._back = None
         self.applied = False
 
     def pids(self) -> list[int]:

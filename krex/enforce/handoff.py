@@ -1,0 +1,187 @@
+"""Overlapped handoff: one device's enforcement passes from holder to holder.
+
+When a region ends and the next grant is on the same device, undoing
+everything (thaw the device subtree, widen the shield, give the other
+cpusets their cores back) only to redo it all for the next holder is most of
+a handoff's cost.  :func:`hand_over` keeps applied what both regions need:
+the device subtree stays frozen, the slot keeps the reserved cores, the other
+devices' cpusets and the shield stay narrowed.  Only the holders move: the
+outgoing holder's processes go back into their job cgroups (under the frozen
+parent: they freeze on arrival), then the incoming holder's into the slot
+(they thaw on arrival), in that order, so the two never run at once.  The new
+region is leased to the guardian before the old lease ends, so every applied
+change has an undo record at every moment.
+
+The outgoing region's report is made afterwards, by its ordinary
+:meth:`~krex.enforce.enforcer.Enforcement.exit` (after the grant is sent),
+and is as truthful as one that thawed: its freeze is confirmed (a subtree
+not yet "frozen" at the handoff is confirmed after it, with the outgoing
+holder now inside, which can only delay the confirmation, never fake it), its
+frozen processes are counted (the incoming holder's, which left for the slot
+meanwhile, included), its holder's counters are judged over the region it
+held, and tasks that reached the root cpuset meanwhile are named (and swept).
+
+A GPU gate/drain step is carried the same way: the gates of jobs that stay
+siblings stay closed (no close, no drain wait), the outgoing holder's gate is
+closed and only its queued GPU work is waited for — before it is moved among
+the frozen — and the incoming holder's gate is opened.
+
+A handoff is refused (``None``: the caller undoes and sets up as before)
+when something applied cannot be carried as it is: a checkpoint-lock GPU
+step, per-process or signal freezing, processes outside their cgroups, other
+cpusets to narrow, other reserved cores, a lease the guardian expired.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from krex.enforce.freeze import SubtreeFreeze
+from krex.enforce.gatedrain import GateDrain
+from krex.enforce.isolation import SlotIsolation
+from krex.enforce.job import JobTarget
+from krex.enforce.schedstat import HolderCounters
+from krex.enforce.shield import ShieldRegion
+from krex.enforce.slot import HolderSlot
+from krex.protocol.report import Step
+
+if TYPE_CHECKING:
+    from krex.enforce.enforcer import Enforcement
+
+CARRIED = (GateDrain, HolderSlot, SubtreeFreeze, SlotIsolation, ShieldRegion)
+
+
+def _matches(old: object, fresh: object, outgoing: int) -> bool:
+    """Whether ``fresh`` (built for the next holder) would apply what ``old`` did."""
+    if type(old) is not type(fresh):
+        return False
+    if isinstance(old, GateDrain):
+        assert isinstance(fresh, GateDrain)
+        return old.carriable(fresh, outgoing)
+    if isinstance(old, HolderSlot):
+        assert isinstance(fresh, HolderSlot)
+        return ({k: d for k, (_, d) in old.moves.items()}
+                == {k: d for k, (_, d) in fresh.moves.items()})
+    if isinstance(old, SubtreeFreeze):
+        assert isinstance(fresh, SubtreeFreeze)
+        return (old.carriable() and not fresh.stragglers.targets and old.kind == fresh.kind
+                and old.parents == fresh.parents)
+    if isinstance(old, SlotIsolation):
+        assert isinstance(fresh, SlotIsolation)
+        return old.carriable(fresh)
+    assert isinstance(old, ShieldRegion) and isinstance(fresh, ShieldRegion)
+    return old.carriable(fresh)
+
+
+def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
+         others: list[JobTarget], exclude: set[int], pre_ops: list | tuple = ()) -> list | None:
+    """The next region's operations, if every one can take over the applied one."""
+    if old.report is not None or old.revoked or not old.applied:
+        return None
+    if any(not isinstance(op, CARRIED) for op in old.applied):
+        return None
+    if not any(isinstance(op, SubtreeFreeze) for op in old.applied):
+        return None
+    if holder.may_run_outside():
+        return None
+    fresh, skipped = old.enforcer._ops(holder, siblings, others, exclude)
+    fresh = list(pre_ops) + fresh
+    if skipped or len(fresh) != len(old.applied):
+        return None
+    outgoing = old.holder.job_id
+    if not all(_matches(o, f, outgoing) for o, f in zip(old.applied, fresh, strict=True)):
+        return None
+    guardian = old.enforcer.guardian
+    if guardian is not None and old.lease_id in guardian.expired():
+        return None  # the guardian undid it already: nothing left to carry
+    return fresh
+
+
+def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
+              others: list[JobTarget], lease_s: float,
+              pre_ops: list | tuple = ()) -> Enforcement | None:
+    """The next region's enforcement, taken over from ``old`` (which then only reports).
+    ``pre_ops``: the next region's GPU step (a :class:`GateDrain`), as for ``enter``."""
+    # No holder process may be outside its cgroup (plan checks), so nothing needs
+    # excluding from a signal freeze, and its cgroup lists all of it.
+    fresh = plan(old, holder, siblings, others, set(), pre_ops)
+    if fresh is None:
+        return None
+    new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
+    refs = holder.processes()
+    # Frozen (it waited in the frozen subtree), its counters stand still until the slot
+    # move below thaws it: this is its region's start.
+    new.counters = HolderCounters.begin(refs)
+    old.ended_ns = time.monotonic_ns()
+    for was in old.applied:
+        if isinstance(was, SubtreeFreeze):
+            was.settle()  # seen frozen before the outgoing holder joins the subtree
+    incoming: set[int] = set()
+    try:
+        _take_over(old, new, fresh, holder, refs, incoming)
+    except BaseException:
+        old.ended_ns = None  # not handed over: it ends when it is undone
+        raise
+    new.handed_from = old.lease_id
+    new.pending_lease = (old, lease_s)  # sent by lease_handed(), after the grant
+    new.t0_ns = time.monotonic_ns()
+    return new
+
+
+def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarget,
+               refs: list, incoming: set[int]) -> None:
+    for was, op in zip(old.applied, fresh, strict=True):
+        t0 = time.perf_counter()
+        if isinstance(op, GateDrain):  # first: the outgoing holder's GPU work drains
+            was.hand_over(op, holder.job_id)
+        elif isinstance(op, HolderSlot):
+            was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
+            op.apply()  # the incoming holder out of it, onto the reserved cores
+            incoming |= set(op.pids())
+        elif isinstance(op, SubtreeFreeze):
+            was.hand_over(op, incoming)
+        elif isinstance(op, ShieldRegion):
+            was.hand_over(op, {r.pid for r in refs})
+        else:
+            was.hand_over(op)
+        step = Step(op.name, _step(old, was).backend, ok=True,
+                    apply_ms=round((time.perf_counter() - t0) * 1e3, 3))
+        new.steps.append(step)
+        new.applied.append(op)
+        new.stack.callback(new._revert, op, step)
+        if op.name == "freeze":
+            new.freeze_step = step
+
+
+def lease_handed(new: Enforcement) -> None:
+    """After the grant is sent: the outgoing holder's move back in the hierarchies
+    other than the freezing one (it is frozen: where it may run can wait), then the
+    new region's lease and the end of the old one.
+
+    No ack is waited for, and nothing is lost if the daemon dies before this runs:
+    the old lease is still active and its undo records are the new region's (the
+    same subtrees to thaw, the same cpusets to give back, the same shield to
+    release; the slot move needs none), so the guardian undoes exactly what is
+    applied.  The pipe keeps lease-then-end in order.  Only its expiry is the old
+    region's: a region that finds either lease expired at its end is revoked."""
+    pending, new.pending_lease = new.pending_lease, None
+    if pending is None:
+        return
+    old, lease_s = pending
+    for op in old.applied:  # the outgoing holder's other hierarchies (v1 cpuset)
+        if isinstance(op, HolderSlot):
+            old._revert(op, _step(old, op))
+    new._lease(new.applied, lease_s)  # before the old lease ends: never a moment unleased
+    guardian = old.enforcer.guardian
+    if guardian is not None and old.leased is not None:
+        guardian.end(old.lease_id)
+        old.leased = None
+
+
+def _step(enf: Enforcement, op: object) -> Step:
+    name = getattr(op, "name", "")
+    return next(s for s in enf.steps if s.name == name)
+
+
+__all__ = ["CARRIED", "hand_over", "lease_handed", "plan"]

@@ -1,0 +1,534 @@
+"""Overlapped handoff (issue 18): the device subtree stays frozen from one holder to the
+next, only the holders move; the outgoing report stays truthful; crashes mid-chain
+leave nothing frozen.  Enforcement without the scheduler, then through a real daemon."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from helpers import PY, Daemon, krex, reap, spawn, wait_for
+from test_enforce_support import Sibling, layout_or_skip, stamps_after
+
+from krex.enforce import freeze as freeze_mod
+from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read
+from krex.enforce.enforcer import EnforceConfig, Enforcer
+from krex.enforce.handoff import lease_handed
+from krex.enforce.process import ProcessRef
+from krex.enforce.undo import replay
+
+LAYOUT = CgroupLayout.probe()
+CGROUP_BACKENDS = ["cgroup2", "cgroup1"]
+KIND = {"cgroup2": "v2", "cgroup1": "freezer"}
+CONTROL = {"cgroup2": ("cgroup.freeze", "0"), "cgroup1": ("freezer.state", "THAWED")}
+
+
+@pytest.fixture
+def instance():
+    name = instance_name(f"h{time.monotonic_ns()}x")
+    yield name
+    CgroupLayout.probe().remove_instance(name)
+
+
+def _jobs(layout, instance, tmp_path, n=3):
+    """n stamping jobs of one device, each in its own job cgroups."""
+    return [Sibling(str(tmp_path), i, layout.create_job(instance, i)) for i in range(1, n + 1)]
+
+
+def _quiet(sib: Sibling, t0: float, t1: float) -> bool:
+    return not [x for x in sib.stamps() if t0 < x < t1]
+
+
+def _thawed(layout, instance, backend) -> bool:
+    control, value = CONTROL[backend]
+    parent = layout.device(instance).parent[KIND[backend]]
+    return read(os.path.join(parent, control)) == value
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_a_handoff_keeps_the_device_frozen_and_moves_only_the_holders(
+        backend, tmp_path, instance, monkeypatch):
+    """A holds with B and C frozen; A hands over to B: no freeze write, A stops, B runs,
+    C never runs; A's report counts B and C frozen; the parent thaws once, at B's end.
+    Control: undoing A's region and entering B's writes the freeze control twice."""
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    a, b, c = jobs
+    writes: list[str] = []
+    real = freeze_mod.write
+    monkeypatch.setattr(freeze_mod, "write", lambda p, v: (writes.append(p), real(p, v)))
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        records = [r for op in reversed(first.applied) for r in op.undo_records()]
+        time.sleep(0.2)
+        before = len(writes)
+        t_hand = time.monotonic()
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        assert len(writes) == before, writes[before:]  # nothing thawed, nothing re-frozen
+        slot_cpuset = layout.device(instance).slot.get("cpuset")
+        if slot_cpuset and a.target.cgroups.cpuset != slot_cpuset:  # v1: moved after the grant
+            assert a.proc.pid in _procs(slot_cpuset)
+            lease_handed(second)
+            assert a.proc.pid not in _procs(slot_cpuset)
+            assert b.proc.pid in _procs(slot_cpuset)
+        report = first.exit()  # made after the grant: the subtree stays frozen
+        assert not _thawed(layout, instance, backend)
+        time.sleep(0.3)
+        t_end = time.monotonic()
+        assert _quiet(c, t_hand - 0.2, t_end)  # frozen through both regions
+        assert _quiet(a, t_hand + 0.05, t_end)  # back among the frozen at the handoff
+        assert stamps_after(b.path, t_hand + 0.05)  # the new holder runs
+        assert report.processes_frozen == 2 and report.siblings_frozen == 2
+        assert all(s.ok for s in report.steps), report.steps
+        assert [s.name for s in second.steps] == [s.name for s in report.steps]
+        assert [r for op in reversed(second.applied) for r in op.undo_records()] == records
+        done = second.exit()
+        assert done.processes_frozen == 2 and all(s.ok for s in done.steps), done.steps
+        assert _thawed(layout, instance, backend)
+        kind = KIND[backend]
+        assert b.proc.pid in _procs(getattr(b.target.cgroups, kind))  # back in its job
+        assert _procs(layout.device(instance).slot[kind]) == []
+        thawed_at = time.monotonic()
+        wait_for(lambda: all(s.progressed_after(thawed_at) for s in jobs), 10)
+        # the control: the same two regions without the handoff
+        third = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        mark = len(writes)
+        third.exit()
+        enforcer.enter(b.target, [a.target, c.target], max_hold_s=5).exit()
+        assert len(writes) - mark >= 3, writes[mark:]  # thaw, freeze (and thaw again)
+    finally:
+        for s in jobs:
+            s.kill()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_a_handoff_is_refused_when_a_sibling_runs_outside_its_cgroup(backend, tmp_path,
+                                                                    instance):
+    """A sibling without a cgroup is SIGSTOPped per process: not carried over (None,
+    nothing changed); the control with every sibling in its cgroup is carried."""
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path, n=2)
+    loose = Sibling(str(tmp_path), 9)
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        a, b = jobs
+        first = enforcer.enter(a.target, [b.target, loose.target], max_hold_s=5)
+        assert enforcer.hand_over(first, b.target, [a.target, loose.target],
+                                  max_hold_s=5) is None
+        report = first.exit()  # the ordinary undo still works
+        assert all(s.ok for s in report.steps)
+        assert _thawed(layout, instance, backend)
+        first = enforcer.enter(a.target, [b.target], max_hold_s=5)
+        second = enforcer.hand_over(first, b.target, [a.target], max_hold_s=5)
+        assert second is not None  # the control
+        first.exit()
+        second.exit()
+    finally:
+        loose.kill()
+        for s in jobs:
+            s.kill()
+
+
+# Stands in for a daemon mid-chain: A's region, handed over to B, then (LEASED=1) B's
+# lease sent, or (0) killed between B's grant and its lease.  Waits to be killed.
+# argv: backend, journal, instance, leased, pids of A, B, C.
+CHAIN = r"""
+import json, sys, time
+from krex.enforce.cgroups import CgroupLayout
+from krex.enforce.enforcer import EnforceConfig, Enforcer
+from krex.enforce.guardian import GuardianClient
+from krex.enforce.handoff import lease_handed
+from krex.enforce.process import ProcessRef
+from krex.enforce.job import JobTarget
+from krex.enforce.process import ProcessRef
+backend, journal, instance = sys.argv[1:4]
+leased, pids = sys.argv[4] == "1", list(map(int, sys.argv[5:]))
+layout, guardian = CgroupLayout.probe(), GuardianClient()
+guardian.start("standin-chain", journal)
+targets = []
+for i, pid in enumerate(pids, 1):
+    ref = ProcessRef.of(pid)
+    cgroups = layout.create_job(instance, i)
+    cgroups.adopt(ref)
+    targets.append(JobTarget(i, root=ref, pgid=pid, cgroups=cgroups))
+a, b, c = targets
+enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
+first = enforcer.enter(a, [b, c], max_hold_s=60)
+second = enforcer.hand_over(first, b, [a, c], max_hold_s=60)
+assert second is not None
+if leased:
+    lease_handed(second)
+print(json.dumps({"frozen_at": time.monotonic(), "ended": sorted(guardian.leases)}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("leased", [True, False], ids=["after-lease", "before-lease"])
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_sigkill_of_the_daemon_mid_chain_thaws_everything(backend, leased, tmp_path,
+                                                          instance):
+    """Killed right after a handoff's grant, before the new lease was sent (the old
+    lease's records are the same and still held), or after it: the guardian thaws the
+    device and gives the holder every core back within a second."""
+    layout = layout_or_skip(backend)
+    jobs = [Sibling(str(tmp_path), i) for i in (1, 2, 3)]
+    daemon = None
+    try:
+        journal = str(tmp_path / "journal.json")
+        daemon = spawn([PY, "-c", CHAIN, backend, journal, instance, "1" if leased else "0",
+                        *(str(s.proc.pid) for s in jobs)])
+        info = json.loads(daemon.stdout.readline())
+        assert len(info["ended"]) == 1  # one lease at a time: the old one ended, or not yet
+        time.sleep(0.2)
+        a, b, c = jobs
+        assert _quiet(c, info["frozen_at"], time.monotonic())
+        killed_at = time.monotonic()
+        daemon.kill()
+        for s in (a, c):
+            wait_for(lambda s=s: s.progressed_after(killed_at), timeout_s=10)
+            assert stamps_after(s.path, killed_at)[0] - killed_at < 1.0
+        if layout.cpuset_writable:  # the new holder, still in the slot, has every core
+            wait_for(lambda: sorted(os.sched_getaffinity(b.proc.pid))
+                     == sorted(os.sched_getaffinity(0)), timeout_s=5)
+        assert _thawed(layout, instance, backend)
+    finally:
+        if daemon:
+            reap(daemon)
+        for s in jobs:
+            s.kill()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_undo_records_alone_end_a_chain(backend, tmp_path, instance):
+    """The guardian's replay of the chain's current lease (no revert runs)."""
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        a, b, c = jobs
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        lease_handed(second)  # no guardian: a no-op, and nothing left pending
+        first.exit()
+        third = enforcer.hand_over(second, c.target, [a.target, b.target], max_hold_s=5)
+        assert third is not None
+        second.exit()
+        replayed_at = time.monotonic()
+        assert replay([r for op in reversed(third.applied) for r in op.undo_records()]) == []
+        for s in jobs:
+            wait_for(lambda s=s: s.progressed_after(replayed_at), timeout_s=10)
+        if layout.cpuset_writable:
+            assert sorted(os.sched_getaffinity(c.proc.pid)) == sorted(os.sched_getaffinity(0))
+        third.exit()
+    finally:
+        for s in jobs:
+            s.kill()
+
+
+# A job taking N back-to-back regions of HOLD_MS; prints its grants' and releases'
+# monotonic times and its reports.  argv: N, hold_ms.
+CONTENDER = r"""
+import json, sys, time
+from krex.client.connection import Client
+n, hold_s = int(sys.argv[1]), float(sys.argv[2]) / 1e3
+c = Client(autostart=False)
+job = c.register()["job_id"]
+print("ready", flush=True)
+sys.stdin.readline()
+rows = []
+for _ in range(n):
+    rid = c.acquire(job)["region"]
+    end = time.perf_counter() + hold_s
+    while time.perf_counter() < end:
+        pass
+    rows.append(c.release(rid)["report"])
+print(json.dumps({"job": job, "reports": rows}), flush=True)
+c.close()
+"""
+
+
+def _contenders(sock: str, n_jobs: int, regions: int, hold_ms: float = 3.0):
+    env = {**os.environ, "KREX_SOCKET": sock}
+    procs = [subprocess.Popen([PY, "-c", CONTENDER, str(regions), str(hold_ms)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env, start_new_session=True) for _ in range(n_jobs)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return procs
+
+
+@pytest.mark.root
+def test_a_chain_of_handoffs_through_the_daemon_reports_truthfully(tmp_path):
+    """Four jobs back to back: many grants are handed over (their freeze step writes
+    nothing); every report counts each sibling's process frozen, the next holder's
+    included; no two regions overlap.  Control: with --freeze off nothing is carried."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for cgroups")
+    results = {}
+    for name, extra in (("on", ()), ("off", ("--freeze", "off"))):
+        rt = tmp_path / name
+        rt.mkdir(mode=0o700)
+        d = Daemon(str(rt), *extra).start()
+        procs = []
+        try:
+            procs = _contenders(d.socket, 4, 12)
+            outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        finally:
+            for p in procs:
+                reap(p)
+            d.stop()
+        results[name] = [r for o in outs for r in o["reports"]]
+    reports = results["on"]
+    carried = [r for r in reports if _carried(r)]
+    assert len(carried) >= len(reports) // 3, [r["host"]["steps"] for r in reports[:4]]
+    # one process per job: a handed-over region still counts the next holder it froze
+    # (a job that finished its regions and exited during another's region is the only
+    # other way to differ: at most one region per job)
+    counts = [(r["host"]["processes_frozen"], r["host"]["siblings_frozen"]) for r in reports]
+    assert sum(p != s for p, s in counts) <= 4, counts
+    assert sum(s == 3 for _, s in counts) >= len(counts) // 2, counts
+    spans = sorted((r["granted_mono_s"], r["released_mono_s"]) for r in reports)
+    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False)), "overlap"
+    assert not any(_carried(r) for r in results["off"])  # the control
+
+
+def _carried(report: dict) -> bool:
+    return any(s["name"] == "freeze" and s["apply_ms"] is not None and s["apply_ms"] < 0.02
+               for s in report["host"]["steps"]) and report["host"]["freeze_backend"] != "off"
+
+
+# A job taking back-to-back 3 ms regions until its daemon is gone; a line per region.
+LOOP = r"""
+import sys, time
+from krex.client.connection import Client
+c = Client(autostart=False)
+job = c.register()["job_id"]
+f = open(sys.argv[1], "a", buffering=1)
+print("ready", flush=True)
+while True:
+    rid = c.acquire(job)["region"]
+    end = time.perf_counter() + 0.003
+    while time.perf_counter() < end:
+        pass
+    c.release(rid)
+    f.write(f"{time.monotonic()}\n")
+"""
+
+
+def _loops(sock: str, tmp_path, n: int = 3):
+    env = {**os.environ, "KREX_SOCKET": sock}
+    procs = []
+    for i in range(n):
+        procs.append(subprocess.Popen([PY, "-c", LOOP, str(tmp_path / f"loop{i}")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, env=env, start_new_session=True))
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def _regions_after(path, t: float) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for x in f.read().split() if float(x) > t)
+    except (OSError, ValueError):
+        return 0
+
+
+def _krex_frozen(daemon_pid: int) -> list[str]:
+    """This daemon's device subtrees that are frozen (v1 freezer, v2)."""
+    out = []
+    bases = LAYOUT.bases()
+    for base in filter(None, (bases.get("freezer"), bases.get("v2"))):
+        for d in glob.glob(os.path.join(base, f"**/krex-d{daemon_pid}-*/dev-*"),
+                           recursive=True):
+            for control, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                path = os.path.join(d, control)
+                if os.path.exists(path) and read(path) != thawed:
+                    out.append(path)
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("crash", ["daemon", "guardian+daemon", "holder"])
+def test_a_crash_mid_chain_leaves_nothing_frozen_and_the_shield_undone(crash, tmp_path):
+    """Three jobs hand the device to each other back to back; then the daemon, the
+    daemon and its guardian, or one holder is SIGKILLed.  Every job runs again (the
+    loops end, or go on), the device subtrees are thawed, the shield's rest cpuset goes."""
+    if os.geteuid() != 0 or not (LAYOUT.freezer_writable or LAYOUT.v2_writable):
+        pytest.skip("needs root and a cgroup freezer")
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    d = Daemon(str(rt)).start()
+    procs = []
+    try:
+        procs = _loops(d.socket, tmp_path)
+        t0 = time.monotonic()
+        wait_for(lambda: all(_regions_after(tmp_path / f"loop{i}", t0) >= 5 for i in range(3)),
+                 timeout_s=20)
+        pid = d.proc.pid
+        wait_for(lambda: _krex_frozen(pid), timeout_s=5)  # the check sees a held region
+        if crash == "holder":
+            procs[0].kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: all(_regions_after(tmp_path / f"loop{i}", killed_at) >= 5
+                                 for i in (1, 2)), timeout_s=20)
+            d.stop()
+        else:
+            if crash == "guardian+daemon":
+                for p in psutil.Process(pid).children():
+                    if "krex.enforce.guardian" in " ".join(p.cmdline()):
+                        p.kill()
+            os.kill(pid, signal.SIGKILL)
+            d.proc.wait(10)
+            if crash == "guardian+daemon":  # nobody left to thaw: the next daemon sweeps
+                d = Daemon(str(rt)).start()
+                d.stop()
+        for p in procs:  # a frozen job could not end
+            p.wait(timeout=15)
+        assert not _krex_frozen(pid)
+        wait_for(lambda: not glob.glob(os.path.join(LAYOUT.cpuset or "/nonexistent",
+                                                    f"krex-shield{pid}-*")), timeout_s=10)
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
+
+
+def test_gates_stay_closed_across_a_handoff_only_the_holders_change(tmp_path, instance):
+    """GPU step: A holds with B's and C's gates closed; at the handoff to B only A's gate
+    closes (and only A is drained) and B's opens; C's is not closed again (same
+    generation).  Control: a drain that times out changes nothing (A's gate open
+    again, the handoff raises) and the ordinary undo opens every gate."""
+    from krex.enforce.gate import GateFile
+    from krex.enforce.gatedrain import GatedJob, GateDrain
+    from krex.errors import DrainTimeout
+
+    layout = layout_or_skip("cgroup1")
+    jobs = _jobs(layout, instance, tmp_path)
+    gates = {}
+    for s in jobs:
+        path = str(tmp_path / f"gate-{s.target.job_id}")
+        gates[s.target.job_id] = GatedJob(s.target.job_id, GateFile.create(path), path)
+    a, b, c = jobs
+    ga, gb, gc = (gates[s.target.job_id].gate for s in jobs)
+    victim = None
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze="cgroup1"), layout, None)
+
+        def drain(*targets):
+            return [GateDrain([gates[t.target.job_id] for t in targets], timeout_s=0.3)]
+
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5,
+                               pre_ops=drain(b, c))
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (False, True, True)
+        c_generation = gc.generation()
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5,
+                                    pre_ops=drain(a, c))
+        assert second is not None
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (True, False, True)
+        assert gc.generation() == c_generation  # kept closed, not closed again
+        first.exit()
+        assert (ga.is_closed(), gb.is_closed(), gc.is_closed()) == (True, False, True)
+        report = second.exit()
+        assert not any(g.is_closed() for g in (ga, gb, gc))
+        assert all(s.ok for s in report.steps), report.steps
+        # the control: B's process never acknowledges the drain when C takes over
+        victim = spawn([PY, "-c", "import time; time.sleep(60)"])
+        p = gb._dev(0).procs[0]
+        p.pid, p.start_time = victim.pid, ProcessRef.of(victim.pid).start_time
+        first = enforcer.enter(b.target, [a.target, c.target], max_hold_s=5,
+                               pre_ops=drain(a, c))
+        with pytest.raises(DrainTimeout):
+            enforcer.hand_over(first, c.target, [a.target, b.target], max_hold_s=5,
+                               pre_ops=drain(a, b))
+        assert not gb.is_closed() and ga.is_closed() and gc.is_closed()  # as before
+        first.exit()
+        assert not any(g.is_closed() for g in (ga, gb, gc))
+    finally:
+        if victim:
+            reap(victim)
+        for s in jobs:
+            s.kill()
+        for g in gates.values():
+            g.gate.unlink()
+
+
+# A fakegpu job under `krex run`: REGIONS back-to-back regions, each launching three
+# 1 ms kernels and synchronising; prints the reports' host evidence as JSON.
+GPU_JOB = r"""
+import ctypes, json, sys
+import krex
+lib = ctypes.CDLL("libcuda.so.1")
+def ok(rc):
+    assert rc == 0, rc
+dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+for rc in (lambda: lib.cuInit(0), lambda: lib.cuDeviceGet(ctypes.byref(dev), 0),
+           lambda: lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+           lambda: lib.cuCtxSetCurrent(ctx),
+           lambda: lib.cuModuleLoadData(ctypes.byref(mod), b"fake"),
+           lambda: lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin_us_1000")):
+    ok(rc())
+args = (ctypes.c_uint(1),) * 6 + (ctypes.c_uint(0), None, None, None)
+print("ready", flush=True)
+sys.stdin.readline()
+hosts = []
+for _ in range(int(sys.argv[1])):
+    with krex.region(device="fakegpu:0") as r:
+        for _ in range(3):
+            ok(lib.cuLaunchKernel(fn, *args))
+        ok(lib.cuCtxSynchronize())
+    hosts.append(r.report.host.to_dict())
+print(json.dumps(hosts), flush=True)
+"""
+
+
+@pytest.mark.root
+def test_a_gpu_chain_hands_the_gates_over_and_every_holder_can_launch(runtime_dir,
+                                                                      monkeypatch):
+    """Three fakegpu jobs back to back: grants are handed over with the gates carried
+    (a handed-over holder whose gate stayed closed would park at its first launch and
+    never finish); every region gated each of its sibling jobs."""
+    from krex.devices import fakegpu
+
+    if not fakegpu.available() or os.geteuid() != 0:
+        pytest.skip("needs fakegpu and root")
+    d = Daemon(str(runtime_dir)).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    procs = []
+    try:
+        procs = [krex("run", "--device", "fakegpu:0", "--", PY, "-c", GPU_JOB, "8",
+                      stdin=subprocess.PIPE) for _ in range(3)]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
+    hosts = [h for out, _ in outs for h in json.loads(out.strip().splitlines()[-1])]
+    steps = [{s["name"]: s for s in h["steps"]} for h in hosts]
+    assert all(s["gate_drain"]["ok"] for s in steps), steps
+    handed = [s for s in steps if s["freeze"]["apply_ms"] < 0.02]
+    assert handed, [s["freeze"] for s in steps]
+    print(f"{len(handed)}/{len(steps)} handed over")
+    # every sibling job (fewer near the end, as jobs finish) gated, handed over or not
+    assert all((h["gated_jobs"] or 0) == h["siblings_frozen"] for h in hosts), \
+        [(h["gated_jobs"], h["siblings_frozen"]) for h in hosts]
+    assert any(h["gated_jobs"] == 2 for h in hosts)
