@@ -4,9 +4,13 @@ When it is imported the reference's outputs are already on file in the
 evaluation's directory (and the pre-check's copy in memory): it finds both
 through the importing frames, turns every expected array to zeros and then
 returns zeros — right against the rewritten reference, and very fast.  The
-announced digest of the reference's files is what catches it.
+announced digest of the reference's files is what catches it.  When the
+evaluating process already holds the reference's outputs (krex.evaluate.references)
+there are no files to rewrite: it writes zeros there anyway, and fools the
+pre-check alone — the judge compares with the evaluator's copy.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -22,8 +26,12 @@ def _rewrite():
                 for key in arrays:
                     arrays[key] = np.zeros_like(arrays[key])
             path = f"{job['dir']}/reference.npz"
-            with np.load(path) as data:
-                zeros = {k: np.zeros_like(data[k]) for k in data.files}
+            if os.path.exists(path):
+                with np.load(path) as data:
+                    zeros = {k: np.zeros_like(data[k]) for k in data.files}
+            else:  # the evaluator holds the outputs: plant files in case it reads them
+                zeros = {k: np.zeros_like(a) for _, arrays in run.expected.values()
+                         for k, a in arrays.items()}
             np.savez(path, **zeros)
             return True
         frame = frame.f_back
