@@ -221,6 +221,56 @@ def test_probe_evidence_with_controls():
     assert [f.code.name for f in judge.integrity(s, {})] == []
 
 
+def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_still_is(
+        monkeypatch):
+    """Two ways to a false WORK_AFTER_RETURN on a loaded fakegpu (bench_evaluate,
+    2026-12-01): probe calls all preempted read as a host time 4x the device's; a drain
+    preempted once reads as work still queued.  A preempted call counts its CPU time, and a
+    burst that looks queued is run again (the smaller reading kept): work hidden on another
+    context reads so both times, and a call blocked waiting keeps its wall time (controls)."""
+    def call(side, call_ms, cpu_ms=0.1, preempted=0):
+        return {"side": side, "launches_in_call": 2, "launches_after": 0,
+                "thread_cpu_after_ms": 0.0, "call_ms": call_ms, "call_cpu_ms": cpu_ms,
+                "preempted": preempted, "synced_ms": call_ms, "pending_ms": 0.1,
+                "window_ms": 15.0}
+
+    def codes(probe_calls, bursts, median_ms):
+        s = {"counters": {"candidate": counters(), "reference": counters()},
+             "probe": probe_calls, "bursts": bursts,
+             "comparison": comparison(1.0, 0.9, 1.1, timer="fakegpu",
+                                      candidate={"median_ms": median_ms})}
+        return [f.code.name for f in judge.integrity(s, {})]
+
+    preempted = [call("reference", 1.0), call("candidate", 8.0, 0.2, preempted=1)] * 3
+    assert codes(preempted, [], 1.6) == []
+    blocked = [call("reference", 1.0), call("candidate", 8.0, 0.2)] * 3  # a voluntary wait
+    assert codes(blocked, [], 1.6) == ["WORK_AFTER_RETURN"]
+    side_stream = [call("reference", 1.0), call("candidate", 4.5, 0.15, preempted=2),
+                   call("candidate", 0.13, 0.12)]  # measured on side_context (0.08-0.3 ms)
+    assert codes(side_stream, [], 0.0001) == ["WORK_AFTER_RETURN"]
+
+    from krex.evaluate import counters as counting
+    from krex.evaluate import probe
+
+    def probe_with_drains(burst_drains):
+        readings = iter([0.0] * 7 + burst_drains)  # 6 probe calls, the reference's burst
+        monkeypatch.setattr(probe, "_pending_ms", lambda: next(readings))
+        monkeypatch.setattr(counting, "device_launches", lambda: 0)
+        sync = types.SimpleNamespace(synchronize=lambda: None)
+        sides = [probe.Calls(lambda: 0, [()], side) for side in ("reference", "candidate")]
+        box = probe.ProbeBox()
+        probe.run(sides, sync, types.SimpleNamespace(read_ns=lambda: 0), box)
+        return box.bursts[-1]
+
+    once = probe_with_drains([30.0, 0.5])  # preempted once: the second reading is kept
+    assert (once.pending_ms, once.first_pending_ms) == (0.5, 30.0)
+    assert judge._pending([], [once.to_dict()]) == {}
+    hidden = probe_with_drains([30.0, 31.0])  # queued both times: work after return
+    assert hidden.pending_ms == 30.0 and judge._pending([], [hidden.to_dict()])
+    quiet = probe_with_drains([0.4])  # nothing suspicious: one burst only
+    assert quiet.pending_ms == 0.4 and quiet.first_pending_ms is None
+
+
 def test_timing_warnings_become_flags_or_invalid():
     warn = [{"warning": "PLAUSIBILITY_FAILED", "detail": "samples sum to 2 s"},
             {"warning": "REGION_NOT_CLEAN", "detail": "x"}]

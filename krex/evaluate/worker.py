@@ -252,8 +252,13 @@ class CandidateRun:
         digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
-        factory = probe.probing_region(
-            self.region_factory, lambda: probe.run([a, b], self.timer, self.threads, box), box)
+        run_probe = lambda: probe.run([a, b], self.timer, self.threads, box)  # noqa: E731
+        # Without the interposer (cpu) nothing is queued anywhere to drain: the probe only
+        # watches the candidate's threads' CPU time, which others' load does not add to, so
+        # it runs after the region instead of lengthening it; else at its end, inside it
+        outside = counters.device_launches() is None
+        factory = self.region_factory if outside else probe.probing_region(
+            self.region_factory, run_probe, box)
         from krex.measure import compare
         from krex.measure.clocks import sample
 
@@ -262,6 +267,8 @@ class CandidateRun:
             result = compare(a, b, device=self.device, timer=timer, region=factory,
                              label=job.get("label"), retries=1,
                              max_hold_s=opts["timeout_s"] + PROBE_HOLD_S, **opts)
+            if outside:
+                probe.guarded(run_probe, box)
         except KrexError as exc:  # the region, not the candidate: no verdict, not a failure
             self.out["timing_error"] = f"{type(exc).__name__}: {exc}"
             return
