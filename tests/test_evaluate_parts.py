@@ -67,6 +67,20 @@ def test_shape_dtype_structure_and_non_finite_are_named():
     assert kinds((x, 1.5), (x, 2.5)) == ["values"]
 
 
+def test_equal_arrays_pass_at_once_and_only_equal_ones():
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    assert kinds(x, x.copy()) == [] and kinds(x, x * np.float32(1.0)) == []
+    nan = x.copy()
+    nan[3, 4] = np.nan
+    assert kinds(nan, nan.copy()) == []  # NaN where the reference has NaN: the slow path
+    assert kinds(x, nan) == ["non_finite"]
+    off = x.copy()
+    off[0, 0] += 1.0
+    assert kinds(x, off) == ["values"]
+    assert kinds(np.zeros(4, np.float32), np.zeros(4, np.float64)) == ["dtype"]
+    assert kinds(np.arange(4), np.arange(4)) == [] and kinds(np.arange(4), np.ones(4, int))
+
+
 def test_digest_sees_contents_dtype_and_shape():
     x = np.arange(6, dtype=np.float32)
     base = values.tree_digest((x,))
