@@ -107,9 +107,14 @@ def test_files_round_trip_without_pickle(tmp_path):
     expected = tree((np.arange(3.0), {"k": np.int32(4)}))
     assert values.compare((structures["c0"], arrays), expected) == []
     assert structures["c1"] == {"t": "value", "value": None, "type": "NoneType"}
-    np.savez(path + ".npz", **{"c0#0": np.array([object()], dtype=object)})
-    with pytest.raises(ValueError):
-        values.load(path)  # an object array would need pickle: refused
+    assert not arrays["c0#0"].flags.writeable  # views of the file's bytes
+    with pytest.raises(ValueError, match="without pickle"):
+        values.save(path, {"c0": np.array([object()], dtype=object)})
+    saved = json.loads((tmp_path / "out.json").read_text())
+    for forged in (["|O", [1], 0, 8], ["<f8", [3], 8, 24], ["<f8", [4], 0, 32], 7, ["<f8"]):
+        (tmp_path / "out.json").write_text(json.dumps({**saved, "arrays": {"c0#0": forged}}))
+        with pytest.raises(ValueError):
+            values.load(path)  # objects (would need pickle), beyond the file, wrong size
 
 
 def test_torch_tensors_when_torch_is_installed():

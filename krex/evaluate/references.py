@@ -17,7 +17,6 @@ without the cache.  In: the program's reference files; out: their trees.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import threading
 from collections import OrderedDict
@@ -70,12 +69,11 @@ class Entry:
         return digest_of(self.blobs) == self.digest
 
     def tree(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(structures by case, arrays by key), as ``values.load`` reads them; never unpickles."""
-        import numpy as np
+        """(structures by case, arrays by key), as ``values.load`` reads them: read-only
+        views of the kept bytes; never unpickles."""
+        from krex.evaluate import values
 
-        with np.load(io.BytesIO(self.blobs[1]), allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        return json.loads(self.blobs[0]), arrays
+        return values.loads(self.blobs[0], self.blobs[1])
 
 
 class References:

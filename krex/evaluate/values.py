@@ -5,7 +5,7 @@ tensors (CPU or device), Python scalars, ``None``, and tuples, lists or
 string-keyed dicts of them.  :func:`flatten` turns a tree into a JSON-able
 *structure* plus host numpy arrays (device tensors are copied to the host,
 ``bfloat16`` widened to ``float32`` with its dtype name kept), which is what
-crosses the process boundary: :func:`save` writes ``.json`` + ``.npz`` (no
+crosses the process boundary: :func:`save` writes ``.json`` + ``.bin`` (raw bytes, no
 pickle: the evaluator never unpickles data a candidate could have written).
 :func:`compare` judges a candidate's tree against the reference's with
 dtype-aware tolerances.  numpy is imported lazily; torch never (tensors are
@@ -134,35 +134,61 @@ def tree_digest(tree: Any) -> str:
 # -- files -----------------------------------------------------------------------------
 
 
+ARRAYS = ".bin"  # the arrays' bytes, one after the other; their index is in the .json file
+
+
 def save(path: str, cases: dict[str, Any],
          flattened: dict[str, tuple[dict[str, Any], dict[str, Any]]] | None = None) -> None:
-    """Write ``{case: tree}`` as ``path.json`` (structures) and ``path.npz`` (arrays).
+    """Write ``{case: tree}`` as ``path.json`` (structures, and where each array lies in
+    ``path.bin``) and ``path.bin`` (the arrays' raw bytes: no pickle, no zip).
 
     ``flattened`` adds cases already flattened (``(structure, arrays)``).
     """
-    import numpy as np
-
     arrays: dict[str, Any] = {}
     structures = {case: flatten(tree, arrays, case) for case, tree in cases.items()}
     for case, (structure, more) in (flattened or {}).items():
         structures[case] = structure
         arrays.update(more)
-    np.savez(path + ".npz", **arrays)
+    index, offset = {}, 0
+    with open(path + ARRAYS, "wb") as f:
+        for key, a in arrays.items():
+            if a.dtype.hasobject:
+                raise ValueError(f"{key}: an array of Python objects ({a.dtype}) cannot be "
+                                 "saved without pickle")
+            data = a.tobytes()  # C order, whatever the array's layout
+            f.write(data)
+            index[key] = [a.dtype.str, list(a.shape), offset, len(data)]
+            offset += len(data)
     tmp = path + ".json.tmp"
     with open(tmp, "w") as f:
-        json.dump(structures, f)
+        json.dump({"cases": structures, "arrays": index}, f)
     os.replace(tmp, path + ".json")
 
 
 def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(structures by case, arrays by key) written by :func:`save`; never unpickles."""
+    with open(path + ".json", "rb") as f, open(path + ARRAYS, "rb") as g:
+        return loads(f.read(), g.read())
+
+
+def loads(text: bytes, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`load` from the files' bytes.  The arrays are read-only views of ``data``;
+    an index that names Python objects or reaches beyond ``data`` is refused."""
     import numpy as np
 
-    with open(path + ".json") as f:
-        structures = json.load(f)
-    with np.load(path + ".npz", allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    return structures, arrays
+    try:
+        saved = json.loads(text)
+        arrays = {}
+        for key, (dtype_str, shape, offset, size) in saved["arrays"].items():
+            dtype = np.dtype(dtype_str)
+            count = math.prod(shape)
+            if dtype.hasobject or offset < 0 or offset + size > len(data) \
+                    or size != count * dtype.itemsize:
+                raise ValueError(f"{key}: not an array of {dtype_str} {shape} at {offset}")
+            arrays[key] = np.frombuffer(data, dtype, count, offset).reshape(shape)
+        return saved["cases"], arrays
+    except (KeyError, TypeError, AttributeError) as exc:  # not what save wrote
+        raise ValueError(f"malformed outputs file: {type(exc).__name__}: {exc}") from None
 
 
 # -- copies, in-place refill and aliasing (in the worker) --------------------------------

@@ -2,7 +2,7 @@
 
 Everything happens in one worker, in this order: load the inputs builder
 and the reference, build every case from its seed and call the reference
-on it, write the reference's outputs (``reference.json``/``.npz``, with the
+on it, write the reference's outputs (``reference.json``/``.bin``, with the
 inputs' hashes) and announce their SHA-256 on stdout — *before* the
 candidate exists, so the evaluator can tell if anything changed them later
 —, warm the measuring machinery, take the thread baseline and the
@@ -44,7 +44,7 @@ def _tuples(shape: Any) -> Any:
 
 
 REFERENCE_MARK = "krex-evaluate-reference-sha256:"  # the announcement's prefix on stdout
-REFERENCE_FILES = (".json", ".npz", ".meta.json")  # after the ``reference`` path, digest order
+REFERENCE_FILES = (".json", ".bin", ".meta.json")  # after the ``reference`` path, digest order
 
 
 def reference_digest(path: str) -> str:
