@@ -52,6 +52,9 @@ def test_the_second_evaluation_uses_the_kept_outputs_and_judges_the_same(daemon_
     second = evaluate(spec(CPU, "honest.py:faster"))
     assert cached(second) and second.verdict == "faster", second.summary()
     assert second.provenance["input_hashes"] == first.provenance["input_hashes"]
+    # the worker took every case's inputs from the kept files instead of building them
+    assert second.integrity["inputs_kept"] == len(first.provenance["input_hashes"]) > 5
+    assert "inputs_kept" not in first.integrity
     wrong = evaluate(spec(CPU, "hacks.py:zeros_only"))  # judged against the kept outputs
     assert cached(wrong) and "WRONG_OUTPUT" in wrong.codes() and wrong.verdict == "invalid"
 
@@ -119,3 +122,25 @@ def test_inputs_that_differ_from_the_entry_run_the_evaluation_again(daemon_m, mo
     ev = evaluate(spec(CPU, "honest.py:faster"))
     assert not cached(ev) and ev.verdict == "faster", ev.summary()
     assert runs == [{}, {"use_cache": False}]
+
+
+def test_kept_inputs_that_do_not_hash_as_built_are_built_again(daemon_m, monkeypatch):
+    """The kept inputs reach the worker as files a candidate could rewrite: each case is
+    used only if it hashes to the hash the job carries; else it is built as before."""
+    evaluate(spec(CPU, "honest.py:faster"))
+    real = references.Entry.write_inputs
+
+    def tampered(self, path):
+        written = real(self, path)
+        with open(written + ".bin", "r+b") as f:
+            f.write(bytes(4096))  # the first case's first 1024 floats turned to zeros
+        return written
+
+    monkeypatch.setattr(references.Entry, "write_inputs", tampered)
+    ev = evaluate(spec(CPU, "honest.py:faster"))
+    assert cached(ev) and ev.verdict == "faster" and ev.correct, ev.summary()
+    n = len(ev.provenance["input_hashes"])
+    assert ev.integrity["inputs_kept"] == n - 1  # one case rebuilt, the others taken
+    monkeypatch.setattr(references.Entry, "write_inputs", lambda self, path: path + "-gone")
+    ev = evaluate(spec(CPU, "honest.py:faster"))
+    assert ev.integrity["inputs_kept"] == 0 and ev.verdict == "faster", ev.summary()

@@ -176,6 +176,9 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
         ref_key = references.key(job["reference"], job["inputs"], job["reference_cases"], device)
         known = references.REFERENCES.get(ref_key) if use_cache else None
         job["reference_known"] = known is not None
+        if known is not None:  # the inputs as built before, each checked by its hash there
+            job["input_hashes"] = known.meta.get("input_hashes", {})
+            job["kept_inputs"] = known.write_inputs(os.path.join(workdir, "kept-inputs"))
         cand_result, tail, announced = _program(job, device, timeout_s)
         if known is not None and announced is not None and announced != known.inputs \
                 and not _reference_failed(cand_result):
@@ -358,6 +361,7 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("counters", "probe", "bursts", "probe_error", "tampered", "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
+            "inputs_kept",
             "worker_recycled", "stage_s", "timing_error")
     return {k: summary[k] for k in keys if k in summary}
 

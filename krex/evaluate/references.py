@@ -59,7 +59,7 @@ class Entry:
 
     def __init__(self, blobs: tuple[bytes, ...], digest: str) -> None:
         self.blobs, self.digest = blobs, digest  # in worker.REFERENCE_FILES order
-        self.meta: dict[str, Any] = json.loads(blobs[-1])
+        self.meta: dict[str, Any] = json.loads(blobs[2])
         self.inputs = inputs_digest(self.meta.get("input_hashes", {}))
 
     def size(self) -> int:
@@ -67,6 +67,15 @@ class Entry:
 
     def intact(self) -> bool:
         return digest_of(self.blobs) == self.digest
+
+    def write_inputs(self, path: str) -> str | None:
+        """The kept built inputs as files at ``path`` (for the next worker), or None."""
+        if not self.blobs[4]:
+            return None
+        for suffix, blob in ((".json", self.blobs[3]), (".bin", self.blobs[4])):
+            with open(path + suffix, "wb") as f:
+                f.write(blob)
+        return path
 
     def tree(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(structures by case, arrays by key), as ``values.load`` reads them: read-only

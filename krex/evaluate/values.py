@@ -191,6 +191,38 @@ def loads(text: bytes, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"malformed outputs file: {type(exc).__name__}: {exc}") from None
 
 
+def unflatten(structure: dict[str, Any], arrays: dict[str, Any]) -> Any:
+    """A tree from :func:`flatten`'s structure: writable numpy arrays that own their
+    memory, tuples, lists, dicts and plain values.  Not the original where flatten lost
+    something (tensors, numpy scalars, non-string keys): check with :func:`tree_digest`."""
+    import numpy as np
+
+    kind = structure["t"]
+    if kind == "array":
+        return np.array(arrays[structure["key"]])
+    if kind == "seq":
+        items = [unflatten(s, arrays) for s in structure["items"]]
+        return tuple(items) if structure["kind"] == "tuple" else items
+    if kind == "map":
+        return {k: unflatten(s, arrays) for k, s in zip(structure["keys"], structure["items"],
+                                                         strict=True)}
+    if kind == "value":
+        return structure["value"]
+    raise ValueError(f"cannot rebuild {structure.get('type', kind)}")
+
+
+def plain(tree: Any) -> bool:
+    """Only what :func:`unflatten` gives back as it was: numpy arrays that own their memory,
+    exact tuples, lists and string-keyed dicts of them, plain values."""
+    if is_array(tree):
+        return type(tree).__name__ == "ndarray" and not is_tensor(tree) and tree.base is None
+    if type(tree) in (tuple, list):
+        return all(plain(x) for x in tree)
+    if type(tree) is dict:
+        return all(type(k) is str and plain(v) for k, v in tree.items())
+    return tree is None or type(tree) in (bool, int, float, str)
+
+
 # -- copies, in-place refill and aliasing (in the worker) --------------------------------
 
 
