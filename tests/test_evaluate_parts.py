@@ -242,9 +242,10 @@ def test_probe_evidence_with_controls():
 
 def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_still_is(
         monkeypatch):
-    """Two ways to a false WORK_AFTER_RETURN on a loaded fakegpu (bench_evaluate,
-    2026-12-01): probe calls all preempted read as a host time 4x the device's; a drain
-    preempted once reads as work still queued.  A preempted call counts its CPU time, and a
+    """Two ways a loaded fakegpu can read an honest candidate as WORK_AFTER_RETURN (one
+    did in bench_evaluate, 2026-12-01 12:13; its evidence was not kept): probe calls all
+    preempted read as a host time 4x the device's; a drain preempted once reads as work
+    still queued.  A preempted call counts its CPU time, and a
     burst that looks queued is run again (the smaller reading kept): work hidden on another
     context reads so both times, and a call blocked waiting keeps its wall time (controls)."""
     def call(side, call_ms, cpu_ms=0.1, preempted=0):
