@@ -150,7 +150,9 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[
                                    f"{c['index']}.py:fn", f"{folder}/inputs.py:make",
                                    device=device, cache=cache, fresh=True, records=db)
                 out = {"verdict": ev.verdict, "correct": ev.correct, "speedup": ev.speedup,
-                       "findings": ev.codes(), **breakdown(ev)}
+                       "findings": ev.codes(), **breakdown(ev),
+                       "why_invalid": [f"{f.code.name}: {f.message[:300]}" for f in ev.findings
+                                       if f.severity == "invalid"]}  # a false alarm's evidence
             except Exception as exc:  # noqa: BLE001  (a failed evaluation is counted as one)
                 out = {"verdict": "error", "error": repr(exc)[:300]}
             results[i].append({**c, **out, "seconds": time.monotonic() - t0})

@@ -18,6 +18,7 @@ from helpers import PY, run_krex
 
 import krex
 from krex.errors import BadRequest, EvaluationFailed
+from krex.evaluate.references import REFERENCES
 
 pytestmark = pytest.mark.slow
 
@@ -122,8 +123,11 @@ def test_a_changed_candidate_file_is_a_new_request(daemon_m, tmp_path):
 def test_rewritten_reference_outputs_are_caught_by_their_announced_digest(daemon_m):
     """The reference's outputs are written and their SHA-256 announced on stdout before the
     candidate is imported; a candidate that rewrites them (here to zeros, and returns
-    zeros) is caught by the digest — the pre-check and the judge alone would pass it."""
+    zeros) is caught by the digest — the pre-check and the judge alone would pass it.
+    (With the reference's outputs already kept by this process there are no files to
+    rewrite: tests/test_evaluate_references.py.)"""
     for _ in range(REPEATS):
+        REFERENCES.clear()  # a miss: the program writes the reference's files
         ev = evaluate("rewrite_reference.py:fn")
         tampered = [f for f in ev.findings if f.code.name == "KREX_TAMPERED"]
         assert tampered and "changed after the candidate was imported" in tampered[0].message

@@ -67,6 +67,20 @@ def test_shape_dtype_structure_and_non_finite_are_named():
     assert kinds((x, 1.5), (x, 2.5)) == ["values"]
 
 
+def test_equal_arrays_pass_at_once_and_only_equal_ones():
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    assert kinds(x, x.copy()) == [] and kinds(x, x * np.float32(1.0)) == []
+    nan = x.copy()
+    nan[3, 4] = np.nan
+    assert kinds(nan, nan.copy()) == []  # NaN where the reference has NaN: the slow path
+    assert kinds(x, nan) == ["non_finite"]
+    off = x.copy()
+    off[0, 0] += 1.0
+    assert kinds(x, off) == ["values"]
+    assert kinds(np.zeros(4, np.float32), np.zeros(4, np.float64)) == ["dtype"]
+    assert kinds(np.arange(4), np.arange(4)) == [] and kinds(np.arange(4), np.ones(4, int))
+
+
 def test_digest_sees_contents_dtype_and_shape():
     x = np.arange(6, dtype=np.float32)
     base = values.tree_digest((x,))
@@ -93,9 +107,14 @@ def test_files_round_trip_without_pickle(tmp_path):
     expected = tree((np.arange(3.0), {"k": np.int32(4)}))
     assert values.compare((structures["c0"], arrays), expected) == []
     assert structures["c1"] == {"t": "value", "value": None, "type": "NoneType"}
-    np.savez(path + ".npz", **{"c0#0": np.array([object()], dtype=object)})
-    with pytest.raises(ValueError):
-        values.load(path)  # an object array would need pickle: refused
+    assert not arrays["c0#0"].flags.writeable  # views of the file's bytes
+    with pytest.raises(ValueError, match="without pickle"):
+        values.save(path, {"c0": np.array([object()], dtype=object)})
+    saved = json.loads((tmp_path / "out.json").read_text())
+    for forged in (["|O", [1], 0, 8], ["<f8", [3], 8, 24], ["<f8", [4], 0, 32], 7, ["<f8"]):
+        (tmp_path / "out.json").write_text(json.dumps({**saved, "arrays": {"c0#0": forged}}))
+        with pytest.raises(ValueError):
+            values.load(path)  # objects (would need pickle), beyond the file, wrong size
 
 
 def test_torch_tensors_when_torch_is_installed():
@@ -219,6 +238,57 @@ def test_probe_evidence_with_controls():
     assert [f.code.name for f in judge.integrity(s, {})] == ["WORK_AFTER_RETURN"]
     s["comparison"]["candidate"] = {"median_ms": 1.5}
     assert [f.code.name for f in judge.integrity(s, {})] == []
+
+
+def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_still_is(
+        monkeypatch):
+    """Two ways a loaded fakegpu can read an honest candidate as WORK_AFTER_RETURN (one
+    did in bench_evaluate, 2026-12-01 12:13; its evidence was not kept): probe calls all
+    preempted read as a host time 4x the device's; a drain preempted once reads as work
+    still queued.  A preempted call counts its CPU time, and a
+    burst that looks queued is run again (the smaller reading kept): work hidden on another
+    context reads so both times, and a call blocked waiting keeps its wall time (controls)."""
+    def call(side, call_ms, cpu_ms=0.1, preempted=0):
+        return {"side": side, "launches_in_call": 2, "launches_after": 0,
+                "thread_cpu_after_ms": 0.0, "call_ms": call_ms, "call_cpu_ms": cpu_ms,
+                "preempted": preempted, "synced_ms": call_ms, "pending_ms": 0.1,
+                "window_ms": 15.0}
+
+    def codes(probe_calls, bursts, median_ms):
+        s = {"counters": {"candidate": counters(), "reference": counters()},
+             "probe": probe_calls, "bursts": bursts,
+             "comparison": comparison(1.0, 0.9, 1.1, timer="fakegpu",
+                                      candidate={"median_ms": median_ms})}
+        return [f.code.name for f in judge.integrity(s, {})]
+
+    preempted = [call("reference", 1.0), call("candidate", 8.0, 0.2, preempted=1)] * 3
+    assert codes(preempted, [], 1.6) == []
+    blocked = [call("reference", 1.0), call("candidate", 8.0, 0.2)] * 3  # a voluntary wait
+    assert codes(blocked, [], 1.6) == ["WORK_AFTER_RETURN"]
+    side_stream = [call("reference", 1.0), call("candidate", 4.5, 0.15, preempted=2),
+                   call("candidate", 0.13, 0.12)]  # measured on side_context (0.08-0.3 ms)
+    assert codes(side_stream, [], 0.0001) == ["WORK_AFTER_RETURN"]
+
+    from krex.evaluate import counters as counting
+    from krex.evaluate import probe
+
+    def probe_with_drains(burst_drains):
+        readings = iter([0.0] * 7 + burst_drains)  # 6 probe calls, the reference's burst
+        monkeypatch.setattr(probe, "_pending_ms", lambda: next(readings))
+        monkeypatch.setattr(counting, "device_launches", lambda: 0)
+        sync = types.SimpleNamespace(synchronize=lambda: None)
+        sides = [probe.Calls(lambda: 0, [()], side) for side in ("reference", "candidate")]
+        box = probe.ProbeBox()
+        probe.run(sides, sync, types.SimpleNamespace(read_ns=lambda: 0), box)
+        return box.bursts[-1]
+
+    once = probe_with_drains([30.0, 0.5])  # preempted once: the second reading is kept
+    assert (once.pending_ms, once.first_pending_ms) == (0.5, 30.0)
+    assert judge._pending([], [once.to_dict()]) == {}
+    hidden = probe_with_drains([30.0, 31.0])  # queued both times: work after return
+    assert hidden.pending_ms == 30.0 and judge._pending([], [hidden.to_dict()])
+    quiet = probe_with_drains([0.4])  # nothing suspicious: one burst only
+    assert quiet.pending_ms == 0.4 and quiet.first_pending_ms is None
 
 
 def test_timing_warnings_become_flags_or_invalid():

@@ -321,10 +321,15 @@ def _timer_below_host(calls: list[dict[str, Any]],
     the host time between the two records; a timed median far below it
     means the device was busy elsewhere meanwhile — with the candidate's
     work on another context or stream, which the events do not include.  The
-    fastest host call is used: preemption on a busy machine only lengthens
-    host calls, never the device's reading.
+    fastest host call is used, and a call that was preempted (an involuntary
+    context switch in it) counts its thread's CPU time only: preemption on a
+    busy machine lengthens host calls, never the device's reading, and three
+    probe calls may all have been preempted (a false WORK_AFTER_RETURN on a
+    loaded fakegpu); a call blocked waiting (a voluntary switch) keeps its
+    wall time.
     """
-    host = [c["call_ms"] for c in calls if c["side"] == "candidate"]
+    host = [c["call_cpu_ms"] if c.get("preempted") else c["call_ms"]
+            for c in calls if c["side"] == "candidate"]
     if not host or not comparison or comparison.get("timer") == "cpu":
         return {}
     host_ms, timed_ms = min(host), comparison["candidate"].get("median_ms", 0.0)
@@ -345,7 +350,9 @@ def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -
         out["probe_launches_after"] = launches
     out.update(_pending(calls, bursts))
     cpu_ms = sum(c["thread_cpu_after_ms"] for c in mine)
-    if cpu_ms > max(PROBE_CPU_MIN_MS, PROBE_CPU_PER_CALL * sum(c["call_ms"] for c in mine)):
+    call_ms = sum(min(c["call_ms"], c.get("call_cpu_ms", c["call_ms"])) for c in mine)
+    if cpu_ms > max(PROBE_CPU_MIN_MS, PROBE_CPU_PER_CALL * call_ms):  # CPU: others' load
+        # (the probe runs outside the region on cpu) does not lengthen it
         out["probe_thread_cpu_after_ms"] = [round(c["thread_cpu_after_ms"], 3) for c in mine]
         out["probe_call_ms"] = [round(c["call_ms"], 3) for c in mine]
     return out

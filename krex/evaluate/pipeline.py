@@ -26,7 +26,7 @@ from typing import Any
 
 from krex.errors import EvaluationFailed
 from krex.evaluate import judge as judging
-from krex.evaluate import spec, values
+from krex.evaluate import references, spec, values
 from krex.evaluate.findings import Code, Finding
 from krex.evaluate.result import Evaluation
 
@@ -167,15 +167,28 @@ def _new_id() -> str:
 
 
 def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], key: str,
-         timeout_s: float, label: str | None) -> Evaluation:
+         timeout_s: float, label: str | None, use_cache: bool = True) -> Evaluation:
     evaluation_id, t0 = _new_id(), time.monotonic()
     cases = plan(options)
     workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
     try:
         job = _job(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
+        ref_key = references.key(job["reference"], job["inputs"], job["reference_cases"], device)
+        known = references.REFERENCES.get(ref_key) if use_cache else None
+        job["reference_known"] = known is not None
+        if known is not None:  # the inputs as built before, each checked by its hash there
+            job["input_hashes"] = known.meta.get("input_hashes", {})
+            job["kept_inputs"] = known.write_inputs(os.path.join(workdir, "kept-inputs"))
         cand_result, tail, announced = _program(job, device, timeout_s)
-        ref_tree, ref_meta, changed = _reference(os.path.join(workdir, "reference"), announced,
-                                                 cand_result, tail)
+        if known is not None and announced is not None and announced != known.inputs \
+                and not _reference_failed(cand_result):
+            references.REFERENCES.drop(ref_key)  # this worker built other inputs: no cache
+            return _run(specs, device, options, key, timeout_s, label, use_cache=False)
+        entry, changed = _reference(os.path.join(workdir, "reference"), announced,
+                                    cand_result, tail, known)
+        ref_tree, ref_meta = _reference_tree(entry, known is not None)
+        if known is None and entry is not None:
+            references.REFERENCES.put(ref_key, entry)
         cand_tree = _load_if_there(os.path.join(workdir, "candidate"))
         summary, status, early = _candidate_outcome(cand_result, timeout_s)
         early += [changed] if changed else []
@@ -267,14 +280,13 @@ def _submit(fn: Callable[..., Any], job: dict[str, Any], device: str, timeout_s:
         return client.execute(req, device=device, on_output=sink)
 
 
-def _reference(path: str, announced: str | None, result: Any,
-               tail: str) -> tuple[Any, dict[str, Any], Finding | None]:
-    """(outputs, metadata, a finding) of the reference, as announced before the candidate
-    was imported; the finding when the files no longer match the announcement."""
-    from krex.evaluate.worker import reference_digest
-
-    summary = result.returned() if result.status == "ok" else None
-    if isinstance(summary, dict) and summary.get("status") == "reference_error":
+def _reference(path: str, announced: str | None, result: Any, tail: str,
+               known: references.Entry | None) -> tuple[references.Entry | None, Finding | None]:
+    """The reference's outputs as announced before the candidate was imported (or as this
+    process already holds them), or a finding when the files no longer match the
+    announcement."""
+    if _reference_failed(result):
+        summary = result.returned()
         raise EvaluationFailed(f"the reference or the inputs builder failed: "
                                f"{summary.get('exception')}\n"
                                f"{str(summary.get('traceback') or tail)[-2000:]}")
@@ -282,19 +294,34 @@ def _reference(path: str, announced: str | None, result: Any,
         why = result.exception or f"{result.status} (exit code {result.exit_code})"
         raise EvaluationFailed(f"the reference's outputs were never announced: {why}\n"
                                f"{(result.traceback or tail)[-2000:]}")
+    if known is not None:
+        return known, None
     try:
-        found = reference_digest(path)
-        tree = values.load(path)
-        with open(path + ".meta.json") as f:
-            meta = json.load(f)
+        blobs = references.read(path)
+        found = references.digest_of(blobs)
+        entry = references.Entry(blobs, announced) if found == announced else None
     except (OSError, ValueError) as exc:
-        return None, {}, Finding(Code.KREX_TAMPERED, "the reference's outputs, written before "
-                                 f"the candidate was imported, could not be read: {exc}", {})
-    if found != announced:
-        return None, {}, Finding(Code.KREX_TAMPERED, "the reference's outputs changed after "
-                                 "the candidate was imported", {"sha256": found,
-                                                                "announced": announced})
-    return tree, meta, None
+        return None, Finding(Code.KREX_TAMPERED, "the reference's outputs, written before "
+                             f"the candidate was imported, could not be read: {exc}", {})
+    if entry is None:
+        return None, Finding(Code.KREX_TAMPERED, "the reference's outputs changed after "
+                             "the candidate was imported", {"sha256": found,
+                                                            "announced": announced})
+    return entry, None
+
+
+def _reference_tree(entry: references.Entry | None, cached: bool) -> tuple[Any, dict[str, Any]]:
+    if entry is None:
+        return None, {}
+    try:
+        return entry.tree(), {**entry.meta, "cached": cached}
+    except (OSError, ValueError) as exc:
+        raise EvaluationFailed(f"the reference's outputs could not be read: {exc}") from None
+
+
+def _reference_failed(result: Any) -> bool:
+    summary = result.returned() if result.status == "ok" else None
+    return isinstance(summary, dict) and summary.get("status") == "reference_error"
 
 
 def _load_if_there(path: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -334,6 +361,7 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("counters", "probe", "bursts", "probe_error", "tampered", "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
+            "inputs_kept",
             "worker_recycled", "stage_s", "timing_error")
     return {k: summary[k] for k in keys if k in summary}
 
@@ -343,4 +371,5 @@ def _provenance(summary: dict[str, Any], ref_meta: dict[str, Any], cand: Any) ->
 
     return {**summary.get("provenance", {}), "krex_version": __version__,
             "input_hashes": ref_meta.get("input_hashes", {}), "clocks": summary.get("clocks"),
-            "reference_worker_pid": ref_meta.get("pid"), "candidate_worker_pid": cand.worker_pid}
+            "reference_worker_pid": ref_meta.get("pid"), "candidate_worker_pid": cand.worker_pid,
+            "reference_cached": ref_meta.get("cached", False)}

@@ -18,6 +18,7 @@ which nothing of ours should run.
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -156,6 +157,8 @@ class ProbeCall:
     launches_after: int | None  # during the quiet window after the call returned
     thread_cpu_after_ms: float  # the candidate's threads, same window
     call_ms: float  # the call itself, on the host clock
+    call_cpu_ms: float  # ... and the calling thread's CPU time in it (preemption adds none)
+    preempted: int  # involuntary context switches of the calling thread during the call
     synced_ms: float  # call + synchronising the current context
     pending_ms: float | None  # first drain of all contexts minus a second one: work still queued
     window_ms: float
@@ -182,10 +185,11 @@ def return_probe(sides: list[Calls], timer: Any, threads: counters.ThreadCpu) ->
 
 
 def _probe_one(calls: Calls, timer: Any, threads: counters.ThreadCpu, drain: bool) -> ProbeCall:
-    l0 = counters.device_launches()
-    t0 = time.perf_counter()
+    l0, switches = counters.device_launches(), _involuntary_switches()
+    t0, cpu0 = time.perf_counter(), time.thread_time_ns()
     calls()
-    call_ms = (time.perf_counter() - t0) * 1e3
+    call_ms, call_cpu_ms = (time.perf_counter() - t0) * 1e3, (time.thread_time_ns() - cpu0) / 1e6
+    switches = _involuntary_switches() - switches
     l1, c1 = counters.device_launches(), threads.read_ns()
     timer.synchronize()
     synced_ms = (time.perf_counter() - t0) * 1e3
@@ -195,7 +199,11 @@ def _probe_one(calls: Calls, timer: Any, threads: counters.ThreadCpu, drain: boo
     l2, c2 = counters.device_launches(), threads.read_ns()
     return ProbeCall(calls.side, None if l0 is None or l1 is None else l1 - l0,
                      None if l1 is None or l2 is None else l2 - l1, (c2 - c1) / 1e6, call_ms,
-                     synced_ms, pending, window_ms)
+                     call_cpu_ms, switches, synced_ms, pending, window_ms)
+
+
+def _involuntary_switches() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 BURST_MS = 25.0  # a burst is about this much of the side's own (synchronised) time
@@ -211,6 +219,7 @@ class Burst:
     host_ms: float  # the calls, host clock
     synced_ms: float  # ... plus synchronising the current context (what a timer waits for)
     pending_ms: float | None  # then queued elsewhere: first drain minus a second one
+    first_pending_ms: float | None = None  # a first burst's, when it looked like work queued
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -259,7 +268,30 @@ def run(sides: list[Calls], timer: Any, threads: counters.ThreadCpu, box: ProbeB
     box.calls = return_probe(sides, timer, threads)
     for calls in sides:
         per_call = [c.synced_ms for c in box.calls if c.side == calls.side]
-        box.bursts.append(burst(calls, timer, sorted(per_call)[len(per_call) // 2]))
+        median = sorted(per_call)[len(per_call) // 2]
+        first = burst(calls, timer, median)
+        if calls.side == "candidate" and _looks_queued(first):
+            again = burst(calls, timer, median)  # a drain preempted by other load reads as
+            if again.pending_ms is not None:  # queued work once; hidden work reads so twice
+                again.first_pending_ms = first.pending_ms
+                first = again if again.pending_ms < (first.pending_ms or 0.0) else first
+        box.bursts.append(first)
+
+
+def _looks_queued(b: Burst) -> bool:
+    """What the judge would call work still queued after the burst (judge._pending)."""
+    from krex.evaluate.judge import BURST_PENDING_MIN_MS, BURST_PENDING_SHARE
+
+    return b.pending_ms is not None and counters.DRAIN_TIMEOUT_S * 1e3 > b.pending_ms > max(
+        BURST_PENDING_MIN_MS, BURST_PENDING_SHARE * b.synced_ms)
+
+
+def guarded(run_probe: Callable[[], None], box: ProbeBox) -> None:
+    """Run the probe; the candidate raising in it is reported in ``box``, not lost."""
+    try:
+        run_probe()
+    except Exception as exc:  # noqa: BLE001  (the candidate raised: reported, not lost)
+        box.error = f"{type(exc).__name__}: {exc}"
 
 
 def probing_region(inner: Callable[..., Any], run_probe: Callable[[], None],
@@ -271,9 +303,6 @@ def probing_region(inner: Callable[..., Any], run_probe: Callable[[], None],
         with inner(device, **kw) as region:
             yield region
             box.regions += 1
-            try:
-                run_probe()
-            except Exception as exc:  # noqa: BLE001  (the candidate raised: reported, not lost)
-                box.error = f"{type(exc).__name__}: {exc}"
+            guarded(run_probe, box)
 
     return factory

@@ -5,7 +5,7 @@ tensors (CPU or device), Python scalars, ``None``, and tuples, lists or
 string-keyed dicts of them.  :func:`flatten` turns a tree into a JSON-able
 *structure* plus host numpy arrays (device tensors are copied to the host,
 ``bfloat16`` widened to ``float32`` with its dtype name kept), which is what
-crosses the process boundary: :func:`save` writes ``.json`` + ``.npz`` (no
+crosses the process boundary: :func:`save` writes ``.json`` + ``.bin`` (raw bytes, no
 pickle: the evaluator never unpickles data a candidate could have written).
 :func:`compare` judges a candidate's tree against the reference's with
 dtype-aware tolerances.  numpy is imported lazily; torch never (tensors are
@@ -134,35 +134,93 @@ def tree_digest(tree: Any) -> str:
 # -- files -----------------------------------------------------------------------------
 
 
+ARRAYS = ".bin"  # the arrays' bytes, one after the other; their index is in the .json file
+
+
 def save(path: str, cases: dict[str, Any],
          flattened: dict[str, tuple[dict[str, Any], dict[str, Any]]] | None = None) -> None:
-    """Write ``{case: tree}`` as ``path.json`` (structures) and ``path.npz`` (arrays).
+    """Write ``{case: tree}`` as ``path.json`` (structures, and where each array lies in
+    ``path.bin``) and ``path.bin`` (the arrays' raw bytes: no pickle, no zip).
 
     ``flattened`` adds cases already flattened (``(structure, arrays)``).
     """
-    import numpy as np
-
     arrays: dict[str, Any] = {}
     structures = {case: flatten(tree, arrays, case) for case, tree in cases.items()}
     for case, (structure, more) in (flattened or {}).items():
         structures[case] = structure
         arrays.update(more)
-    np.savez(path + ".npz", **arrays)
+    index, offset = {}, 0
+    with open(path + ARRAYS, "wb") as f:
+        for key, a in arrays.items():
+            if a.dtype.hasobject:
+                raise ValueError(f"{key}: an array of Python objects ({a.dtype}) cannot be "
+                                 "saved without pickle")
+            data = a.tobytes()  # C order, whatever the array's layout
+            f.write(data)
+            index[key] = [a.dtype.str, list(a.shape), offset, len(data)]
+            offset += len(data)
     tmp = path + ".json.tmp"
     with open(tmp, "w") as f:
-        json.dump(structures, f)
+        json.dump({"cases": structures, "arrays": index}, f)
     os.replace(tmp, path + ".json")
 
 
 def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(structures by case, arrays by key) written by :func:`save`; never unpickles."""
+    with open(path + ".json", "rb") as f, open(path + ARRAYS, "rb") as g:
+        return loads(f.read(), g.read())
+
+
+def loads(text: bytes, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`load` from the files' bytes.  The arrays are read-only views of ``data``;
+    an index that names Python objects or reaches beyond ``data`` is refused."""
     import numpy as np
 
-    with open(path + ".json") as f:
-        structures = json.load(f)
-    with np.load(path + ".npz", allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    return structures, arrays
+    try:
+        saved = json.loads(text)
+        arrays = {}
+        for key, (dtype_str, shape, offset, size) in saved["arrays"].items():
+            dtype = np.dtype(dtype_str)
+            count = math.prod(shape)
+            if dtype.hasobject or offset < 0 or offset + size > len(data) \
+                    or size != count * dtype.itemsize:
+                raise ValueError(f"{key}: not an array of {dtype_str} {shape} at {offset}")
+            arrays[key] = np.frombuffer(data, dtype, count, offset).reshape(shape)
+        return saved["cases"], arrays
+    except (KeyError, TypeError, AttributeError) as exc:  # not what save wrote
+        raise ValueError(f"malformed outputs file: {type(exc).__name__}: {exc}") from None
+
+
+def unflatten(structure: dict[str, Any], arrays: dict[str, Any]) -> Any:
+    """A tree from :func:`flatten`'s structure: writable numpy arrays that own their
+    memory, tuples, lists, dicts and plain values.  Not the original where flatten lost
+    something (tensors, numpy scalars, non-string keys): check with :func:`tree_digest`."""
+    import numpy as np
+
+    kind = structure["t"]
+    if kind == "array":
+        return np.array(arrays[structure["key"]])
+    if kind == "seq":
+        items = [unflatten(s, arrays) for s in structure["items"]]
+        return tuple(items) if structure["kind"] == "tuple" else items
+    if kind == "map":
+        return {k: unflatten(s, arrays) for k, s in zip(structure["keys"], structure["items"],
+                                                         strict=True)}
+    if kind == "value":
+        return structure["value"]
+    raise ValueError(f"cannot rebuild {structure.get('type', kind)}")
+
+
+def plain(tree: Any) -> bool:
+    """Only what :func:`unflatten` gives back as it was: numpy arrays that own their memory,
+    exact tuples, lists and string-keyed dicts of them, plain values."""
+    if is_array(tree):
+        return type(tree).__name__ == "ndarray" and not is_tensor(tree) and tree.base is None
+    if type(tree) in (tuple, list):
+        return all(plain(x) for x in tree)
+    if type(tree) is dict:
+        return all(type(k) is str and plain(v) for k, v in tree.items())
+    return tree is None or type(tree) in (bool, int, float, str)
 
 
 # -- copies, in-place refill and aliasing (in the worker) --------------------------------
@@ -306,6 +364,8 @@ def _compare_arrays(r: dict[str, Any], ref: Any, c: dict[str, Any], cand: Any, w
         out.append({"kind": "dtype", "path": where,
                     "detail": f"expected dtype {r['dtype']}, got {c['dtype']}"})
         return
+    if np.array_equal(ref, cand):  # elementwise equal (NaN never is): within any tolerance,
+        return  # at one C pass instead of the float64 diff below (most candidates, most cases)
     a_tol, r_tol = tolerance(r["dtype"], atol, rtol)
     if ref.dtype.kind not in "fc":
         bad = ref != cand

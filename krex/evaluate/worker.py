@@ -2,7 +2,7 @@
 
 Everything happens in one worker, in this order: load the inputs builder
 and the reference, build every case from its seed and call the reference
-on it, write the reference's outputs (``reference.json``/``.npz``, with the
+on it, write the reference's outputs (``reference.json``/``.bin``, with the
 inputs' hashes) and announce their SHA-256 on stdout — *before* the
 candidate exists, so the evaluator can tell if anything changed them later
 —, warm the measuring machinery, take the thread baseline and the
@@ -44,7 +44,8 @@ def _tuples(shape: Any) -> Any:
 
 
 REFERENCE_MARK = "krex-evaluate-reference-sha256:"  # the announcement's prefix on stdout
-REFERENCE_FILES = (".json", ".npz", ".meta.json")  # after the ``reference`` path, digest order
+REFERENCE_FILES = (".json", ".bin", ".meta.json", ".inputs.json", ".inputs.bin")  # after the
+# ``reference`` path, in digest order: outputs, their metadata, the built inputs (plain ones)
 
 
 def reference_digest(path: str) -> str:
@@ -54,6 +55,12 @@ def reference_digest(path: str) -> str:
         with open(path + suffix, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
+
+
+def inputs_digest(hashes: dict[str, str]) -> str:
+    """One SHA-256 over the inputs' hashes by case: what a worker announces when the
+    evaluator already holds the reference's outputs (krex.evaluate.references)."""
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
 
 
 class ReferenceFailed(Exception):
@@ -134,22 +141,52 @@ class CandidateRun:
         try:
             self.make = spec.load(spec.FnSpec.from_dict(job["inputs"]), "inputs")
             self.ref = spec.load(spec.FnSpec.from_dict(job["reference"]), "reference")
-            outputs, hashes, t0 = {}, {}, time.monotonic()
+            known = job.get("reference_known")  # the evaluator holds these outputs already:
+            # only the pre-check's are computed here, and the inputs' hashes announced
+            wanted = {c["id"] for c in job["cases"]["correctness"]}
+            outputs, t0 = {}, time.monotonic()
+            hashes = self._kept_inputs() if known else {}
             for case in job["reference_cases"]:
                 args = self.args(case)
-                hashes[case["id"]] = values.tree_digest(args)
+                if case["id"] not in hashes:
+                    hashes[case["id"]] = values.tree_digest(args)
+                if known and case["id"] not in wanted:
+                    continue
                 arrays: dict[str, Any] = {}  # copied at once: a reused output buffer is fine
                 outputs[case["id"]] = (values.flatten(self.ref(*args), arrays, case["id"]),
                                        arrays)
         except BaseException as exc:  # SystemExit too: the request itself is broken
             raise ReferenceFailed(f"{type(exc).__name__}: {exc}") from exc
         self.expected = {c["id"]: outputs[c["id"]] for c in job["cases"]["correctness"]}
+        if known:
+            _announce(f"{REFERENCE_MARK}{inputs_digest(hashes)}")
+            return
         path = os.path.join(job["dir"], "reference")
         values.save(path, {}, outputs)
+        values.save(path + ".inputs", {k: v for k, v in self.built.items() if values.plain(v)})
         with open(path + ".meta.json", "w") as f:
             json.dump({"input_hashes": hashes, "seconds": time.monotonic() - t0,
                        "pid": os.getpid()}, f)
         _announce(f"{REFERENCE_MARK}{reference_digest(path)}")
+
+    def _kept_inputs(self) -> dict[str, str]:
+        """Cases built by an earlier evaluation, kept by the evaluator and written beside
+        this job: each used only if it hashes to the hash the job carries for it (the
+        file is where a candidate could reach it; the hashes came with the job)."""
+        path, expected = self.job.get("kept_inputs"), self.job.get("input_hashes") or {}
+        verified: dict[str, str] = {}
+        if not path:
+            return verified
+        try:
+            structures, arrays = values.load(path)
+            for case_id, structure in structures.items():
+                tree = values.unflatten(structure, arrays)
+                if expected.get(case_id) == values.tree_digest(tree):
+                    self.built[case_id], verified[case_id] = tree, expected[case_id]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # built here instead
+        self.out["inputs_kept"] = len(verified)
+        return verified
 
     def prepare(self) -> None:
         job, started = self.job, time.monotonic()
@@ -238,8 +275,13 @@ class CandidateRun:
         digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
-        factory = probe.probing_region(
-            self.region_factory, lambda: probe.run([a, b], self.timer, self.threads, box), box)
+        run_probe = lambda: probe.run([a, b], self.timer, self.threads, box)  # noqa: E731
+        # Without the interposer (cpu) nothing is queued anywhere to drain: the probe only
+        # watches the candidate's threads' CPU time, which others' load does not add to, so
+        # it runs after the region instead of lengthening it; else at its end, inside it
+        outside = counters.device_launches() is None
+        factory = self.region_factory if outside else probe.probing_region(
+            self.region_factory, run_probe, box)
         from krex.measure import compare
         from krex.measure.clocks import sample
 
@@ -248,6 +290,8 @@ class CandidateRun:
             result = compare(a, b, device=self.device, timer=timer, region=factory,
                              label=job.get("label"), retries=1,
                              max_hold_s=opts["timeout_s"] + PROBE_HOLD_S, **opts)
+            if outside:
+                probe.guarded(run_probe, box)
         except KrexError as exc:  # the region, not the candidate: no verdict, not a failure
             self.out["timing_error"] = f"{type(exc).__name__}: {exc}"
             return

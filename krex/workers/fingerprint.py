@@ -47,6 +47,8 @@ def _identity(value: Any) -> Any:
 
 def changes(before: dict[Key, Any], after: dict[Key, Any]) -> list[str]:
     """Names rebound, replaced or removed since ``before`` (new names are not judged)."""
+    if before.items() <= after.items():  # the usual answer, at C speed
+        return []
     return sorted(".".join(k) for k, v in before.items() if after.get(k) != v)
 
 
