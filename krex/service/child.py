@@ -1,10 +1,13 @@
 """A job's work in a process of its own (evaluate, bench): what a cancel can kill.
 
-In: ``python -m krex.service.child`` with the job (``kind``, ``tenant``,
-``request``, ``records``) as JSON on stdin, started by :mod:`krex.service.work`
-in the job's own folder, in a session of its own, with ``KREX_TENANT`` set.
-Out: ``result.json`` in that folder — ``{"result": ...}`` or ``{"error":
-{"code", "message", "fields"}}`` — written atomically once the work is done,
+In: ``python -m krex.service.child``, started by :mod:`krex.service.work` in a
+session of its own ahead of its job (a spare: its imports are done before the
+job comes), then the job (``kind``, ``tenant``, ``request``, ``records``,
+``folder``) as JSON on stdin; it moves into the job's folder, sets
+``KREX_TENANT`` and sends its output to ``child.log`` there.  A spare whose
+stdin closes (the service stopped) exits.  Out: ``result.json`` in that
+folder — ``{"result": ...}`` or ``{"error": {"code", "message", "fields"}}`` —
+written atomically once the work is done,
 so a child killed before it finished leaves nothing a job could take for a
 result (and an evaluation killed before it ended stores no record).
 
@@ -21,6 +24,7 @@ import sys
 from typing import Any
 
 RESULT_NAME = "result.json"
+LOG_NAME = "child.log"
 
 
 def evaluate(request: dict[str, Any], tenant: str, records: str | None) -> dict[str, Any]:
@@ -68,8 +72,34 @@ def write(out: dict[str, Any], folder: str) -> None:
     os.replace(tmp, os.path.join(folder, RESULT_NAME))
 
 
+def _warm() -> None:
+    """Import what the jobs use before the job comes (a spare waits warm)."""
+    import krex.client.connection
+    import krex.client.region
+    import krex.evaluate.pipeline
+    import krex.measure.command
+    import krex.service.summary  # noqa: F401  (imported to be warm)
+
+
+def _enter(job: dict[str, Any]) -> None:
+    """Become the job's process: its folder, its tenant, its log."""
+    os.chdir(job["folder"])
+    os.environ["KREX_TENANT"] = job["tenant"]
+    fd = os.open(LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def main() -> int:
-    job = json.load(sys.stdin)
+    _warm()
+    try:
+        job = json.load(sys.stdin)
+    except ValueError:  # stdin closed: the service stopped before it needed this spare
+        return 0
+    _enter(job)
     write(run(job), os.getcwd())
     return 0
 

@@ -51,13 +51,14 @@ from typing import Any
 from krex.client.connection import ACTING_FOR, Client
 from krex.errors import BadRequest, InternalError, KrexError, QuotaExceeded, error_class
 from krex.service import summary
-from krex.service.child import RESULT_NAME
+from krex.service.child import LOG_NAME, RESULT_NAME
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
 
 QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seconds unknown)
 LATE_PROGRAM_S = 1.0  # after a cancelled evaluation's process is killed: its program looked for
 STOP_POLL_S = 0.05
+SPARE_CHILDREN = 2  # evaluate/bench processes kept started ahead of their jobs
 
 
 class JobStopped(KrexError):
@@ -81,6 +82,8 @@ class Work:
         self._lock = threading.Lock()
         self._refused: dict[str, tuple[float, str]] = {}  # tenant -> (until, why), monotonic
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # job id -> its process
+        self._spares: list[subprocess.Popen[bytes]] = []  # started, waiting for a job
+        self._closed = False
 
     def admit(self, tenant: str) -> None:
         """Refuse a submit while the daemon's latest quota refusal of ``tenant`` holds."""
@@ -153,12 +156,8 @@ class Work:
         as its tenant; its result, or its error raised here."""
         folder = self.folder(job)
         payload = json.dumps({"kind": job.kind, "tenant": job.tenant, "request": request,
-                              "records": self.config.records}).encode()
-        with open(os.path.join(folder, "child.log"), "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "krex.service.child"], cwd=folder,
-                                    env={**os.environ, "KREX_TENANT": job.tenant},
-                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                              "records": self.config.records, "folder": folder}).encode()
+        proc = self._spare()
         with self._lock:
             self._children[job.id] = proc
         try:
@@ -185,11 +184,31 @@ class Work:
         return True
 
     def close(self) -> None:
-        """Kill the jobs' processes (the service stops: their jobs end ``interrupted``)."""
+        """Kill the jobs' processes (the service stops: their jobs end ``interrupted``)
+        and the spares."""
         with self._lock:
-            children = list(self._children.items())
+            children, spares, self._spares = list(self._children.items()), self._spares, []
+            self._closed = True
         for job_id, proc in children:
             _kill_child(proc, os.path.join(self.config.state_dir, "jobs", job_id))
+        for proc in spares:
+            proc.kill()
+            proc.wait()
+
+    def _spare(self) -> subprocess.Popen[bytes]:
+        """A job's process: a spare started earlier (its imports done), and the next
+        spare started in its place."""
+        with self._lock:
+            ready = [p for p in self._spares if p.poll() is None]
+            for p in self._spares:
+                if p not in ready:
+                    p.wait()
+            proc = ready.pop(0) if ready else None
+            self._spares = ready
+            if not self._closed:
+                while len(self._spares) < SPARE_CHILDREN - (proc is None):
+                    self._spares.append(_spawn_child(self.config.state_dir))
+        return proc or _spawn_child(self.config.state_dir)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -265,6 +284,12 @@ def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:
             p.kill()
 
 
+def _spawn_child(cwd: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "krex.service.child"], cwd=cwd,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def _linger(fn: Callable[[], bool], seconds: float) -> None:
     """Call ``fn`` until it returns True or ``seconds`` have passed."""
     deadline = time.monotonic() + seconds
@@ -281,7 +306,7 @@ def _child_result(folder: str, code: int | None, cancelled: bool) -> dict[str, A
         if cancelled:
             raise JobStopped("the job was cancelled while it ran: its process was killed "
                              "before it finished (nothing was recorded)") from None
-        with contextlib.suppress(OSError), open(os.path.join(folder, "child.log")) as f:
+        with contextlib.suppress(OSError), open(os.path.join(folder, LOG_NAME)) as f:
             raise InternalError(f"the job's process exited with status {code} and no result: "
                                 f"{f.read()[-2000:]}") from None
         raise InternalError(f"the job's process exited with status {code} and no result") \
