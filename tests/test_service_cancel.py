@@ -144,3 +144,52 @@ def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(svc, 
     assert done["state"] == "succeeded", done
     assert done["result"]["correct"] is True and done["result"]["verdict"], done
     assert _records(svc) == before | {done["result"]["record_id"]}
+
+
+def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):
+    """An MCP client that cancels its ``bench_command`` call (the SDK sends
+    ``notifications/cancelled``) stops the command and frees the device; the job ends
+    ``cancelled``.  Negative control: the same call, not cancelled, answers its timing."""
+    import sqlite3
+
+    import anyio
+
+    pytest.importorskip("mcp", reason="the `server` extra is not installed")
+    from test_service_mcp import session_run, structured
+
+    pid, flag = tmp_path / "cancelled.pid", tmp_path / "control.go"
+    seen: dict = {}
+
+    def script(name: str, go) -> str:
+        return f"echo $$ > {tmp_path / name}; while [ ! -e {go} ]; do sleep 0.02; done"
+
+    async def body(session) -> None:
+        async with anyio.create_task_group() as tg:
+            async def call() -> None:
+                await session.call_tool("bench_command", {
+                    "command": script("cancelled.pid", tmp_path / "never"), "runs": 1,
+                    "warmup": 0})
+                seen["finished"] = True  # never: the call is cancelled first
+            tg.start_soon(call)
+            with anyio.fail_after(60):
+                while not (pid.exists() and pid.read_text().strip()):
+                    await anyio.sleep(0.02)
+            seen["t"] = time.monotonic()
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(60):
+            while not _gone(int(pid.read_text())):
+                await anyio.sleep(0.02)
+        seen["stopped_s"] = time.monotonic() - seen["t"]
+        flag.touch()
+        seen["control"] = structured(await session.call_tool("bench_command", {
+            "command": script("control.pid", flag), "runs": 1, "warmup": 0}))
+
+    anyio.run(session_run, tmp_path, body)
+    assert "finished" not in seen
+    assert seen["stopped_s"] < 30, seen  # a cancelled bench's command dies in seconds at most
+    assert seen["control"]["runs"] == 1 and seen["control"]["region_id"] is not None, seen
+    _region_granted_now()
+    db = sqlite3.connect(tmp_path / "state" / "jobs-mcp.sqlite3")
+    states = sorted(r[0] for r in db.execute("SELECT state FROM jobs WHERE kind='bench'"))
+    db.close()
+    assert states == ["cancelled", "succeeded"], states
