@@ -18,7 +18,7 @@ import psutil
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import run_krex, wait_for
-from test_service_http import Service
+from test_service_http import Service, service  # noqa: F401  (the fixture)
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 
@@ -70,17 +70,8 @@ def _waiting(pidfile, flag) -> str:
             f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)\n")
 
 
-@pytest.fixture
-def svc(daemon, tmp_path):
-    s = Service(tmp_path / "state", "--runners", "2")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def test_cancel_a_running_bench_kills_its_command_and_frees_the_device(svc, tmp_path):
-    trips = _round_trips(svc)
+def test_cancel_a_running_bench_kills_its_command_and_frees_the_device(service, tmp_path):  # noqa: F811
+    trips = _round_trips(service)
     free_s = _region_granted_now()
 
     def body(name: str) -> dict:
@@ -88,20 +79,20 @@ def test_cancel_a_running_bench_kills_its_command_and_frees_the_device(svc, tmp_
         script = (f"echo $$ > {pid}; while [ ! -e {flag} ]; do sleep 0.02; done")
         return {"command": script, "runs": 1, "warmup": 0}
 
-    _, job = svc.call("POST", "/v1/jobs/bench", body("cancelled"))
+    _, job = service.call("POST", "/v1/jobs/bench", body("cancelled"))
     pidfile = tmp_path / "cancelled.pid"
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout_s=60)
     command = int(pidfile.read_text())  # the timed run, inside the job's region
-    ended, took = _cancel_twice(svc, job["id"])
+    ended, took = _cancel_twice(service, job["id"])
     assert ended["state"] == "cancelled" and ended["result"] is None, ended
     assert took < _bound_s(trips), (took, trips)
     wait_for(lambda: _gone(command), timeout_s=_bound_s(trips))  # nothing left running
     assert _region_granted_now() < 10 * free_s + 5.0  # the job's region ended with it
     # Negative control: the same job, not cancelled, finishes with its timing.
-    _, control = svc.call("POST", "/v1/jobs/bench", body("control"))
+    _, control = service.call("POST", "/v1/jobs/bench", body("control"))
     wait_for(lambda: (tmp_path / "control.pid").exists(), timeout_s=60)
     (tmp_path / "control.go").touch()
-    done = svc.wait(control["id"], wait_s=60)
+    done = service.wait(control["id"], wait_s=60)
     assert done["state"] == "succeeded" and done["result"]["runs"] == 1, done
     assert done["result"]["region_id"] is not None
 
@@ -112,8 +103,8 @@ def _records(s: Service) -> set[str]:
     return {r["id"] for r in rows["records"]}
 
 
-def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(svc, tmp_path):
-    trips = _round_trips(svc)
+def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(service, tmp_path):  # noqa: F811
+    trips = _round_trips(service)
 
     def body(name: str) -> dict:
         cand = (_waiting(tmp_path / f"{name}.pid", tmp_path / f"{name}.go")
@@ -123,27 +114,27 @@ def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(svc, 
                 "candidate": {"source": cand, "function": "fast"},
                 "inputs": spec(CPU, "inputs.py:make"), "cache": "hot", "seeds": 2}
 
-    before = _records(svc)
-    _, job = svc.call("POST", "/v1/jobs/evaluate", body("cancelled"))
+    before = _records(service)
+    _, job = service.call("POST", "/v1/jobs/evaluate", body("cancelled"))
     pidfile = tmp_path / "cancelled.pid"
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout_s=60)
     worker = int(pidfile.read_text())  # the warm worker running the evaluation's program
     assert worker != os.getpid()
-    ended, took = _cancel_twice(svc, job["id"])
+    ended, took = _cancel_twice(service, job["id"])
     assert ended["state"] == "cancelled" and ended["result"] is None, ended
     assert ended["error"]["code"] == "job_stopped", ended
     assert took < _bound_s(trips), (took, trips)
     wait_for(lambda: _gone(worker), timeout_s=_bound_s(trips))  # killed, to be replaced
-    assert _records(svc) == before  # nothing recorded as if it had finished
+    assert _records(service) == before  # nothing recorded as if it had finished
     _region_granted_now()
     # Negative control: the same evaluation, not cancelled, ends with its verdict and record.
-    _, control = svc.call("POST", "/v1/jobs/evaluate", body("control"))
+    _, control = service.call("POST", "/v1/jobs/evaluate", body("control"))
     wait_for(lambda: (tmp_path / "control.pid").exists(), timeout_s=60)
     (tmp_path / "control.go").touch()
-    done = svc.wait(control["id"], wait_s=60)
+    done = service.wait(control["id"], wait_s=60)
     assert done["state"] == "succeeded", done
     assert done["result"]["correct"] is True and done["result"]["verdict"], done
-    assert _records(svc) == before | {done["result"]["record_id"]}
+    assert _records(service) == before | {done["result"]["record_id"]}
 
 
 def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):
