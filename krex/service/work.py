@@ -49,7 +49,14 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import ACTING_FOR, Client
-from krex.errors import BadRequest, InternalError, KrexError, QuotaExceeded, error_class
+from krex.errors import (
+    BadRequest,
+    InternalError,
+    JobStopped,
+    KrexError,
+    QuotaExceeded,
+    error_class,
+)
 from krex.service import summary
 from krex.service.child import LOG_NAME, RESULT_NAME
 from krex.service.config import ServiceConfig
@@ -59,12 +66,6 @@ QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seco
 LATE_PROGRAM_S = 1.0  # after a cancelled evaluation's process is killed: its program looked for
 STOP_POLL_S = 0.05
 SPARE_CHILDREN = 2  # evaluate/bench processes kept started ahead of their jobs
-
-
-class JobStopped(KrexError):
-    """A cancelled job's process was killed before it wrote a result."""
-
-    code = "job_stopped"
 
 
 def daemon_client() -> Client:
