@@ -356,6 +356,12 @@ class JobNotFound(KrexError):
     default_hint = "GET /v1/jobs lists your jobs"
 
 
+class JobStopped(KrexError):
+    """A cancelled service job's process was killed before it wrote a result."""
+
+    code = "job_stopped"
+
+
 class RecordNotFound(KrexError):
     """No single stored evaluation with this id or prefix (HTTP 404)."""
 

@@ -76,6 +76,42 @@ def test_status_imports_only_the_lean_client(daemon, argv):
     assert rc == 0 and heavy == set(), heavy
 
 
+# Everything the lean path may import beyond what the interpreter has at start: a new
+# module on it (stdlib or krex) fails the test below until it is added here on purpose.
+LEAN_ALLOWED = frozenset({
+    "krex", "krex.cli", "krex.cli.main", "krex.cli.lean", "krex.version", "krex.lazy",
+    "krex.errors", "krex.protocol", "krex.protocol.address", "krex.protocol.liveness",
+    "json", "json.decoder", "json.encoder", "json.scanner", "_json",
+    "_socket",  # not socket.py (its enums, selectors and array: ~3 ms of every start)
+    "grp",  # krex.protocol.address: the socket's group
+})
+
+
+def new_modules(argv: list[str]) -> tuple[int, set[str]]:
+    """``krex ARGV`` as the console script runs it: its exit code and the modules it
+    imported that the interpreter had not at start."""
+    code = ("import sys\nbase = set(sys.modules)\nfrom krex.cli.main import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "new = sorted(set(sys.modules) - base)\nimport json\nsys.stdout.flush()\n"
+            "print('\\nMODULES', json.dumps(new), file=sys.stderr)\nsys.exit(rc)")
+    out = subprocess.run([PY, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    line = next(ln for ln in out.stderr.splitlines() if ln.startswith("MODULES "))
+    return out.returncode, set(json.loads(line.removeprefix("MODULES ")))
+
+
+def test_exec_and_status_import_nothing_outside_the_allow_list(daemon, tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("print('hi')\n")
+    for argv in (["exec", str(prog)], ["exec", "--json", "--device", "cpu", str(prog), "-x"],
+                 ["status"], ["status", "--json"]):
+        rc, new = new_modules(argv)
+        assert rc == 0 and new, (argv, rc)
+        assert new <= LEAN_ALLOWED, (argv, sorted(new - LEAN_ALLOWED))
+    # Negative control: the full parser's path (``--help``) imports far outside it.
+    rc, new = new_modules(["exec", "--help"])
+    assert rc == 0 and {"argparse", "krex.cli.job_cmds"} <= new - LEAN_ALLOWED, sorted(new)
+
+
 @pytest.mark.parametrize("argv", [["run", "--", "true"], ["region", "--", "true"]])
 def test_client_commands_import_only_what_they_use(daemon, argv):
     rc, heavy = imported_by(argv)

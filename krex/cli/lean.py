@@ -14,9 +14,9 @@ is imported here.
 
 from __future__ import annotations
 
+import _socket  # not socket.py: its enums, selectors and array cost ~3 ms of every start
 import json
 import os
-import socket
 import sys
 
 VERSION = 1  # krex.protocol.messages.VERSION (tests/test_cli_startup.py checks they agree)
@@ -83,11 +83,11 @@ class Link:
         self.welcome = self.call({"type": "hello", "version": VERSION, "client": "cli"})
         self.mismatch = _mismatch(self.welcome)
 
-    def _connect(self, autostart: bool) -> socket.socket:
+    def _connect(self, autostart: bool) -> _socket.socket:
         from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
 
         while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             sock.settimeout(self.limit_s)
             try:
                 sock.connect(self.path)

@@ -72,7 +72,9 @@ def _job_id(conn: Connection, device: str) -> int:
             if env_job:
                 reply = conn.call(m.Register(job_id=int(env_job)))
             else:
-                reply = conn.call(m.Register(device=device, name=_program_name()))
+                # A service's bench (KREX_TENANT): the ad-hoc job counts against its tenant.
+                reply = conn.call(m.Register(device=device, name=_program_name(),
+                                             tenant=os.environ.get("KREX_TENANT") or None))
             _jobs[key] = int(reply["job_id"])
         return _jobs[key]
 

@@ -13,7 +13,8 @@ and only by ``krex service`` / ``krex mcp``.
 Modules: ``config`` (``ServiceConfig``), ``tenants`` (tenants, quotas, hashed
 tokens), ``jobs`` (the job store: idempotency keys, states, long-poll,
 cancel; SQLite), ``work`` (what each job kind runs, and the one place a
-tenant is handed to the daemon), ``schemas`` (validated request bodies),
+tenant is handed to the daemon), ``child`` (an evaluation or a bench in a
+process of its own: what a cancel kills), ``schemas`` (validated request bodies),
 ``node`` (the daemon watched: status, recent regions, attribution to
 tenants), ``metrics`` (Prometheus), ``page`` (the live node page), ``app``
 (the HTTP routes), ``mcp_server`` (the MCP tools), ``summary`` (results an

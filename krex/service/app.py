@@ -79,6 +79,7 @@ class Service:
             self.metrics.evaluation(result.get("verdict"), job.tenant)
 
     def close(self) -> None:
+        self.work.close()
         self.jobs.close()
         self.node.stop()
 

@@ -2,8 +2,13 @@
 
 A thread reads the daemon's ``status`` and its finished regions (``regions``)
 every ``node_poll_s`` — what the daemon exposes to any client, nothing of its
-internals.  Regions are kept for ``timeline_s`` (the node page's timeline)
-and handed to the metrics once.
+internals.  Regions are kept for ``timeline_s`` (the node page's timeline),
+at most :data:`MAX_REGIONS` of them, and handed to the metrics once.  What
+the watcher remembers is bounded by count, not only by time: at a few hundred
+regions a minute a 10-minute timeline alone grew the service by ~1 MiB/min
+(``benchmarks/bench_service_load.py``); the daemon's job → pid map and the
+region → tenant map keep their newest :data:`MAX_REMEMBERED` entries
+(``tests/test_service_memory.py``).
 
 Attribution: a region belongs to a tenant when the service knows it — an
 evaluation's regions by their ids, an exec's by its worker's pid and the
@@ -17,6 +22,7 @@ service's).
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +34,8 @@ from krex.service.jobs import Job
 ATTRIBUTION_S = 10.0  # how long a finished region waits for its job's result
 REGIONS_PER_POLL = 256  # the newest regions read per poll (the daemon keeps its last N)
 LOCAL = "local"
+MAX_REGIONS = 3000  # the timeline's regions, newest kept (~2 KB each)
+MAX_REMEMBERED = 5000  # daemon job -> pid, region -> tenant: newest entries kept
 
 
 class NodeWatcher:
@@ -41,7 +49,7 @@ class NodeWatcher:
         self._lock = threading.Lock()
         self.status: dict[str, Any] | None = None
         self.error: str | None = None
-        self.regions: collections.deque[dict[str, Any]] = collections.deque()
+        self.regions: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_REGIONS)
         self._pending: list[dict[str, Any]] = []
         self._last_region = 0
         self._job_pids: dict[int, int] = {}  # daemon job id -> its process (a worker's pid)
@@ -95,8 +103,9 @@ class NodeWatcher:
         with self._lock:
             self.status, self.error = status, None
             for j in status.get("jobs", []):
-                self._job_pids[int(j["job_id"])] = int(j.get("root_pid") or j.get("owner_pid")
-                                                       or 0)
+                jid = int(j["job_id"])
+                self._job_pids.pop(jid, None)  # a live job stays among the newest
+                self._job_pids[jid] = int(j.get("root_pid") or j.get("owner_pid") or 0)
             if fresh:
                 self._last_region = max(int(r.get("region") or 0) for r in fresh)
             self._pending.extend(fresh)
@@ -147,8 +156,8 @@ class NodeWatcher:
         horizon = time.time() - self.timeline_s
         while self.regions and (self.regions[0].get("requested_wall_s") or 0) < horizon:
             self.regions.popleft()
-        if len(self._by_region) > 10000:
-            self._by_region.clear()
+        for memo in (self._job_pids, self._by_region):
+            _keep_newest(memo, MAX_REMEMBERED)
 
     # -- views --------------------------------------------------------------------------
 
@@ -164,6 +173,12 @@ class NodeWatcher:
                 "timeline": [_bar(r, now_mono) for r in regions],
                 "shares": shares(regions), "evaluations": snap["evaluations"][:20],
                 "counters": st.get("counters", {}), "now_wall_s": now_wall}
+
+
+def _keep_newest(memo: dict[int, Any], limit: int) -> None:
+    """Drop the oldest entries (dicts keep insertion order) until ``limit`` are left."""
+    for key in list(itertools.islice(memo, max(0, len(memo) - limit))):
+        del memo[key]
 
 
 def _wall(r: dict[str, Any], now_mono: float) -> float:

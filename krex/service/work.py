@@ -16,33 +16,56 @@ program that ends on the daemon's quota error fails its job with
 ``quota_exceeded``, and the tenant's next submits are refused (HTTP 429, with
 Retry-After) for :data:`QUOTA_BACKOFF_S` — or as long as the daemon said.
 
+Evaluations and benches run in a process of their own
+(:mod:`krex.service.child`, in the job's folder, ``KREX_TENANT`` set), so that a
+cancel can kill them and so that a bench's region and ad-hoc job are its
+tenant's too.
+
 Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker whose
 working directory is the job's own folder; the service finds that worker
 among the daemon's (``status``: its worker jobs), stops it, checks the folder
 again (the worker may have moved on), and kills it with the processes the
 program started.  The pool sees its worker die and replaces it (recycled),
-the program's region, if it held one, ends with its holder.  An evaluation
-is not interrupted: it ends ``cancelled`` when its program returns.
+the program's region, if it held one, ends with its holder.  An evaluation's
+or a bench's process is stopped first (it can no longer write a result or a
+record), then the warm worker running its program (an evaluation's, found by
+the same folder) and every command it started (a bench's timed runs) are
+killed, then the process itself: its region ends with it, and the job ends
+``cancelled`` with the error ``job_stopped`` and no result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from krex.client.connection import ACTING_FOR, Client
-from krex.errors import BadRequest, KrexError, QuotaExceeded
+from krex.errors import (
+    BadRequest,
+    InternalError,
+    JobStopped,
+    KrexError,
+    QuotaExceeded,
+    error_class,
+)
 from krex.service import summary
+from krex.service.child import LOG_NAME, RESULT_NAME
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
 
 QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seconds unknown)
+LATE_PROGRAM_S = 1.0  # after a cancelled evaluation's process is killed: its program looked for
+STOP_POLL_S = 0.05
+SPARE_CHILDREN = 2  # evaluate/bench processes kept started ahead of their jobs
 
 
 def daemon_client() -> Client:
@@ -59,6 +82,9 @@ class Work:
         self.finished = finished  # told of each result (the node watcher's attribution)
         self._lock = threading.Lock()
         self._refused: dict[str, tuple[float, str]] = {}  # tenant -> (until, why), monotonic
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # job id -> its process
+        self._spares: list[subprocess.Popen[bytes]] = []  # started, waiting for a job
+        self._closed = False
 
     def admit(self, tenant: str) -> None:
         """Refuse a submit while the daemon's latest quota refusal of ``tenant`` holds."""
@@ -119,47 +145,78 @@ class Work:
         return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
 
     def evaluate(self, job: Job) -> dict[str, Any]:
-        from krex.evaluate.pipeline import evaluate
-
-        r = job.request
-        specs = {side: self._spec(job, side, r[side]) for side in
+        specs = {side: self._spec(job, side, job.request[side]) for side in
                  ("reference", "candidate", "inputs")}
-        opts = {k: r[k] for k in ("device", "seeds", "shapes", "atol", "rtol", "cache",
-                                  "timeout_s", "fresh") if r.get(k) is not None}
-        ev = evaluate(specs["reference"], specs["candidate"], specs["inputs"],
-                      records=self.config.records, label=f"tenant:{job.tenant}", **opts)
-        return summary.evaluation(ev.to_dict())
+        return self._in_child(job, {**job.request, **specs})
 
     def bench(self, job: Job) -> dict[str, Any]:
-        from krex.measure.command import bench_command
+        return self._in_child(job, job.request)
 
-        r = job.request
-        result = bench_command(r["command"], warmup_runs=r.get("warmup", 1), runs=r.get("runs"),
-                               device=r.get("device"), budget_s=r.get("budget_s", 1.0),
-                               timeout_s=r.get("timeout_s"), shell=r.get("shell", "sh"),
-                               label=f"tenant:{job.tenant}")
-        return summary.bench(result)
+    def _in_child(self, job: Job, request: dict[str, Any]) -> dict[str, Any]:
+        """Run ``job`` in a process of its own (:mod:`krex.service.child`), in its folder,
+        as its tenant; its result, or its error raised here."""
+        folder = self.folder(job)
+        payload = json.dumps({"kind": job.kind, "tenant": job.tenant, "request": request,
+                              "records": self.config.records, "folder": folder}).encode()
+        proc = self._spare()
+        with self._lock:
+            self._children[job.id] = proc
+        try:
+            proc.communicate(payload)
+        finally:
+            with self._lock:
+                self._children.pop(job.id, None)
+        return _child_result(folder, proc.returncode, job.cancel_requested)
 
     # -- cancel ----------------------------------------------------------------------------
 
     def stop(self, job: Job) -> bool:
-        """Interrupt ``job``'s running program (exec jobs); True if one was stopped."""
-        if job.kind != "exec":
-            return False
+        """Interrupt ``job``'s running work; True once it was (False: not started yet)."""
         folder = os.path.join(self.config.state_dir, "jobs", job.id)
-        try:
-            with daemon_client() as client:
-                workers = [int(j.get("root_pid") or 0) for j in client.status().get("jobs", [])
-                           if j.get("kind") == "worker"]
-        except KrexError:
+        if job.kind == "exec":
+            return _kill_workers_in(folder)
+        with self._lock:
+            proc = self._children.get(job.id)
+        if proc is None:
             return False
-        return any(_kill_if_in(pid, folder) for pid in workers if pid > 1)
+        _kill_child(proc, folder)
+        if job.kind == "evaluate":  # a program sent just before the child stopped
+            _linger(lambda: _kill_workers_in(folder), LATE_PROGRAM_S)
+        return True
+
+    def close(self) -> None:
+        """Kill the jobs' processes (the service stops: their jobs end ``interrupted``)
+        and the spares."""
+        with self._lock:
+            children, spares, self._spares = list(self._children.items()), self._spares, []
+            self._closed = True
+        for job_id, proc in children:
+            _kill_child(proc, os.path.join(self.config.state_dir, "jobs", job_id))
+        for proc in spares:
+            proc.kill()
+            proc.wait()
+
+    def _spare(self) -> subprocess.Popen[bytes]:
+        """A job's process: a spare started earlier (its imports done), and the next
+        spare started in its place."""
+        with self._lock:
+            ready = [p for p in self._spares if p.poll() is None]
+            for p in self._spares:
+                if p not in ready:
+                    p.wait()
+            proc = ready.pop(0) if ready else None
+            self._spares = ready
+            if not self._closed:
+                while len(self._spares) < SPARE_CHILDREN - (proc is None):
+                    self._spares.append(_spawn_child(self.config.state_dir))
+        return proc or _spawn_child(self.config.state_dir)
 
     # -- helpers -------------------------------------------------------------------------
 
     def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
-        if isinstance(value, str):
-            return value
+        if isinstance(value, str):  # a node path: as the service's directory names it
+            path, sep, fn = value.rpartition(":")
+            return f"{os.path.abspath(path)}:{fn}" if sep and path.endswith(".py") else value
         path = self._write(job, f"{side}.py", value["source"])
         return f"{path}:{value['function']}"
 
@@ -168,6 +225,17 @@ class Work:
         with open(path, "w") as f:
             f.write(text)
         return path
+
+
+def _kill_workers_in(folder: str) -> bool:
+    """Kill the daemon's warm worker whose program runs in ``folder``; True if one was."""
+    try:
+        with daemon_client() as client:
+            workers = [int(j.get("root_pid") or 0) for j in client.status().get("jobs", [])
+                       if j.get("kind") == "worker"]
+    except KrexError:
+        return False
+    return any(_kill_if_in(pid, folder) for pid in workers if pid > 1)
 
 
 def _kill_if_in(pid: int, folder: str) -> bool:
@@ -192,6 +260,62 @@ def _kill_if_in(pid: int, folder: str) -> bool:
     finally:
         with contextlib.suppress(psutil.Error):
             worker.send_signal(signal.SIGCONT)  # a killed process is gone; a living one runs
+
+
+def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:
+    """Stop a job's process (it can no longer write a result or a record), kill the
+    warm worker running its program and every process it started, then the process.
+    Its pid stays ours until its runner thread reaps it."""
+    import psutil
+
+    if proc.poll() is not None:
+        return
+    try:
+        child = psutil.Process(proc.pid)
+        child.suspend()
+        tree = child.children(recursive=True)
+    except psutil.Error:
+        return
+    for p in tree:  # a bench's runs (sessions of their own): stopped, then killed
+        with contextlib.suppress(psutil.Error):
+            p.suspend()
+    _kill_workers_in(folder)
+    for p in [*tree, child]:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _spawn_child(cwd: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "krex.service.child"], cwd=cwd,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _linger(fn: Callable[[], bool], seconds: float) -> None:
+    """Call ``fn`` until it returns True or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while not fn() and time.monotonic() < deadline:
+        time.sleep(STOP_POLL_S)
+
+
+def _child_result(folder: str, code: int | None, cancelled: bool) -> dict[str, Any]:
+    """What a job's process wrote, or why it wrote nothing."""
+    try:
+        with open(os.path.join(folder, RESULT_NAME)) as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        if cancelled:
+            raise JobStopped("the job was cancelled while it ran: its process was killed "
+                             "before it finished (nothing was recorded)") from None
+        with contextlib.suppress(OSError), open(os.path.join(folder, LOG_NAME)) as f:
+            raise InternalError(f"the job's process exited with status {code} and no result: "
+                                f"{f.read()[-2000:]}") from None
+        raise InternalError(f"the job's process exited with status {code} and no result") \
+            from None
+    if "error" in out:
+        e = out["error"]
+        raise error_class(e["code"])(e["message"], **e.get("fields", {}))
+    return out["result"]
 
 
 def _cwd(pid: int) -> str | None:

@@ -1,0 +1,108 @@
+"""A job's work in a process of its own (evaluate, bench): what a cancel can kill.
+
+In: ``python -m krex.service.child``, started by :mod:`krex.service.work` in a
+session of its own ahead of its job (a spare: its imports are done before the
+job comes), then the job (``kind``, ``tenant``, ``request``, ``records``,
+``folder``) as JSON on stdin; it moves into the job's folder, sets
+``KREX_TENANT`` and sends its output to ``child.log`` there.  A spare whose
+stdin closes (the service stopped) exits.  Out: ``result.json`` in that
+folder — ``{"result": ...}`` or ``{"error": {"code", "message", "fields"}}`` —
+written atomically once the work is done,
+so a child killed before it finished leaves nothing a job could take for a
+result (and an evaluation killed before it ended stores no record).
+
+The work runs as the job's tenant: an evaluation's programs carry it to the
+daemon (:data:`krex.client.connection.ACTING_FOR`), a bench's region and
+ad-hoc job are charged to it (``KREX_TENANT``, read by :mod:`krex.client.region`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+RESULT_NAME = "result.json"
+LOG_NAME = "child.log"
+
+
+def evaluate(request: dict[str, Any], tenant: str, records: str | None) -> dict[str, Any]:
+    from krex.evaluate.pipeline import evaluate
+    from krex.service import summary
+
+    opts = {k: request[k] for k in ("device", "seeds", "shapes", "atol", "rtol", "cache",
+                                    "timeout_s", "fresh") if request.get(k) is not None}
+    ev = evaluate(request["reference"], request["candidate"], request["inputs"],
+                  records=records, label=f"tenant:{tenant}", **opts)
+    return summary.evaluation(ev.to_dict())
+
+
+def bench(request: dict[str, Any], tenant: str, records: str | None) -> dict[str, Any]:
+    from krex.measure.command import bench_command
+    from krex.service import summary
+
+    r = request
+    result = bench_command(r["command"], warmup_runs=r.get("warmup", 1), runs=r.get("runs"),
+                           device=r.get("device"), budget_s=r.get("budget_s", 1.0),
+                           timeout_s=r.get("timeout_s"), shell=r.get("shell", "sh"),
+                           label=f"tenant:{tenant}")
+    return summary.bench(result)
+
+
+KINDS = {"evaluate": evaluate, "bench": bench}
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    """``{"result": ...}`` or ``{"error": ...}`` of one job, run as its tenant."""
+    from krex.client.connection import ACTING_FOR
+    from krex.errors import KrexError
+
+    ACTING_FOR.set(job["tenant"])
+    try:
+        return {"result": KINDS[job["kind"]](job["request"], job["tenant"], job.get("records"))}
+    except KrexError as exc:
+        return {"error": {"code": exc.code, "message": exc.message, "fields": exc.fields()}}
+
+
+def write(out: dict[str, Any], folder: str) -> None:
+    tmp = os.path.join(folder, RESULT_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(out, f, default=str)
+    os.replace(tmp, os.path.join(folder, RESULT_NAME))
+
+
+def _warm() -> None:
+    """Import what the jobs use before the job comes (a spare waits warm)."""
+    import krex.client.connection
+    import krex.client.region
+    import krex.evaluate.pipeline
+    import krex.measure.command
+    import krex.service.summary  # noqa: F401  (imported to be warm)
+
+
+def _enter(job: dict[str, Any]) -> None:
+    """Become the job's process: its folder, its tenant, its log."""
+    os.chdir(job["folder"])
+    os.environ["KREX_TENANT"] = job["tenant"]
+    fd = os.open(LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main() -> int:
+    _warm()
+    try:
+        job = json.load(sys.stdin)
+    except ValueError:  # stdin closed: the service stopped before it needed this spare
+        return 0
+    _enter(job)
+    write(run(job), os.getcwd())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

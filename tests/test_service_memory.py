@@ -1,0 +1,102 @@
+"""What the service keeps in memory stays bounded over a long run of regions and jobs.
+
+``benchmarks/bench_service_load.py`` saw the service grow by ~1 MiB/min: the node
+watcher kept every region of its 10-minute timeline (~2 KB each, a few hundred a
+minute) and every daemon job's pid it ever saw.  Here a watcher is fed far more
+regions, jobs and results than its limits, all recent (so time does not trim
+them): a second batch as large as the first must add next to nothing (traced
+memory), and each structure sits at its limit — which also shows the feed was
+large enough to pass it (the negative control: without a bound, the second
+batch adds as much as the first).
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+from krex.service import node
+from krex.service.jobs import Job, JobStore
+from krex.service.tenants import Quotas, Tenant
+
+PER_POLL = node.REGIONS_PER_POLL
+
+
+class FakeDaemon:
+    """A daemon client that, at each poll, has run PER_POLL new ad-hoc jobs, each with
+    one region just released."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    def __enter__(self) -> FakeDaemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _ids(self) -> range:
+        return range(self.next, self.next + PER_POLL)
+
+    def status(self) -> dict:
+        return {"jobs": [{"job_id": i, "kind": "region", "owner_pid": 100000 + i}
+                         for i in self._ids()]}
+
+    def regions(self, limit: int) -> list[dict]:
+        now_mono, now_wall = time.monotonic(), time.time()
+        out = [{"region": i, "job_id": i, "label": f"r{i}", "tenant": f"t{i % 7}",
+                "device": "cpu", "requested_mono_s": now_mono - 0.01,
+                "granted_mono_s": now_mono - 0.005, "released_mono_s": now_mono,
+                "requested_wall_s": now_wall - 0.01, "waited_s": 0.005, "held_s": 0.005,
+                "clean": True, "reasons": []} for i in self._ids()]
+        self.next += PER_POLL
+        return out[-limit:]
+
+
+def _batch(watcher: node.NodeWatcher, daemon: FakeDaemon, polls: int) -> None:
+    for _ in range(polls):
+        first = daemon.next
+        for i in range(first, first + PER_POLL):  # each region's job result, as a bench's
+            watcher.job_finished(Job(f"j{i}", "alice", "bench", {}), {"region_id": i})
+        watcher.poll_once()
+
+
+def test_the_node_watcher_stays_bounded_over_a_long_run():
+    daemon = FakeDaemon()
+    watcher = node.NodeWatcher(lambda: daemon, poll_s=1.0, timeline_s=3600.0)
+    polls = 2 * max(node.MAX_REGIONS, node.MAX_REMEMBERED) // PER_POLL + 2
+    tracemalloc.start()
+    try:
+        _batch(watcher, daemon, polls)  # fills every structure to its limit
+        first = tracemalloc.get_traced_memory()[0]
+        _batch(watcher, daemon, polls)  # as many again
+        grew = tracemalloc.get_traced_memory()[0] - first
+    finally:
+        tracemalloc.stop()
+    assert first > 0.5 * node.MAX_REGIONS * 1000, first  # control: what it holds is counted
+    assert len(watcher.regions) == node.MAX_REGIONS
+    assert len(watcher._job_pids) <= node.MAX_REMEMBERED
+    assert len(watcher._by_region) <= node.MAX_REMEMBERED
+    per_region = 2000  # bytes a region dict takes here (~2 KB measured)
+    assert grew < 0.05 * polls * PER_POLL * per_region, grew
+    # The newest are what is kept: the latest regions, attributed to their jobs' tenant.
+    assert watcher.regions[-1]["region"] == daemon.next - 1
+    assert watcher.regions[-1]["tenant"] == "alice"
+
+
+def test_the_job_store_keeps_no_finished_job_in_memory(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.sqlite3"), {"noop": lambda job: {"ok": True}},
+                     runners=2)
+    tenant = Tenant("alice", Quotas(max_active_jobs=10_000, max_jobs_per_minute=100_000))
+    try:
+        jobs = [store.submit(tenant, "noop", {"n": i})[0] for i in range(1500)]
+        for job in jobs[-20:]:
+            assert store.wait("alice", job.id, 30).state == "succeeded"
+        deadline = time.monotonic() + 30
+        while store.stats()["active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.stats()["active"] == {} and not store._live and not store._queue
+        assert len(store.counters) <= 4, store.counters  # per kind and state, not per job
+        assert store.counters["noop_succeeded"] == 1500  # control: they all ran
+    finally:
+        store.close()

@@ -1,0 +1,54 @@
+"""Bench jobs run as their tenant in the daemon, like exec and evaluate jobs.
+
+A bench job's region and its ad-hoc job are charged to the job's tenant (the
+daemon's own record says so), so its region-seconds quota applies to it:
+alice's long bench uses up her budget and her next bench fails with
+``quota_exceeded`` (then 429), while bob's bench (negative control: another
+tenant) and a local ``krex bench`` (charged to the local uid) are not affected.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import run_krex
+from test_service_http import Service, _regions_by_label, quota_daemon  # noqa: F401
+
+pytest.importorskip("fastapi", reason="the `server` extra is not installed")
+
+
+def _bench(hold_s: float) -> dict:
+    return {"command": f"sleep {hold_s}", "runs": 1, "warmup": 0}
+
+
+def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon, tmp_path):  # noqa: F811
+    state = tmp_path / "state"
+    tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
+                             str(state)).stdout.strip() for name in ("alice", "bob")}
+    auth = {name: {"Authorization": f"Bearer {t}"} for name, t in tokens.items()}
+    s = Service(state, "--runners", "2")
+    try:
+        _, long = s.call("POST", "/v1/jobs/bench", _bench(0.7), headers=auth["alice"])
+        done = s.wait(long["id"], wait_s=60, headers=auth["alice"])
+        assert done["state"] == "succeeded", done
+        local = run_krex("bench", "--runs", "1", "--warmup", "0", "--", "true", timeout=60)
+        assert local.returncode == 0, local.stderr
+        seen = _regions_by_label()
+        assert seen["tenant:alice"] == ["alice"], seen  # the region is alice's
+        assert [f"uid:{os.getuid()}"] in [v for k, v in seen.items()
+                                         if not k.startswith("tenant:")], seen
+        # alice is over her 0.5 region-seconds: the daemon refuses her next bench ...
+        _, over = s.call("POST", "/v1/jobs/bench", _bench(0), headers=auth["alice"])
+        failed = s.wait(over["id"], wait_s=60, headers=auth["alice"])
+        assert failed["state"] == "failed", failed
+        assert failed["error"]["code"] == "quota_exceeded", failed
+        status, err = s.call("POST", "/v1/jobs/bench", _bench(0), headers=auth["alice"])
+        assert status == 429 and err["error"]["code"] == "quota_exceeded", err
+        # ... and not bob's (another tenant, the same daemon).
+        _, other = s.call("POST", "/v1/jobs/bench", _bench(0), headers=auth["bob"])
+        ok = s.wait(other["id"], wait_s=60, headers=auth["bob"])
+        assert ok["state"] == "succeeded", ok
+        assert _regions_by_label()["tenant:bob"] == ["bob"]
+    finally:
+        s.stop()
