@@ -15,7 +15,11 @@ help:  ## list the targets
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[$(EXTRAS)]'
+	@# compat: a plain path entry, not setuptools' editable import finder, which site
+	@# imports (pathlib, re, ...) at every Python start: ~20 ms of every krex command
+	@# (docs/benchmarks.md, CLI start-up).  Plain -e where a setuptools lacks the mode.
+	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' --config-settings editable_mode=compat \
+	  || $(VPY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install krex (editable, builds the native parts)

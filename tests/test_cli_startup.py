@@ -81,9 +81,13 @@ def test_status_imports_only_the_lean_client(daemon, argv):
 LEAN_ALLOWED = frozenset({
     "krex", "krex.cli", "krex.cli.main", "krex.cli.lean", "krex.version", "krex.lazy",
     "krex.errors", "krex.protocol", "krex.protocol.address", "krex.protocol.liveness",
-    "json", "json.decoder", "json.encoder", "json.scanner", "_json",
+    "krex.cli.leanjson", "_json",  # not json (re, enum, functools: ~20 ms of every start)
     "_socket",  # not socket.py (its enums, selectors and array: ~3 ms of every start)
     "grp",  # krex.protocol.address: the socket's group
+    # what site imported before when krex was installed through setuptools' editable
+    # finder (the Makefile installs a plain path entry now): cheap, mostly frozen
+    "__future__", "importlib", "importlib._bootstrap", "importlib._bootstrap_external",
+    "warnings",
 })
 
 
@@ -220,3 +224,50 @@ def test_service_commands_without_the_extra_say_how_to_install_it(command, tmp_p
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "krex: error:" in out.stderr and "pip install 'krex[server]'" in out.stderr
+
+
+LEANJSON_CASES = [
+    {}, [], "", 0, -1, 2**70, 1.5, -0.0, 1e300, 3.14159e-12, float("nan"), float("inf"),
+    float("-inf"), True, False, None, "é ü \u2603 \U0001f600 \x00\n\t\"\\/",
+    {"a": [1, 2.5, {"b": None, "c": [True, False, []]}], "d": {}, "e": ""},
+    (1, 2, (3,)), {1: "int key", 2.5: "float key", False: "bool", None: "none"},
+    {"path": object.__name__, "set": {3}},  # a set: written as its str, as default=str
+]
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_leanjson_writes_what_json_writes(indent):
+    """The lean path's encoder (krex/cli/leanjson.py) against json.dumps(default=str)
+    on edge cases; compact separators when not indented, as the wire uses."""
+    from krex.cli import leanjson
+
+    for case in LEANJSON_CASES:
+        seps = (",", ":") if indent is None else None
+        want = json.dumps(case, indent=indent, default=str, separators=seps)
+        assert leanjson.dumps(case, indent=indent) == want, case
+
+
+def test_leanjson_reads_what_json_reads_and_refuses_what_it_refuses():
+    from krex.cli import leanjson
+
+    for case in LEANJSON_CASES[:-2]:
+        text = json.dumps(case, indent=2)
+        got, want = leanjson.loads(text.encode()), json.loads(text)
+        assert json.dumps(got, default=str) == json.dumps(want, default=str), case
+    for bad in (b"", b"  ", b"{", b'{"a": 1} x', b"[1,]", b"nul", b'"\\x"', b"\xff"):
+        with pytest.raises(ValueError):
+            json.loads(bad)  # the control: json refuses it too
+        with pytest.raises(ValueError):
+            leanjson.loads(bad)
+
+
+def test_leanjson_round_trips_the_daemons_real_replies(daemon, tmp_path):
+    """The daemon's status reply and an exec result, as krex status --json / krex exec
+    --json print them through leanjson, parse back to what the full client gets."""
+    prog = tmp_path / "p.py"
+    prog.write_text("print('hi')\n")
+    for argv in (["status", "--json"], ["exec", "--json", str(prog)]):
+        out = run_krex(*argv)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout[out.stdout.index("{"):])
+        assert isinstance(doc, dict) and doc, out.stdout
