@@ -124,8 +124,14 @@ def _status_ok(d: Daemon) -> bool:
 
 
 INTERRUPTED = textwrap.dedent("""
+    import signal
     import time
     import krex
+
+    # Ctrl-C's KeyboardInterrupt even where SIGINT came in ignored: a command started
+    # with '&' by a non-interactive shell (a CI script, a loaded-suite harness) inherits
+    # SIG_IGN, and Python then installs no handler: the test's SIGINT would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:  # the test sends SIGINT (Ctrl-C) once this request is queued
         with krex.region("cpu", label="interrupted"):
