@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import pytest
-from helpers import REPO, Daemon, run_krex
+from helpers import REPO, Daemon, clean_but_contention, run_krex, why_not
 
 from krex.client.connection import Client
 from krex.errors import KrexError
@@ -145,7 +145,10 @@ def test_two_users_share_one_node_daemon_each_acting_only_on_its_own(node_daemon
         bob.send("acquire")
         time.sleep(0.5)
         report = alice.ask(f"release {region}")
-        assert report["outcome"] == "released" and report["clean"], report
+        # Clean, or only the machine's own contention (a CPU loop beside the suite
+        # preempting the holder): this test is about who may see and do what.
+        assert report["outcome"] == "released" \
+            and (report["clean"] or clean_but_contention(report)), why_not(report)
         theirs = bob.hello()  # the acquire's reply
         assert theirs["tenant"] == f"uid:{BOB}"
         assert theirs["granted_mono_s"] > report["released_mono_s"]

@@ -35,7 +35,7 @@ class _Context:
     parse_constant = staticmethod(_CONSTANTS.__getitem__)
 
 
-_scan = _json.make_scanner(_Context())
+_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # (typeshed: a JSONDecoder; it reads only these attributes)
 _WHITESPACE = " \t\n\r"
 
 
