@@ -19,7 +19,7 @@ import time
 
 import psutil
 import pytest
-from helpers import PY, REPO, Daemon, krex, reap, wait_for
+from helpers import PY, REPO, Daemon, krex, reap, skip_if_another_daemon_owns_the_shield, wait_for
 
 from krex.enforce import contention
 from krex.enforce.contention import Contention, judge, kernel_tick, runnable_on
@@ -154,7 +154,10 @@ def test_quiet_regions_are_not_flagged(daemon, tmp_path):
     """Negative control: 200 regions of ~3 ms of work.  A region is *quiet* by the
     holder's own stopwatch (work within 10 % of the median); at most 5 % of the quiet
     ones may carry a contention reason (false alarms).  Regions that really were slowed
-    (another engineer's process on this shared machine) are left out of the count."""
+    (another engineer's process on this shared machine) are left out of the count.
+    Without the shield (another daemon on this machine owns it) unmanaged tasks may
+    share the holder's cores, and saying so is right: the count means nothing then."""
+    skip_if_another_daemon_owns_the_shield()
     rows = _run_holder(tmp_path, 200, 3, "plain")
     median = statistics.median(r["elapsed_ms"] for r in rows)
     quiet = [r for r in rows if r["elapsed_ms"] <= 1.10 * median]

@@ -14,7 +14,6 @@ machine shares the other core.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -23,11 +22,11 @@ import subprocess
 
 import psutil
 import pytest
-from helpers import PY, REPO, Daemon, krex, reap, wait_for
+from helpers import PY, REPO, Daemon, krex, reap, skip_if_another_daemon_owns_the_shield, wait_for
 
 from krex.enforce.cgroups import CgroupLayout
 from krex.enforce.isolation import default_cores
-from krex.enforce.shield import Shield, lock_path, machine_mode, parse_cpulist
+from krex.enforce.shield import Shield, machine_mode, parse_cpulist
 from krex.protocol.report import ReasonCode, RegionReport
 
 JOBS = os.path.join(REPO, "tests", "jobs")
@@ -41,26 +40,10 @@ def _core() -> int:
     cores = default_cores(sorted(os.sched_getaffinity(0)))
     if not cores:
         pytest.skip("a single-core machine reserves no core")
-    _skip_if_another_daemon_owns_the_shield()
+    # A loaded run once failed six tests at their 15 s waits, one after another: while
+    # another daemon owns the shield, ours is refused and every region waits for it.
+    skip_if_another_daemon_owns_the_shield()
     return cores[-1]
-
-
-def _skip_if_another_daemon_owns_the_shield() -> None:
-    """One shield per machine (krex.enforce.shield.lock_path): while a daemon this suite
-    did not start owns it (another engineer's, on this shared machine), ours is refused
-    and every region here would wait for a shield that never comes (a loaded run: six
-    tests failed at their 15 s waits, one after another)."""
-    try:
-        fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return  # the daemon will say why itself
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        pytest.skip(f"the machine's shield is owned by another krex daemon (pid {owner})")
-    finally:
-        os.close(fd)  # (closing drops the lock if we took it)
 
 
 def _cpuset(pid: int) -> str:
