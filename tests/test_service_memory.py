@@ -18,6 +18,8 @@ import os
 import time
 import tracemalloc
 
+import pytest
+
 from krex.service import node
 from krex.service.jobs import Job, JobStore
 from krex.service.tenants import Quotas, Tenant
@@ -76,15 +78,41 @@ def test_the_node_watcher_stays_bounded_over_a_long_run():
         grew = tracemalloc.get_traced_memory()[0] - first
     finally:
         tracemalloc.stop()
-    assert first > 0.5 * node.MAX_REGIONS * 1000, first  # control: what it holds is counted
+    assert first > node.MAX_REGIONS * 300, first  # control: what it holds is counted
     assert len(watcher.regions) == node.MAX_REGIONS
     assert len(watcher._job_pids) <= node.MAX_REMEMBERED
     assert len(watcher._by_region) <= node.MAX_REMEMBERED
     per_region = 2000  # bytes a region dict takes here (~2 KB measured)
     assert grew < 0.05 * polls * PER_POLL * per_region, grew
     # The newest are what is kept: the latest regions, attributed to their jobs' tenant.
-    assert watcher.regions[-1]["region"] == daemon.next - 1
-    assert watcher.regions[-1]["tenant"] == "alice"
+    newest = watcher.snapshot()["regions"][-1]
+    assert newest["region"] == daemon.next - 1 and newest["tenant"] == "alice"
+
+
+def _timeline_bytes(keep) -> float:
+    """Traced bytes per region of a watcher fed MAX_REGIONS regions, kept by ``keep``."""
+    daemon = FakeDaemon()
+    watcher = node.NodeWatcher(lambda: daemon, poll_s=1.0, timeline_s=3600.0)
+    tracemalloc.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(node, "_kept", keep)
+            for _ in range(node.MAX_REGIONS // PER_POLL):
+                watcher.poll_once()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(watcher.regions) == node.MAX_REGIONS // PER_POLL * PER_POLL
+    return held / len(watcher.regions)
+
+
+def test_the_node_timeline_keeps_regions_compactly():
+    kept = node._kept
+    compact = _timeline_bytes(kept)
+    with_dicts = _timeline_bytes(lambda r: (*kept(r), r))  # control: the dict kept too
+    # Per region: the timeline's tuple (~0.3 KB) and the job -> pid map's entry.
+    assert compact < 600, compact
+    assert with_dicts > 600 and with_dicts > 1.5 * compact, (with_dicts, compact)
 
 
 def test_the_job_store_keeps_no_finished_job_in_memory(tmp_path):
