@@ -187,8 +187,9 @@ def _kept(r: dict[str, Any]) -> tuple[Any, ...]:
     """The timeline's compact form of a region record (names shared, reasons as codes)."""
     out = [r.get(k) for k in KEPT]
     for i in (1, 2, 3):  # device, job, tenant: few distinct names
-        if isinstance(out[i], str):
-            out[i] = sys.intern(out[i])
+        name = out[i]
+        if isinstance(name, str):
+            out[i] = sys.intern(name)
     out[KEPT.index("reasons")] = tuple(reason_codes(r))
     return tuple(out)
 
