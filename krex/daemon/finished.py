@@ -8,10 +8,11 @@ A daemon under load finishes hundreds of regions a minute; kept as dicts, a
 ring of 20 000 grew the daemon by ≈ 0.8 MiB/min for the best part of an hour
 before its bound (``benchmarks/bench_service_load.py``).  Here a record is
 serialised once, to JSON bytes, when it arrives; every :data:`BLOCK` records
-are compressed together (similar records: ≈ 8× smaller), with their sequence
+are compressed together (similar records compress well), with their sequence
 numbers, uids and job ids kept beside them in arrays so that a page is chosen
-without decompressing what it skips.  The ring keeps the newest ``max_records``
-(rounded to whole blocks): ≈ 2 MiB at 20 000 (``tests/test_daemon_finished.py``).
+without decompressing what it skips: ≈ 63 B a region in all, measured with real
+records.  The ring keeps the newest ``max_records`` (rounded up to whole blocks):
+≈ 1.3 MiB at 20 000 (``tests/test_service_memory.py``).
 The full report stays in the event log.
 """
 
