@@ -20,7 +20,8 @@ interface and kind; lost jobs (an answer missing, failed, or not the job's
 own output) and duplicated jobs (one idempotency key, two jobs — checked
 against the service's job list per tenant at the end); the resident memory
 of the daemon, the HTTP service and the MCP server sampled every
-``--rss-every-s`` (first, last, peak, and the slope after the first minute).
+``--rss-every-s`` (first, last, peak, and the slope after the first minute, in
+the second and in the last minute).
 
 Writes results/bench_service_load_<device>.json (atomically, with a format
 version) and prints markdown tables.
@@ -287,17 +288,32 @@ def sample_rss(pids: dict[str, int], every_s: float, stop: threading.Event,
             return
 
 
+def slope(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, MiB) points, in MiB/min (0 for fewer than 2)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in points) / n
+    mr = sum(r for _, r in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return 0.0 if var == 0 else sum((t - mt) * (r - mr) for t, r in points) / var * 60
+
+
 def rss_summary(series: list[tuple[float, float]]) -> dict[str, Any]:
-    """First, last and peak MiB; the least-squares slope (MiB/min) after the first minute."""
-    later = [(t, r) for t, r in series if t >= 60] or series
-    n = len(later)
-    mt = sum(t for t, _ in later) / n
-    mr = sum(r for _, r in later) / n
-    var = sum((t - mt) ** 2 for t, _ in later)
-    slope = 0.0 if var == 0 else sum((t - mt) * (r - mr) for t, r in later) / var * 60
+    """First, last and peak MiB; the least-squares slope (MiB/min) after the first minute,
+    over the second minute and over the last minute (growth that stops shows as a last
+    slope near 0); MiB at 1 min."""
+    end = series[-1][0]
+    at_1min = min(series, key=lambda p: abs(p[0] - 60))[1]
     return {"first_mib": round(series[0][1], 1), "last_mib": round(series[-1][1], 1),
-            "peak_mib": round(max(r for _, r in series), 1),
-            "slope_mib_per_min_after_1min": round(slope, 2), "samples": len(series)}
+            "peak_mib": round(max(r for _, r in series), 1), "at_1min_mib": round(at_1min, 1),
+            "slope_mib_per_min_after_1min": round(
+                slope([p for p in series if p[0] >= 60] or series), 2),
+            "slope_mib_per_min_minute_2": round(
+                slope([p for p in series if 60 <= p[0] <= 120]), 2),
+            "slope_mib_per_min_last_minute": round(
+                slope([p for p in series if p[0] >= end - 60]), 2),
+            "samples": len(series)}
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -414,9 +430,11 @@ def report(res: dict[str, Any]) -> None:
                    [[k, v["done"], v["failed"], v["per_min"], v["p50_s"], v["p95_s"]]
                     for k, v in res["interfaces"].items()]))
     print()
-    print(md_table(["process", "first MiB", "last MiB", "peak MiB", "slope MiB/min (>1 min)"],
-                   [[k, v["first_mib"], v["last_mib"], v["peak_mib"],
-                     v["slope_mib_per_min_after_1min"]] for k, v in res["rss"].items()]))
+    print(md_table(["process", "first MiB", "1 min MiB", "last MiB", "peak MiB",
+                    "slope MiB/min (>1 min)", "minute 2", "last minute"],
+                   [[k, v["first_mib"], v["at_1min_mib"], v["last_mib"], v["peak_mib"],
+                     v["slope_mib_per_min_after_1min"], v["slope_mib_per_min_minute_2"],
+                     v["slope_mib_per_min_last_minute"]] for k, v in res["rss"].items()]))
     print()
     print("HTTP jobs:", res["http_jobs"], "events:", res["events"],
           "MCP job ids unique:", res["mcp_cli_job_ids_unique"])

@@ -302,3 +302,53 @@ def test_the_auto_started_daemon_runs_this_krex_whatever_the_cwd(tmp_path):
         assert daemon["krex_path"] == os.path.dirname(os.path.realpath(this.__file__))
     finally:
         subprocess.run([script, "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+
+
+def _eval_daemons(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The private daemons (``krex serve``) a running ``krex eval`` started."""
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for k in kids:
+        try:
+            if "serve" in k.cmdline():
+                out.append(k)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return f"pid {p.pid} (gone)"
+
+
+@pytest.mark.slow
+def test_eval_stops_its_private_daemons_on_sigterm(tmp_path, monkeypatch):
+    monkeypatch.setenv("KREX_RUNTIME_DIR", str(tmp_path / "rt"))
+    proc = subprocess.Popen([PY, "-m", "krex", "eval", "--quick", "--device", "cpu", "--out",
+                             str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    daemons: list[psutil.Process] = []
+    try:
+        daemons = wait_for(lambda: _eval_daemons(proc), timeout_s=120, interval_s=0.05)
+        everything = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(15)  # to krex eval alone, as a job runner stopping it would
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 143, out.decode()[-2000:]
+        # Control: SIGTERM's default action ends krex eval at once, and these stay.
+        gone, alive = psutil.wait_procs(daemons + everything, timeout=30)
+        assert not alive, ([_cmdline(p) for p in alive], out.decode()[-2000:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        for p in daemons + _eval_daemons(proc):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

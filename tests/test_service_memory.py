@@ -12,8 +12,13 @@ batch adds as much as the first).
 
 from __future__ import annotations
 
+import collections
+import json
+import os
 import time
 import tracemalloc
+
+import pytest
 
 from krex.service import node
 from krex.service.jobs import Job, JobStore
@@ -73,15 +78,41 @@ def test_the_node_watcher_stays_bounded_over_a_long_run():
         grew = tracemalloc.get_traced_memory()[0] - first
     finally:
         tracemalloc.stop()
-    assert first > 0.5 * node.MAX_REGIONS * 1000, first  # control: what it holds is counted
+    assert first > node.MAX_REGIONS * 300, first  # control: what it holds is counted
     assert len(watcher.regions) == node.MAX_REGIONS
     assert len(watcher._job_pids) <= node.MAX_REMEMBERED
     assert len(watcher._by_region) <= node.MAX_REMEMBERED
     per_region = 2000  # bytes a region dict takes here (~2 KB measured)
     assert grew < 0.05 * polls * PER_POLL * per_region, grew
     # The newest are what is kept: the latest regions, attributed to their jobs' tenant.
-    assert watcher.regions[-1]["region"] == daemon.next - 1
-    assert watcher.regions[-1]["tenant"] == "alice"
+    newest = watcher.snapshot()["regions"][-1]
+    assert newest["region"] == daemon.next - 1 and newest["tenant"] == "alice"
+
+
+def _timeline_bytes(keep) -> float:
+    """Traced bytes per region of a watcher fed MAX_REGIONS regions, kept by ``keep``."""
+    daemon = FakeDaemon()
+    watcher = node.NodeWatcher(lambda: daemon, poll_s=1.0, timeline_s=3600.0)
+    tracemalloc.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(node, "_kept", keep)
+            for _ in range(node.MAX_REGIONS // PER_POLL):
+                watcher.poll_once()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(watcher.regions) == node.MAX_REGIONS // PER_POLL * PER_POLL
+    return held / len(watcher.regions)
+
+
+def test_the_node_timeline_keeps_regions_compactly():
+    kept = node._kept
+    compact = _timeline_bytes(kept)
+    with_dicts = _timeline_bytes(lambda r: (*kept(r), r))  # control: the dict kept too
+    # Per region: the timeline's tuple (~0.3 KB) and the job -> pid map's entry.
+    assert compact < 600, compact
+    assert with_dicts > 600 and with_dicts > 1.5 * compact, (with_dicts, compact)
 
 
 def test_the_job_store_keeps_no_finished_job_in_memory(tmp_path):
@@ -100,3 +131,72 @@ def test_the_job_store_keeps_no_finished_job_in_memory(tmp_path):
         assert store.counters["noop_succeeded"] == 1500  # control: they all ran
     finally:
         store.close()
+
+
+# -- the daemon's finished regions -------------------------------------------------------
+
+def _real_records(daemon, n: int) -> list[dict]:
+    """``n`` region records as a real daemon keeps them (regions taken through it)."""
+    import krex
+    from krex.client.connection import Client
+
+    for i in range(n):
+        with krex.region("cpu", label=f"bound-{i}"):
+            pass
+    with Client(daemon.socket) as client:
+        return client.regions(limit=n)
+
+
+def _varied(templates: list[dict], i: int) -> tuple[int, int, dict]:
+    """Region ``i``'s (seq, uid, record): a fresh dict, as ``RegionReport.record()``."""
+    rec = {k: (list(v) if isinstance(v, list) else v)
+           for k, v in templates[i % len(templates)].items()}
+    rec.update(region=i, job_id=i // 3, label=f"candidate-{i}",
+               waited_s=rec["waited_s"] + i * 1e-7, held_s=rec["held_s"] + i * 1e-7,
+               requested_mono_s=1000.0 + i * 0.01)
+    return i, os.getuid(), rec
+
+
+def _traced(store, templates: list[dict], seqs: range) -> int:
+    """Traced bytes that feeding ``store`` the records ``seqs`` left behind."""
+    before = tracemalloc.get_traced_memory()[0]
+    for i in seqs:
+        store.append(_varied(templates, i))
+    return tracemalloc.get_traced_memory()[0] - before
+
+
+def test_the_daemons_finished_regions_stay_compact_and_bounded(daemon):
+    from krex.daemon.finished import BLOCK, FinishedRegions
+
+    templates = _real_records(daemon, 8)
+    assert len(templates) == 8 and all("held_s" in r for r in templates)
+    n = 16 * BLOCK
+    first, second = range(1, n + 1), range(n + 1, 2 * n + 1)
+    tracemalloc.start()
+    try:
+        store = FinishedRegions(max_records=n)
+        filled = _traced(store, templates, first)
+        grew = _traced(store, templates, second)
+        ring: collections.deque = collections.deque(maxlen=n)  # the old form: dicts
+        as_dicts = _traced(ring, templates, first)
+    finally:
+        tracemalloc.stop()
+    compact = 200  # bytes a kept region may take (measured ≈ 63: arrays + zlib'd JSON)
+    assert filled < n * compact, filled / n
+    assert as_dicts > n * compact * 2, as_dicts / n  # control (≈ 780): dicts fail it
+    assert grew < 0.1 * filled, (grew, filled)  # full: a second batch adds next to nothing
+    assert n <= len(store) < n + 2 * BLOCK
+    # What is kept is the newest, in order, and pages through as before.
+    visible = {"all": lambda uid: True, "none": lambda uid: False}
+    rows, before, got = [], None, 0
+    while True:
+        page, before = store.page(visible["all"], None, 500, before, 1 << 19)
+        rows, got = page + rows, got + 1
+        if before is None:
+            break
+    assert got > 1 and [r["region"] for r in rows] == list(second)[-len(rows):]
+    assert rows[-1] == json.loads(json.dumps(_varied(templates, second[-1])[2]))
+    assert store.page(visible["none"], None, 500, None, 1 << 19) == ([], None)
+    last_job = second[-1] // 3
+    mine, _ = store.page(visible["all"], [last_job], 500, None, 1 << 19)
+    assert [r["region"] for r in mine] == [i for i in second if i // 3 == last_job]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from krex.cli.output import JSON_OUTPUT, console, print_json, table
@@ -74,9 +76,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             args.wide)
     cfg = _config(args)
     command = "krex " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else None
-    with _Progress() as progress:
-        path, doc = evaluate(cfg, args.out, command, progress)
+    try:
+        with _sigterm_unwinds(), _Progress() as progress:
+            path, doc = evaluate(cfg, args.out, command, progress)
+    except _Terminated:
+        console.print("krex eval: terminated; its private daemons are stopped")
+        return 128 + 15
     return _show_report(path, report(path), args.json, args.wide)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM unwinds the experiment like Ctrl-C, so each block's private daemon (and its
+    workers and fakegpu server) is stopped and reaped on the way out; SIGTERM's default
+    action ends the process at once and left them running."""
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    old = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # The console table's default columns (by title prefix); --wide shows every one.

@@ -73,16 +73,23 @@ def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, s
             [sys.executable, "-m", "krex", "serve", "--runtime-dir", runtime_dir, *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=new_session,
             env=daemon_env() if env is None else env, cwd=PACKAGE_PARENT)
-    deadline = time.monotonic() + timeout_s
+    try:
+        _wait_up(proc, path, time.monotonic() + timeout_s, runtime_dir, log_path)
+    except BaseException:  # not up in time, or interrupted (Ctrl-C, SIGTERM) while waiting
+        _reap(proc)
+        raise
+    return proc
+
+
+def _wait_up(proc: subprocess.Popen[bytes], path: str, deadline: float, runtime_dir: str,
+             log_path: str) -> None:
     while not daemon_reachable(path):
         code = proc.poll()
         if code not in (None, 0) or time.monotonic() > deadline:
-            _reap(proc)
             why = "did not answer in time" if code is None else f"exited with {code}"
             raise DaemonNotRunning(f"could not start a krex daemon on {runtime_dir}: {why}",
                                    hint=f"see its log: {log_path}")
         time.sleep(0.01)
-    return proc
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

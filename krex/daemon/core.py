@@ -30,6 +30,7 @@ from krex.daemon.access import Access
 from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
 from krex.daemon.exclusivity import Exclusivity
+from krex.daemon.finished import FinishedRegions
 from krex.daemon.holds import Holds, Phase, RegionState
 from krex.daemon.jobs import MODES, Job, JobRegistry
 from krex.daemon.lanes import Lanes
@@ -90,7 +91,7 @@ class Daemon:
         self.holds = Holds(self)
         self.lanes = Lanes()
         self._seq = itertools.count(1)
-        self.finished: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=20000)
+        self.finished = FinishedRegions(max_records=20000)
         self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=5000)
         self.devices = discover()
         self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
@@ -240,8 +241,11 @@ class Daemon:
         return {"pong": True}
 
     def _on_regions(self, session: Session, msg: m.Regions) -> dict[str, Any]:
-        rows, more = self._page(list(self.finished), session.peer, msg.job_ids, msg.limit,
-                                msg.before)
+        if msg.limit < 0:
+            raise BadRequest("limit must not be negative")
+        rows, more = self.finished.page(lambda uid: self.access.visible(session.peer, uid),
+                                        msg.job_ids, min(msg.limit, m.PAGE_MAX), msg.before,
+                                        PAGE_BYTES)
         return {"regions": rows, "next_before": more}
 
     def _on_jobs(self, session: Session, msg: m.Jobs) -> dict[str, Any]:

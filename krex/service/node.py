@@ -3,7 +3,8 @@
 A thread reads the daemon's ``status`` and its finished regions (``regions``)
 every ``node_poll_s`` — what the daemon exposes to any client, nothing of its
 internals.  Regions are kept for ``timeline_s`` (the node page's timeline),
-at most :data:`MAX_REGIONS` of them, and handed to the metrics once.  What
+at most :data:`MAX_REGIONS` of them, each as a tuple of the fields the page shows
+(:data:`KEPT`), and handed to the metrics once.  What
 the watcher remembers is bounded by count, not only by time: at a few hundred
 regions a minute a 10-minute timeline alone grew the service by ~1 MiB/min
 (``benchmarks/bench_service_load.py``); the daemon's job → pid map and the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +36,12 @@ from krex.service.jobs import Job
 ATTRIBUTION_S = 10.0  # how long a finished region waits for its job's result
 REGIONS_PER_POLL = 256  # the newest regions read per poll (the daemon keeps its last N)
 LOCAL = "local"
-MAX_REGIONS = 3000  # the timeline's regions, newest kept (~2 KB each)
+MAX_REGIONS = 3000  # the timeline's regions, newest kept (~0.3 KB each as a tuple)
+# What the timeline keeps of a region (a tuple in this order, not the daemon's dict of
+# ~20 fields: ≈ 0.3 KB instead of 1-2 KB; ``tests/test_service_memory.py``).
+KEPT = ("region", "device", "job", "tenant", "requested_mono_s", "requested_wall_s",
+        "waited_s", "held_s", "frozen_s", "clean", "reasons", "label")
+_WALL = KEPT.index("requested_wall_s")
 MAX_REMEMBERED = 5000  # daemon job -> pid, region -> tenant: newest entries kept
 
 
@@ -49,7 +56,7 @@ class NodeWatcher:
         self._lock = threading.Lock()
         self.status: dict[str, Any] | None = None
         self.error: str | None = None
-        self.regions: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_REGIONS)
+        self.regions: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_REGIONS)
         self._pending: list[dict[str, Any]] = []
         self._last_region = 0
         self._job_pids: dict[int, int] = {}  # daemon job id -> its process (a worker's pid)
@@ -88,7 +95,8 @@ class NodeWatcher:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"status": self.status, "error": self.error,
-                    "regions": list(self.regions), "evaluations": list(self.evaluations)}
+                    "regions": [dict(zip(KEPT, r, strict=False)) for r in self.regions],
+                    "evaluations": list(self.evaluations)}
 
     def poll_once(self) -> None:
         try:
@@ -130,7 +138,7 @@ class NodeWatcher:
                 continue
             r = {**r, "tenant": tenant or LOCAL,
                  "requested_wall_s": r.get("requested_wall_s") or _wall(r, now)}
-            self.regions.append(r)
+            self.regions.append(_kept(r))
             ready.append(r)
         self._pending = waiting
         return ready
@@ -154,7 +162,7 @@ class NodeWatcher:
 
     def _trim_locked(self) -> None:
         horizon = time.time() - self.timeline_s
-        while self.regions and (self.regions[0].get("requested_wall_s") or 0) < horizon:
+        while self.regions and (self.regions[0][_WALL] or 0) < horizon:
             self.regions.popleft()
         for memo in (self._job_pids, self._by_region):
             _keep_newest(memo, MAX_REMEMBERED)
@@ -173,6 +181,17 @@ class NodeWatcher:
                 "timeline": [_bar(r, now_mono) for r in regions],
                 "shares": shares(regions), "evaluations": snap["evaluations"][:20],
                 "counters": st.get("counters", {}), "now_wall_s": now_wall}
+
+
+def _kept(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The timeline's compact form of a region record (names shared, reasons as codes)."""
+    out = [r.get(k) for k in KEPT]
+    for i in (1, 2, 3):  # device, job, tenant: few distinct names
+        name = out[i]
+        if isinstance(name, str):
+            out[i] = sys.intern(name)
+    out[KEPT.index("reasons")] = tuple(reason_codes(r))
+    return tuple(out)
 
 
 def _keep_newest(memo: dict[int, Any], limit: int) -> None:
