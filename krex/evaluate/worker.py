@@ -118,7 +118,7 @@ class CandidateRun:
         self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
-        self.fingerprint: dict[guard.Key, Any] = {}
+        self.fingerprint: guard.Bindings | None = None
         self.built: dict[str, Any] = {}  # case id -> arguments as built, never handed out
         self.trusted: list[str] = []
 
@@ -327,9 +327,8 @@ class CandidateRun:
     # -- after ------------------------------------------------------------------------
 
     def finish(self) -> None:
-        if self.fingerprint:
-            after = guard.fingerprint(self.trusted)
-            self.out["tampered"] = guard.changes(self.fingerprint, after)
+        if self.fingerprint is not None:
+            self.out["tampered"] = self.fingerprint.changed()
             if self.out["tampered"]:
                 _request_recycle("krex_tampered: " + ", ".join(self.out["tampered"][:3]))
         try:
