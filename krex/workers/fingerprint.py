@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Mapping
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -66,7 +67,8 @@ class Bindings:
 
     def _same(self) -> bool:
         for (_, live, _), keys, ids in zip(self.spaces, self.keys, self.ids, strict=True):
-            if list(map(id, live.values())) != ids or list(live) != keys:
+            # by name, so names added since (a submodule imported later) change nothing
+            if list(map(id, map(live.get, keys, repeat(_MISSING, len(keys))))) != ids:
                 return False
         if list(map(id, map(_FUNC, self.wrappers))) != list(map(id, self.wrapped)):
             return False
