@@ -38,8 +38,6 @@ EARLY_PAIRS = 10  # ... unless the effect is material: the stricter interval who
 # the ±2w band (a large true effect needs few pairs; 10 is where a sign-test interval
 # reaches compare's stricter 99.8 % at all)
 WARMUP_MS = 1.0  # one call per side: both were called several times before the timing
-ESTIMATE_CALLS = 2  # samples per side sizing compare's batches (its default 5: one-off
-# compilation and lazy initialisation are long done here)
 ANNOUNCE_WITHIN_CHARS = 1 << 20  # stdout read for the reference announcement, at most
 MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
 
@@ -228,8 +226,7 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "early_pairs": EARLY_PAIRS,
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
-              "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS,
-              "estimate_calls": ESTIMATE_CALLS}
+              "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}
     return {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
             "dir": workdir, "device": device, "reference_cases": ref_cases,
             "candidate": specs["candidate"].to_dict(), "cases": cases, "timing": timing,
