@@ -134,7 +134,8 @@ def write_task(folder: str, device: str, work: list[list[dict[str, Any]]]) -> No
 # -- krex ----------------------------------------------------------------------------------
 
 
-def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[str, Any]:
+def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str,
+             daemon_args: tuple[str, ...] = ()) -> dict[str, Any]:
     import krex
 
     folder = tempfile.mkdtemp(prefix="krex-bench-evaluate-")
@@ -157,7 +158,7 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str) -> dict[
                 out = {"verdict": "error", "error": repr(exc)[:300]}
             results[i].append({**c, **out, "seconds": time.monotonic() - t0})
 
-    with private_daemon():
+    with private_daemon(*daemon_args):
         krex.evaluate(f"{folder}/ref.py:fn", f"{folder}/ref.py:fn", f"{folder}/inputs.py:make",
                       device=device, cache=cache, save=False)  # pool and device up: not timed
         t0 = time.monotonic()
@@ -262,6 +263,18 @@ def phases(flat: list[dict[str, Any]]) -> dict[str, Any]:
             "regions_taken": sum(r.get("regions") or 0 for r in flat)}
 
 
+def compile_krex() -> None:
+    """Write krex's bytecode, as pip does for KCoral's installed package: with
+    PYTHONDONTWRITEBYTECODE set (as in this project's sessions) an editable checkout is
+    otherwise compiled from source on every import, e.g. each evaluation's
+    ``krex.client.region`` in its worker (~20 ms here)."""
+    import compileall
+
+    import krex
+
+    compileall.compile_dir(os.path.dirname(os.path.abspath(krex.__file__)), quiet=1)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--agents", type=int, default=8)
@@ -272,22 +285,25 @@ def main() -> int:
     p.add_argument("--kcoral-python", help="Python of a venv with kcoral[server] deps; "
                                            "omitted: krex alone")
     p.add_argument("--quick", action="store_true", help="2 agents x 5 candidates")
+    p.add_argument("--daemon-args", default="", help="extra `krex serve` flags for krex's "
+                                                      "private daemon, e.g. '--workers-max 3'")
     args = p.parse_args()
     if args.quick:
         args.agents, args.candidates = 2, 5
     work = workload(args.agents, args.candidates)
+    compile_krex()
     runs = []
     if args.kcoral_python:
         runs.append(run_kcoral(args.kcoral_python, work))
     for device in args.devices.split(","):
-        runs.append(run_krex(device, work, args.cache))
+        runs.append(run_krex(device, work, args.cache, tuple(args.daemon_args.split())))
     rows = [(r["system"], r["device"], r["evaluations"], f"{r['wall_s']:.1f}",
              f"{r['per_minute']:.1f}", f"{r['accuracy']:.1%}",
              " ".join(f"{k} {v}" for k, v in r["by_expected"].items()), r["errors"])
             for r in runs]
     table = md_table(["system", "device", "evaluations", "wall s", "per minute", "accuracy",
                       "right by truth", "errors"], rows)
-    path = write_results("bench_evaluate", {"agents": args.agents,
+    path = write_results("bench_evaluate", {"agents": args.agents, "daemon_args": args.daemon_args,
                                             "candidates": args.candidates, "cache": args.cache,
                                             "runs": runs, "table": table})
     print(table)

@@ -104,6 +104,12 @@ def test_records_provenance_and_identical_requests(daemon_m, tmp_path):
     assert p["krex_version"] == krex.__version__ and p["numpy"]
     assert len(p["input_hashes"]) >= 9 and len(first.candidate["sha256"]) == 64
     assert p["clocks"]["before"] is not None and p["candidate_worker_pid"] > 0
+    stage = first.integrity["stage_s"]  # the timing stage's parts, as the benchmark sums them
+    parts = ("timing:setup", "timing:acquire", "timing:in_region", "timing:release",
+             "timing:compare", "timing:probe", "timing:outputs")
+    assert all(stage[k] >= 0 for k in parts), stage
+    assert stage["timing:acquire"] + stage["timing:in_region"] + stage["timing:release"] \
+        <= stage["timing:compare"] <= stage["timing"]
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT count(*) FROM evaluations").fetchone()[0] == 3
         assert con.execute("SELECT count(*) FROM regions WHERE accepted = 1").fetchone()[0] == 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from evaluate_helpers import FAKEGPU, module_daemon, spec
+from helpers import clean_but_contention
 
 import krex
 
@@ -81,10 +82,23 @@ def test_a_sticky_device_error_is_contained_and_the_worker_recycled(tmp_path_fac
         assert after.verdict == "slower" and after.ok, after.summary()
 
 
+def caught_unless_contention(cand: str, code: str, attempts: int = 3):
+    """The evaluation, taken again (at most ``attempts`` times) while ``code`` is missing and
+    its region was not clean only because of the machine's own contention (other sessions'
+    load on the holder's cores): a miss in a clean region is returned, and fails."""
+    for _ in range(attempts):
+        ev = evaluate(cand)
+        region = (ev.timing or {}).get("region")
+        if code in ev.codes() or not region or region["clean"] \
+                or not clean_but_contention(region):
+            return ev
+    return ev
+
+
 def test_work_on_a_second_context_outlives_the_call(tmp_path_factory):
     for _daemon in module_daemon(tmp_path_factory):
         for _ in range(2):
-            ev = evaluate("hacks.py:side_context")
+            ev = caught_unless_contention("hacks.py:side_context", "WORK_AFTER_RETURN")
             assert "WORK_AFTER_RETURN" in ev.codes() and ev.verdict == "invalid", ev.summary()
             evidence = ev.findings[ev.codes().index("WORK_AFTER_RETURN")].evidence
             # the events saw less than the call's host time, or work was still queued

@@ -139,20 +139,47 @@ def test_the_core_does_not_import_torch():
 
 def test_fingerprint_sees_rebinding_and_code_swaps_only():
     mod = types.ModuleType("krex_fake_trusted")
-    exec("def f():\n    return 1\nclass C:\n    def m(self):\n        return 2\n", vars(mod))
+    exec("def f(a=1):\n    return 1\nclass C:\n    def m(self):\n        return 2\n"
+         "    @staticmethod\n    def s():\n        return 3\n", vars(mod))
     mod.C.__module__ = "krex_fake_trusted"
     sys.modules["krex_fake_trusted"] = mod
     try:
         before = guard.fingerprint(["krex_fake_trusted"])
-        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == []
+        assert before.changed() == []
         mod.new_name = 3  # new names are not judged
-        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == []
-        mod.f.__code__ = (lambda: 2).__code__
-        assert guard.changes(before, guard.fingerprint(["krex_fake_trusted"])) == \
-            ["krex_fake_trusted.f"]
+        assert before.changed() == []
+        mod.f.__defaults__ = (2,)
+        assert before.changed() == ["krex_fake_trusted.f"]
+        mod.f.__code__ = (lambda a=1: 2).__code__
+        assert before.changed() == ["krex_fake_trusted.f"]
         mod.C.m = lambda self: 3
-        assert "krex_fake_trusted.C.m" in guard.changes(before,
-                                                         guard.fingerprint(["krex_fake_trusted"]))
+        assert "krex_fake_trusted.C.m" in before.changed()
+        vars(mod.C)["s"].__init__(lambda: 4)  # a staticmethod re-initialised in place
+        assert "krex_fake_trusted.C.s" in before.changed()
+    finally:
+        del sys.modules["krex_fake_trusted"]
+
+
+class _EqualToAll:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def test_fingerprint_judges_identity_not_equality():
+    """A replacement whose __eq__ says True to anything is still a replacement."""
+    mod = types.ModuleType("krex_fake_trusted")
+    mod.clock = time.perf_counter
+    sys.modules["krex_fake_trusted"] = mod
+    try:
+        before = guard.fingerprint(["krex_fake_trusted"])
+        mod.clock = _EqualToAll()
+        assert before.changed() == ["krex_fake_trusted.clock"]
+        mod.clock = time.perf_counter  # put back: nothing differs any more
+        assert before.changed() == []
+        del mod.clock
+        assert before.changed() == ["krex_fake_trusted.clock"]
     finally:
         del sys.modules["krex_fake_trusted"]
 
@@ -164,11 +191,13 @@ def test_trusted_modules_include_the_clocks_and_krex():
     assert "time" in names and "krex.measure.timers" in names
     real = time.perf_counter_ns
     before = guard.fingerprint(names)
+    assert len(before) > 1000 and before.changed() == []
     time.perf_counter_ns = lambda: 0
     try:
-        assert guard.changes(before, guard.fingerprint(names)) == ["time.perf_counter_ns"]
+        assert before.changed() == ["time.perf_counter_ns"]
     finally:
         time.perf_counter_ns = real
+    assert before.changed() == []
 
 
 # -- judge ---------------------------------------------------------------------------------

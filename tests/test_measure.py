@@ -407,3 +407,28 @@ def test_bench_issues_the_cold_cache_hint_once_per_process(monkeypatch):
         monkeypatch.setattr(bench_mod, "_HINTED", set())
         bench(kernel, rep=20, timer=timer, cache="hot", region=ScriptedRegions(clock=timer.now_s))
     assert not [w for w in seen if issubclass(w.category, BenchCostHint)]
+
+
+def test_compare_estimate_calls_sets_the_calls_before_the_region():
+    """Fewer estimate samples: fewer calls outside the region, the same samples inside."""
+    from krex.measure import compare
+
+    def calls_outside(estimate_calls):
+        timer, kernel, regions = _fake(1.0, 0.001)
+        counts = {"outside": 0, "in": 0}
+        seen_regions = [0]
+
+        def fn():
+            counts["in" if regions.taken > seen_regions[0] else "outside"] += 1
+            return kernel()
+
+        c = compare(fn, fn, timer=timer, region=regions, cache="hot", warmup_ms=1.0,
+                    estimate_calls=estimate_calls)
+        return counts["outside"], c
+
+    fewer, c2 = calls_outside(2)
+    default, c5 = calls_outside(5)
+    assert default - fewer == 2 * 3  # (first call + 5 samples + warm-up) vs (... + 2 ...)
+    assert c2.verdict == c5.verdict == "same"
+    with pytest.raises(ValueError, match="estimate_calls"):
+        compare(lambda: None, lambda: None, estimate_calls=0)

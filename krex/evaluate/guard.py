@@ -7,18 +7,20 @@ clocks (``time``), ``math``, ``statistics``, ``random``, ``ctypes``,
 builder's modules — plus, for each function and class found there, the
 identity of its code object, defaults and class attributes.  Rebinding
 ``time.perf_counter``, replacing ``krex.measure.stats.median`` or swapping a
-method's ``__code__`` all change the fingerprint.  Mutation inside kept
-objects (a list in a module) and native code are out of reach: see the
-threat model in docs/evaluate.md.
+method's ``__code__`` all change the fingerprint.  Taking it and checking it
+run at C speed and compare identities, never equality
+(:class:`krex.workers.fingerprint.Bindings`).  Mutation inside kept objects
+(a list in a module) and native code are out of reach: see the threat model
+in docs/evaluate.md.
 """
 
 from __future__ import annotations
 
 import sys
 
-from krex.workers.fingerprint import Key, changes, fingerprint, krex_modules
+from krex.workers.fingerprint import Bindings, fingerprint, krex_modules
 
-__all__ = ["TRUSTED", "Key", "changes", "fingerprint", "trusted_modules"]
+__all__ = ["TRUSTED", "Bindings", "fingerprint", "trusted_modules"]
 
 TRUSTED = ("time", "math", "statistics", "random", "ctypes", "hashlib", "gc", "numpy",
            "numpy.linalg", "numpy.random", "torch", "torch.cuda", "torch.nn.functional")

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from krex.errors import KrexError
@@ -118,7 +118,7 @@ class CandidateRun:
         self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
-        self.fingerprint: dict[guard.Key, Any] = {}
+        self.fingerprint: guard.Bindings | None = None
         self.built: dict[str, Any] = {}  # case id -> arguments as built, never handed out
         self.trusted: list[str] = []
 
@@ -268,7 +268,7 @@ class CandidateRun:
             self.out["timing_skipped"] = "outputs already wrong: " + ", ".join(
                 self.out["precheck_wrong"])
             return
-        job, opts = self.job, self.job["timing"]
+        job, opts, t0 = self.job, self.job["timing"], time.monotonic()
         rotation = job["cases"]["rotation"]
         a = probe.Calls(self.ref, [self.args(c) for c in rotation], "reference")
         b = probe.Calls(self.cand, [self.args(c) for c in rotation], "candidate")
@@ -280,18 +280,23 @@ class CandidateRun:
         # watches the candidate's threads' CPU time, which others' load does not add to, so
         # it runs after the region instead of lengthening it; else at its end, inside it
         outside = counters.device_launches() is None
-        factory = self.region_factory if outside else probe.probing_region(
-            self.region_factory, run_probe, box)
+        factory = _timed_factory(self.region_factory, self.out["stage_s"])
+        if not outside:
+            factory = probe.probing_region(factory, run_probe, box)
         from krex.measure import compare
         from krex.measure.clocks import sample
 
         clocks_before = sample(self.device)
+        parts = self.out["stage_s"]
+        parts["timing:setup"], t0 = time.monotonic() - t0, time.monotonic()
         try:
             result = compare(a, b, device=self.device, timer=timer, region=factory,
                              label=job.get("label"), retries=1,
                              max_hold_s=opts["timeout_s"] + PROBE_HOLD_S, **opts)
+            parts["timing:compare"], t0 = time.monotonic() - t0, time.monotonic()
             if outside:
                 probe.guarded(run_probe, box)
+            parts["timing:probe"], t0 = time.monotonic() - t0, time.monotonic()
         except KrexError as exc:  # the region, not the candidate: no verdict, not a failure
             self.out["timing_error"] = f"{type(exc).__name__}: {exc}"
             return
@@ -311,6 +316,7 @@ class CandidateRun:
                                 if values.tree_digest(args) != digests[i]]
         self.out["threads_started"] = max(self.threads.most_alive, len(self.threads.new_threads()))
         self._timed_outputs(b)
+        parts["timing:outputs"] = time.monotonic() - t0
 
     def _timed_outputs(self, b: probe.Calls) -> None:
         """Call the timed candidate once more on each input set and copy each output at once.
@@ -327,9 +333,8 @@ class CandidateRun:
     # -- after ------------------------------------------------------------------------
 
     def finish(self) -> None:
-        if self.fingerprint:
-            after = guard.fingerprint(self.trusted)
-            self.out["tampered"] = guard.changes(self.fingerprint, after)
+        if self.fingerprint is not None:
+            self.out["tampered"] = self.fingerprint.changed()
             if self.out["tampered"]:
                 _request_recycle("krex_tampered: " + ", ".join(self.out["tampered"][:3]))
         try:
@@ -337,6 +342,34 @@ class CandidateRun:
         except Exception as exc:  # noqa: BLE001  (an output krex cannot copy is the candidate's)
             self.out.update({"status": "error", "stage": "outputs",
                              "exception": f"{type(exc).__name__}: {exc}"})
+
+
+def _timed_factory(inner: Any, parts: dict[str, float]) -> Any:
+    """``inner`` with the program's view of each region added to ``parts``: the acquire
+    (request to grant, enforcement included), the time inside, the release."""
+    import contextlib
+
+    def add(name: str, since: float) -> float:
+        now = time.monotonic()
+        parts[name] = parts.get(name, 0.0) + now - since
+        return now
+
+    @contextlib.contextmanager
+    def factory(device: str, **kw: Any) -> Iterator[Any]:
+        t0 = time.monotonic()
+        ended = [t0]  # when the time inside ended: the release starts there
+        try:
+            with inner(device, **kw) as region:
+                t1 = add("timing:acquire", t0)
+                try:
+                    yield region
+                finally:
+                    ended[0] = add("timing:in_region", t1)
+        finally:
+            if ended[0] != t0:
+                add("timing:release", ended[0])
+
+    return factory
 
 
 def _announce(line: str) -> None:

@@ -169,8 +169,13 @@ def compare(
     max_hold_s: float | None = None,
     timer: Timer | None = None,
     region: RegionFactory | None = None,
+    estimate_calls: int = loop.ESTIMATE_CALLS,
 ) -> Comparison:
-    """Is ``candidate`` faster than ``baseline``?  Both are timed in one region."""
+    """Is ``candidate`` faster than ``baseline``?  Both are timed in one region.
+
+    ``estimate_calls``: samples per side, before the region, that size the batches
+    between two stopping checks (krex.evaluate, whose sides were called many times
+    before, asks for fewer)."""
     if order not in ("abba", "random"):
         raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
     opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
@@ -178,7 +183,9 @@ def compare(
                          region=region)
     timer, device = opts.resolve()
     a, b = loop.Plan(baseline, timer, opts.cold), loop.Plan(candidate, timer, opts.cold)
-    est_a, est_b = loop.first_call_and_estimate(a), loop.first_call_and_estimate(b)
+    if estimate_calls < 1:
+        raise ValueError(f"estimate_calls must be at least 1, not {estimate_calls}")
+    est_a, est_b = (loop.first_call_and_estimate(p, estimate_calls) for p in (a, b))
     for plan, est in ((a, est_a), (b, est_b)):
         loop.warm_up(plan, warmup_ms, est.call_ms)
     if early_pairs is not None and early_pairs < 1:

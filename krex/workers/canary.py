@@ -36,7 +36,7 @@ class Canary:
     libraries: set[str]
     process: dict[str, Any]
     memory_mb: float | None
-    krex: dict[fingerprint.Key, Any]  # bindings of krex's own modules
+    krex: fingerprint.Bindings  # bindings of krex's own modules
 
     @classmethod
     def take(cls, context: Any) -> Canary:
@@ -78,11 +78,10 @@ def verdict(before: Canary, context: Any, limit_mb: float, check_libraries: bool
     return None
 
 
-def _krex_modified(before: dict[fingerprint.Key, Any]) -> str | None:
+def _krex_modified(before: fingerprint.Bindings) -> str | None:
     """Runs after ``snapshot.restore``: module globals are back; what differs now is a
     function's code or defaults, or a class attribute, replaced by the program."""
-    names = sorted({k[0] for k in before})
-    changed = fingerprint.changes(before, fingerprint.fingerprint(names))
+    changed = before.changed()
     return "krex_modified: " + ", ".join(changed[:3]) if changed else None
 
 

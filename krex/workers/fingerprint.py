@@ -1,55 +1,103 @@
 """Identities of a set of modules' bindings: has anything rebound or replaced them?
 
-In: module names.  Out: ``{(module, attr): identity}`` for every binding of
-those modules and of the classes they define — for a function, the identity
-of its code object, defaults and keyword defaults as well — and
-:func:`changes`, the names that differ between two fingerprints.  Used by the
-canary (krex's own modules, preloaded into every worker, must be as they were
-when the worker started) and by ``krex.evaluate.guard`` (what a candidate
-may not touch during one evaluation).  Mutation inside kept objects (a list
-in a module) and native code are out of reach.
+In: module names.  Out: a :class:`Bindings` snapshot of every binding of
+those modules and of the classes they define — for a function, its code
+object, defaults and keyword defaults as well — whose :meth:`Bindings.changed`
+names what differs *now*.  Used by the canary (krex's own modules, preloaded
+into every worker, must be as they were when the worker started) and by
+``krex.evaluate.guard`` (what a candidate may not touch during one evaluation).
+Mutation inside kept objects (a list in a module) and native code are out of
+reach.
+
+Thousands of bindings are checked twice per evaluation, so both taking and
+checking run at C speed: shallow copies of the namespaces, ``map(id, …)``
+over their values and over the functions' code/defaults, lists of ints
+compared with ``==``.  Identity, never equality: an object whose ``__eq__``
+says True to anything must not pass for the original.  The snapshot holds
+every object it saw (the namespaces' copies, the code objects, the defaults),
+so none can be freed and its address reused by a replacement while it lives.
+Only when something differs does a Python loop name the bindings.
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Mapping
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
-Key = tuple[str, ...]  # (module, attribute) or (module, class, attribute)
-_WRAPPERS = (staticmethod, classmethod, types.MethodType)  # identities of their __func__
+_WRAPPERS = (staticmethod, classmethod, types.MethodType)  # judged by their __func__ too
+_FUNC = attrgetter("__func__")
+_PARTS = (attrgetter("__code__"), attrgetter("__defaults__"), attrgetter("__kwdefaults__"))
+_MISSING = object()
 
 
-def fingerprint(module_names: list[str]) -> dict[Key, Any]:
-    """``{(module, attr): identity}`` for every binding of the named modules (and of the
-    classes they define); :func:`changes` names what differs.  Taken over thousands of
-    bindings: kept to one dict store and one :func:`_identity` each."""
-    out: dict[Key, Any] = {}
-    for name in module_names:
-        module = sys.modules.get(name)
-        if module is None:
-            continue
-        for attr, value in list(vars(module).items()):
-            out[name, attr] = _identity(value)
+class Bindings:
+    """A snapshot of the named modules' bindings (and of the classes they define)."""
+
+    def __init__(self, module_names: list[str]) -> None:
+        # (name prefix, live namespace, its copy as taken): modules, then their classes
+        self.spaces: list[tuple[tuple[str, ...], Mapping[str, Any], dict[str, Any]]] = []
+        for name in module_names:
+            module = sys.modules.get(name)
+            if module is not None:
+                self._add_module(name, vars(module))
+        self.keys = [list(copy) for _, _, copy in self.spaces]
+        self.ids = [list(map(id, copy.values())) for _, _, copy in self.spaces]
+        values = [v for _, _, copy in self.spaces for v in copy.values()]
+        self.wrappers = [v for v in values if isinstance(v, _WRAPPERS)]
+        self.wrapped = list(map(_FUNC, self.wrappers))  # held: their addresses stay theirs
+        functions = {id(v): v for v in (*values, *self.wrapped) if type(v) is types.FunctionType}
+        self.functions = list(functions.values())
+        self.parts = [list(map(get, self.functions)) for get in _PARTS]  # held, as above
+
+    def _add_module(self, name: str, namespace: dict[str, Any]) -> None:
+        copy = dict(namespace)
+        self.spaces.append(((name,), namespace, copy))
+        for attr, value in copy.items():
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                for cattr, cvalue in list(vars(value).items()):
-                    out[name, attr, cattr] = _identity(cvalue)
-    return out
+                self.spaces.append(((name, attr), vars(value), dict(vars(value))))
+
+    def changed(self) -> list[str]:
+        """Names rebound, replaced or removed since the snapshot (new names are not judged),
+        sorted; ``[]`` — the usual answer — at C speed."""
+        return [] if self._same() else self._names()
+
+    def _same(self) -> bool:
+        for (_, live, _), keys, ids in zip(self.spaces, self.keys, self.ids, strict=True):
+            # by name, so names added since (a submodule imported later) change nothing
+            if list(map(id, map(live.get, keys, repeat(_MISSING, len(keys))))) != ids:
+                return False
+        if list(map(id, map(_FUNC, self.wrappers))) != list(map(id, self.wrapped)):
+            return False
+        return all(list(map(id, map(get, self.functions))) == list(map(id, held))
+                   for get, held in zip(_PARTS, self.parts, strict=True))
+
+    def _names(self) -> list[str]:
+        """The slow path: which bindings differ, by name."""
+        changed_functions = {id(f) for get, held in zip(_PARTS, self.parts, strict=True)
+                             for f, part in zip(self.functions, held, strict=True)
+                             if get(f) is not part}
+        rewrapped = {id(w) for w, f in zip(self.wrappers, self.wrapped, strict=True)
+                     if _FUNC(w) is not f}
+        out = set()
+        for prefix, live, copy in self.spaces:
+            for attr, value in copy.items():
+                inner = _FUNC(value) if isinstance(value, _WRAPPERS) else value
+                if (live.get(attr, _MISSING) is not value or id(value) in rewrapped
+                        or id(inner) in changed_functions):
+                    out.add(".".join((*prefix, attr)))
+        return sorted(out)
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self.keys)
 
 
-def _identity(value: Any) -> Any:
-    if isinstance(value, _WRAPPERS):  # methods, classmethods, staticmethods
-        value = value.__func__
-    if type(value) is types.FunctionType:
-        return (id(value), id(value.__code__), id(value.__defaults__), id(value.__kwdefaults__))
-    return id(value)
-
-
-def changes(before: dict[Key, Any], after: dict[Key, Any]) -> list[str]:
-    """Names rebound, replaced or removed since ``before`` (new names are not judged)."""
-    if before.items() <= after.items():  # the usual answer, at C speed
-        return []
-    return sorted(".".join(k) for k, v in before.items() if after.get(k) != v)
+def fingerprint(module_names: list[str]) -> Bindings:
+    """A :class:`Bindings` snapshot of the named modules; ``.changed()`` names what differs."""
+    return Bindings(module_names)
 
 
 def krex_modules() -> list[str]:
