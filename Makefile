@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	@# (docs/benchmarks.md, CLI start-up).  Plain -e where a setuptools lacks the mode.
 	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' --config-settings editable_mode=compat \
 	  || $(VPY) -m pip install -q -e '.[$(EXTRAS)]'
+	@# Bytecode now, as pip does for a wheel: where PYTHONDONTWRITEBYTECODE is set, an
+	@# editable install would otherwise compile krex from source at every command.
+	$(VPY) -m compileall -q krex >/dev/null || true
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install krex (editable, builds the native parts)
