@@ -443,3 +443,37 @@ def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
         with contextlib.suppress(OSError):
             os.rmdir(foreign)
         reap(sleeper)
+
+
+def test_known_kernel_threads_are_not_read_again_at_every_region(monkeypatch):
+    """The root cpuset's kernel threads are read once, not at every region's sweep and
+    late-task scan (≈ 1.5 ms per region here); a user task is always read and found.
+    Controls: after a gap longer than KTHREADS_FRESH_S every PID is read again (a PID
+    reused by a user task is then seen as one), and a PID that left the list is
+    forgotten."""
+    from krex.enforce import shield as shield_mod
+
+    kinds = {2: shield_mod._PF_KTHREAD, 3: shield_mod._PF_KTHREAD, 4: shield_mod._PF_KTHREAD,
+             500: 0}
+    reads: list[int] = []
+
+    def fake_stat(pid: int):
+        reads.append(pid)
+        return (f"t{pid}", kinds[pid]) if pid in kinds else None
+
+    monkeypatch.setattr(shield_mod, "_stat", fake_stat)
+    s = shield_mod.Shield(None, None, "on")
+    assert s.user_tasks([1, 2, 3, 4, 500]) == [500]
+    assert sorted(reads) == [2, 3, 4, 500]
+    reads.clear()
+    assert s.user_tasks([1, 2, 3, 4, 500]) == [500]
+    assert reads == [500]  # the kernel threads were not read again
+    reads.clear()
+    assert s.user_tasks([2, 4, 500]) == [500]  # 3 left the list: forgotten
+    kinds[3] = 0  # ... and its PID comes back as a user task
+    assert s.user_tasks([2, 3, 4, 500]) == [3, 500]
+    reads.clear()
+    kinds[4] = 0  # PID 4 reused by a user task after a long gap: read again
+    s._kthreads_seen -= shield_mod.KTHREADS_FRESH_S + 0.1
+    assert s.user_tasks([2, 4, 500]) == [4, 500]
+    assert sorted(reads) == [2, 4, 500]
