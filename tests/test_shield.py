@@ -376,7 +376,8 @@ def test_a_task_in_another_cpuset_is_kept_off_too_and_its_cpuset_given_back(
         monkeypatch.setenv("KREX_SOCKET", d.socket)
         try:
             reports = _holder(tmp_path, 5, 40)
-            assert _read(foreign, "cpuset.cpus") == everything  # given back at once
+            # given back when the shield's linger after the last region is over
+            wait_for(lambda: _read(foreign, "cpuset.cpus") == everything, 5)
             assert os.sched_getaffinity(hog.proc.pid) == {core}
         finally:
             d.stop()
@@ -477,3 +478,80 @@ def test_known_kernel_threads_are_not_read_again_at_every_region(monkeypatch):
     s._kthreads_seen -= shield_mod.KTHREADS_FRESH_S + 0.1
     assert s.user_tasks([2, 4, 500]) == [4, 500]
     assert sorted(reads) == [2, 4, 500]
+
+
+@needs_v1
+@pytest.mark.parametrize("linger_ms", [3000, 0])
+def test_the_shield_lingers_after_a_region_then_widens_and_says_so(
+        runtime_dir, tmp_path, monkeypatch, linger_ms):
+    """After a region nobody follows at once, the narrowing stays for the linger: a
+    region within it takes it over (``lingered``: no sweep-and-narrow, no widen between
+    them) and the rest cpuset gets every core back when the linger is over.
+    Control: with a linger of 0 it is widened at the region's end, as before."""
+    core = _core()
+    monkeypatch.setenv("KREX_SHIELD", "on")
+    monkeypatch.setenv("KREX_SHIELD_LINGER_MS", str(linger_ms))
+    d = Daemon(str(runtime_dir)).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    daemon_pid = d.proc.pid
+    try:
+        first = _holder(tmp_path, 1, 1)[0]
+        rest = _rest_dirs(daemon_pid)
+        assert rest
+        narrowed = core not in parse_cpulist(read_cpus(rest[0]))
+        second = _holder(tmp_path, 1, 1)[0]
+        if linger_ms:
+            assert narrowed and first.host.shield["parked_ms"] == linger_ms, first.host.shield
+            assert second.host.shield.get("lingered") is True, second.host.shield
+            wait_for(lambda: core in parse_cpulist(read_cpus(rest[0])), 10)
+        else:
+            assert not narrowed and "parked_ms" not in first.host.shield
+            assert "lingered" not in second.host.shield
+        assert first.clean and second.clean or _contention_only(first, second)
+    finally:
+        d.stop()
+    assert not _rest_dirs(daemon_pid)
+
+
+def _contention_only(*reports: RegionReport) -> bool:
+    """A region made not clean only by this shared machine's contention (the shield
+    test is about what was narrowed, not about the machine's load)."""
+    ok = {ReasonCode.HOLDER_PREEMPTED, ReasonCode.FOREIGN_TASK}
+    return all({r.code for r in rep.reasons} <= ok for rep in reports)
+
+
+@needs_v1
+def test_a_lingering_shield_is_undone_when_the_daemon_is_sigkilled(
+        runtime_dir, tmp_path, monkeypatch):
+    """The daemon dies while the shield lingers after a region (nobody holds): the
+    guardian widens what the linger kept narrowed — another cpuset gets its cores back
+    — and the rest cpuset is dissolved."""
+    core = _core()
+    assert LAYOUT.cpuset is not None
+    everything = read_cpus(LAYOUT.cpuset)
+    foreign = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}-linger")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setenv("KREX_SHIELD", "on")
+    monkeypatch.setenv("KREX_SHIELD_LINGER_MS", "60000")  # lasts past the kill
+    d = Daemon(str(runtime_dir))
+    try:
+        os.mkdir(foreign)
+        _write(foreign, "cpuset.mems", _read(LAYOUT.cpuset, "cpuset.mems"))
+        _write(foreign, "cpuset.cpus", everything)
+        _write(foreign, "cgroup.procs", str(sleeper.pid))
+        d.start()
+        monkeypatch.setenv("KREX_SOCKET", d.socket)
+        report = _holder(tmp_path, 1, 1)[0]
+        assert report.host.shield["parked_ms"] == 10000.0  # the linger's ceiling
+        assert core not in parse_cpulist(read_cpus(foreign))  # still narrowed: lingering
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait(10)
+        wait_for(lambda: read_cpus(foreign) == everything, 10)
+        wait_for(lambda: not _rest_dirs(d.proc.pid), 10)
+    finally:
+        d.stop()
+        with contextlib.suppress(OSError):
+            _write(LAYOUT.cpuset, "cgroup.procs", str(sleeper.pid))
+        with contextlib.suppress(OSError):
+            os.rmdir(foreign)
+        reap(sleeper)
