@@ -65,7 +65,7 @@ _PF_NO_SETAFFINITY = 0x04000000
 _LISTED = 32  # names in ``exempt`` / ``unshielded`` at most
 KTHREADS_FRESH_S = 1.0  # known kernel threads trusted for this long after a scan (below)
 LINGER_ENV = "KREX_SHIELD_LINGER_MS"
-LINGER_MS = 20.0  # the shield stays narrowed this long after a region nobody follows
+LINGER_MS = 50.0  # the shield stays narrowed this long after a region nobody follows
 PARK_LEASE_BASE = 1 << 40  # lease ids of a lingering shield: above every region's
 PARK_LEASE_MARGIN_S = 5.0  # the guardian widens a lingering shield the daemon forgot
 _park_ids = itertools.count(1)
@@ -78,7 +78,7 @@ def configured_mode() -> str:
 
 def configured_linger_s() -> float:
     """How long a region's narrowing outlives it when no region follows at once
-    (``KREX_SHIELD_LINGER_MS``, default 20 ms, 0: widen at every region's end; at most
+    (``KREX_SHIELD_LINGER_MS``, default 50 ms, 0: widen at every region's end; at most
     10 s)."""
     try:
         ms = float(os.environ.get(LINGER_ENV, LINGER_MS))
@@ -394,8 +394,10 @@ class Shield:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def ops(self, holder: Any, cores: list[int]) -> list[Any]:
-        """The region's shield operation, or none when the shield cannot act."""
+    def ops(self, holder: Any, cores: list[int], pids: set[int] | None = None) -> list[Any]:
+        """The region's shield operation, or none when the shield cannot act.  ``pids``:
+        the holder's processes, read before the slot move empties its job cgroup (then
+        finding them again would take a ``/proc`` scan)."""
         if not cores:
             return []
         mode = self.status()["mode"]
@@ -406,6 +408,7 @@ class Shield:
         if mode != "cpuset-shield":
             return []
         region = ShieldRegion(self, holder, cores)
+        region._pids = set(pids or ())
         parked = self.peek_parked(cores)
         if parked is not None:  # its plan, so the lease before apply needs no cpuset walk
             region._foreign = parked._foreign
