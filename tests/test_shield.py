@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -585,3 +586,64 @@ def test_the_shield_step_uses_the_holders_pids_read_before_the_slot_move(given):
     assert isinstance(op, ShieldRegion)
     assert op._holder_pids() == ({4242} if given else set())
     assert holder.looked_up == (0 if given else 1)
+
+
+class _Guardian:
+    def __init__(self) -> None:
+        self.leases: dict[int, list] = {}
+        self.gone: set[int] = set()
+
+    def lease(self, lease_id, seconds, records):
+        self.leases[lease_id] = records
+
+    def end(self, lease_id):
+        self.leases.pop(lease_id, None)
+
+    def expired(self):
+        return set(self.gone)
+
+
+class _Parked:
+    cores = [1]
+
+    def __init__(self) -> None:
+        self.widened = 0
+
+    def undo_records(self):
+        return [{"kind": "cpuset", "path": "/x", "cpus": "0-1"}]
+
+    def widen(self):
+        self.widened += 1
+
+
+@pytest.mark.parametrize("expired", [False, True])
+def test_a_lingering_shield_is_taken_over_only_while_the_guardian_has_not_undone_it(expired):
+    """Taken over within the linger: the park lease ends and nothing widens it later.
+    One the guardian already expired (the daemon was late) is not taken over — and is
+    forgotten, so the linger's end cannot widen it under the region that narrowed anew.
+    Control: one nobody takes is widened by the linger's thread when its time is over."""
+    from krex.enforce import shield as shield_mod
+
+    guardian = _Guardian()
+    s = shield_mod.Shield(None, guardian, "on")
+    s.path, s.linger_s = "/nonexistent", 0.2
+    parked = _Parked()
+    with s.lock:
+        assert s.park(parked)  # type: ignore[arg-type]
+    [lease] = guardian.leases
+    assert lease >= shield_mod.PARK_LEASE_BASE
+    if expired:
+        guardian.gone.add(lease)
+    with s.lock:
+        took = s.take_parked([1])
+    assert (took is parked) is (not expired)
+    if not expired:
+        s.end_park_lease()
+    assert s.parked is None and not guardian.leases
+    time.sleep(0.4)
+    assert parked.widened == 0  # never widened behind the new region's back
+    other = _Parked()
+    with s.lock:
+        assert s.park(other)  # type: ignore[arg-type]
+    wait_for(lambda: other.widened == 1, 5)
+    assert s.parked is None and not guardian.leases

@@ -194,6 +194,9 @@ class Shield:
         self.linger_s = configured_linger_s()
         self.parked: ShieldRegion | None = None
         self._park_lease: int | None = None
+        self._park_until = 0.0
+        self._wake = threading.Condition(self.lock)
+        self._lingerer: threading.Thread | None = None
 
     def user_tasks(self, pids: list[int]) -> list[int]:
         """The PIDs of ``pids`` (the root cpuset's) that are not kernel threads, > 1.
@@ -325,7 +328,7 @@ class Shield:
         (≈ 1.8 ms of each set-up gap here).  Leased to the guardian with the region's
         undo records (widen, other cpusets' cores back) and an expiry of the linger
         plus a margin, so a daemon that dies or hangs meanwhile leaves nothing
-        narrowed; a timer widens it when the linger is over.  False: not kept (linger
+        narrowed; a thread widens it when the linger is over.  False: not kept (linger
         off, or one is kept already)."""
         if self.linger_s <= 0 or self.parked is not None or self.path is None:
             return False
@@ -334,10 +337,30 @@ class Shield:
             self.guardian.lease(lease, self.linger_s + PARK_LEASE_MARGIN_S,
                                 region.undo_records())
         self.parked, self._park_lease = region, lease
-        timer = threading.Timer(self.linger_s, self._linger_over, args=(lease,))
-        timer.daemon = True
-        timer.start()
+        self._park_until = time.monotonic() + self.linger_s
+        if self._lingerer is None:  # one thread for every linger: starting a thread per
+            self._lingerer = threading.Thread(  # park waited ≈ 1 ms for it on a loaded core
+                target=self._linger_loop, name="krex-shield-linger", daemon=True)
+            self._lingerer.start()
+        else:
+            self._wake.notify()
         return True
+
+    def _linger_loop(self) -> None:
+        """Widen a lingering narrowing when its time is over (one daemon thread)."""
+        with self.lock:
+            while True:
+                if self.parked is None or self._park_lease is None:
+                    self._wake.wait()
+                    continue
+                left = self._park_until - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                try:
+                    self._linger_over(self._park_lease)
+                except Exception:  # noqa: BLE001 - the thread must outlive it; the
+                    self.parked = None  # guardian's lease widens what is left
 
     def peek_parked(self, cores: list[int]) -> ShieldRegion | None:
         with self.lock:
@@ -349,9 +372,12 @@ class Shield:
         the caller, once its own lease holds the same records, calls
         :meth:`end_park_lease`)."""
         p = self.peek_parked(cores)
-        if p is None or self._park_expired():
+        if p is None:
             return None
         self.parked = None
+        if self._park_expired():  # widened by the guardian: nothing left to take over
+            self.end_park_lease()
+            return None
         return p
 
     def _park_expired(self) -> bool:
@@ -379,7 +405,10 @@ class Shield:
         """Widen a lingering narrowing now (the daemon stops)."""
         with self.lock:
             if self.parked is not None and self._park_lease is not None:
-                self._linger_over(self._park_lease)
+                try:
+                    self._linger_over(self._park_lease)
+                except Exception:  # noqa: BLE001 - the thread must outlive it; the
+                    self.parked = None  # guardian's lease widens what is left
 
     def close(self) -> None:
         """Dissolve the rest cpuset, end the lease, let go of the lock."""
