@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import queue
 import signal
 import subprocess
 import threading
@@ -16,6 +15,7 @@ import time
 import psutil
 import pytest
 from helpers import PY, Daemon, krex, reap, spawn, wait_for
+from test_daemon_core import FakeSession, ScriptedExclusivity
 from test_enforce_support import Sibling, layout_or_skip, stamps_after
 
 from krex.enforce import freeze as freeze_mod
@@ -536,10 +536,11 @@ def test_a_gpu_chain_hands_the_gates_over_and_every_holder_can_launch(runtime_di
     assert any(h["gated_jobs"] == 2 for h in hosts)
 
 
-class _ThreadNoting:
+class _ThreadNoting(ScriptedExclusivity):
     """Enforcement that does nothing but note which thread hands over and undoes."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.threads: list[tuple[str, str]] = []
 
     def enter(self, holder, siblings, request, others=()):
@@ -548,24 +549,6 @@ class _ThreadNoting:
     def hand_over(self, held, holder, siblings, request, others=()):
         self.threads.append(("hand_over", threading.current_thread().name))
         return _NotedHeld(self)
-
-    def create_cgroups(self, job_id, device="cpu"):
-        return None
-
-    def remove_cgroups(self, cgroups):
-        pass
-
-    def job_ended(self, job_id):
-        pass
-
-    def cgroup_paths(self, cgroups):
-        return {}
-
-    def job_env(self, job):
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 class _NotedHeld:
@@ -586,26 +569,6 @@ class _NotedHeld:
         return Evidence(HostEvidence(), None, [])
 
 
-class _Session:
-    def __init__(self) -> None:
-        from krex.protocol.peer import Peer
-
-        self.peer = Peer(os.getpid(), os.getuid(), os.getgid())
-        self.process = ProcessRef.of(os.getpid())
-        self.verified: set = set()
-        self.pushed: queue.Queue = queue.Queue()
-
-    def push(self, message) -> None:
-        self.pushed.put(message)
-
-    def reply(self, re: int):
-        deadline = time.monotonic() + 5
-        while True:
-            msg = self.pushed.get(timeout=max(0.01, deadline - time.monotonic()))
-            if getattr(msg, "re", None) == re:
-                return msg
-
-
 @pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
 def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_path):
     """The release's own session thread runs the handoff (and the outgoing report) when
@@ -619,7 +582,7 @@ def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_p
     core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
                 exclusivity=_ThreadNoting())  # type: ignore[arg-type]
     try:
-        a, b = _Session(), _Session()
+        a, b = FakeSession(), FakeSession()
         ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
         jb = core.handle(b, m.CreateJob(device=device, name="b", mode="region"))["job_id"]
         core.handle(a, m.Acquire(id=1, job_id=ja))

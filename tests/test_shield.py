@@ -414,14 +414,20 @@ def read_cpus(d: str) -> str:
 
 
 @needs_v1
+@pytest.mark.parametrize("when", ["mid-region", "lingering"])
 def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
-        runtime_dir, tmp_path, monkeypatch):
+        runtime_dir, tmp_path, monkeypatch, when):
+    """Killed while a region holds, or while the shield lingers after one (nobody
+    holds: the linger is leased to the guardian with the region's undo records; it
+    fails when that lease is not sent): the other cpuset gets its cores back and the
+    rest cpuset is dissolved."""
     core = _core()
     assert LAYOUT.cpuset is not None
     everything = read_cpus(LAYOUT.cpuset)
     foreign = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}-crash")
     sleeper = subprocess.Popen(["sleep", "60"])
     monkeypatch.setenv("KREX_SHIELD", "on")
+    monkeypatch.setenv("KREX_SHIELD_LINGER_MS", "60000")  # lasts past the kill
     d = Daemon(str(runtime_dir))
     holder = None
     try:
@@ -431,11 +437,17 @@ def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
         _write(foreign, "cgroup.procs", str(sleeper.pid))
         d.start()
         monkeypatch.setenv("KREX_SOCKET", d.socket)
-        holder = _hold(tmp_path, 20)
-        wait_for(lambda: core not in parse_cpulist(read_cpus(foreign)), 15)
+        if when == "lingering":
+            report = _holder(tmp_path, 1, 1)[0]
+            assert report.host.shield["parked_ms"] == 10000.0  # the linger's ceiling
+            assert core not in parse_cpulist(read_cpus(foreign))  # nobody holds: lingers
+        else:
+            holder = _hold(tmp_path, 20)
+            wait_for(lambda: core not in parse_cpulist(read_cpus(foreign)), 15)
         os.kill(d.proc.pid, signal.SIGKILL)
         d.proc.wait(10)
         wait_for(lambda: read_cpus(foreign) == everything, 10)
+        wait_for(lambda: not _rest_dirs(d.proc.pid), 10)
     finally:
         if holder is not None:
             reap(holder)
@@ -519,43 +531,6 @@ def _contention_only(*reports: RegionReport) -> bool:
     test is about what was narrowed, not about the machine's load)."""
     ok = {ReasonCode.HOLDER_PREEMPTED, ReasonCode.FOREIGN_TASK}
     return all({r.code for r in rep.reasons} <= ok for rep in reports)
-
-
-@needs_v1
-def test_a_lingering_shield_is_undone_when_the_daemon_is_sigkilled(
-        runtime_dir, tmp_path, monkeypatch):
-    """The daemon dies while the shield lingers after a region (nobody holds): the
-    guardian widens what the linger kept narrowed — another cpuset gets its cores back
-    — and the rest cpuset is dissolved."""
-    core = _core()
-    assert LAYOUT.cpuset is not None
-    everything = read_cpus(LAYOUT.cpuset)
-    foreign = os.path.join(LAYOUT.cpuset, f"shieldtest-{os.getpid()}-linger")
-    sleeper = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setenv("KREX_SHIELD", "on")
-    monkeypatch.setenv("KREX_SHIELD_LINGER_MS", "60000")  # lasts past the kill
-    d = Daemon(str(runtime_dir))
-    try:
-        os.mkdir(foreign)
-        _write(foreign, "cpuset.mems", _read(LAYOUT.cpuset, "cpuset.mems"))
-        _write(foreign, "cpuset.cpus", everything)
-        _write(foreign, "cgroup.procs", str(sleeper.pid))
-        d.start()
-        monkeypatch.setenv("KREX_SOCKET", d.socket)
-        report = _holder(tmp_path, 1, 1)[0]
-        assert report.host.shield["parked_ms"] == 10000.0  # the linger's ceiling
-        assert core not in parse_cpulist(read_cpus(foreign))  # still narrowed: lingering
-        os.kill(d.proc.pid, signal.SIGKILL)
-        d.proc.wait(10)
-        wait_for(lambda: read_cpus(foreign) == everything, 10)
-        wait_for(lambda: not _rest_dirs(d.proc.pid), 10)
-    finally:
-        d.stop()
-        with contextlib.suppress(OSError):
-            _write(LAYOUT.cpuset, "cgroup.procs", str(sleeper.pid))
-        with contextlib.suppress(OSError):
-            os.rmdir(foreign)
-        reap(sleeper)
 
 
 class _ScanTrap:
