@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -114,19 +114,35 @@ class Daemon:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """The state lock; messages pushed meanwhile are sent after the outermost release."""
+        """The state lock; messages pushed meanwhile are sent after the outermost release,
+        then the lane tasks this thread claimed meanwhile (:meth:`on_lane`) run here."""
         local = self._local
         with self.lock:
             local.depth = getattr(local, "depth", 0) + 1
             if local.depth == 1:
-                local.outbox = []
+                local.outbox, local.claimed = [], []
             try:
                 yield
             finally:
                 local.depth -= 1
-                outbox = local.outbox if local.depth == 0 else []
+                outbox, claimed = ((local.outbox, local.claimed) if local.depth == 0
+                                   else ([], []))
         for session, message in outbox:
             session.push(message)
+        for run in claimed:
+            run()
+
+    def on_lane(self, device: str, task: Callable[[], None], here: bool = False) -> None:
+        """Run ``task`` on ``device``'s lane (locked).  ``here``: when the lane is idle,
+        this thread takes its turn and runs the task itself once the lock is released
+        (no wake-up of the lane's thread on the way to a grant); else it queues."""
+        local = self._local
+        if not (here and getattr(local, "session_thread", False)):
+            self.lanes.submit(device, task)
+            return
+        run = self.lanes.claim(device, task)
+        if run is not None:
+            local.claimed.append(run)
 
     def push(self, session: Session, message: m.Message) -> None:
         """Send now, or once the lock is released when it is held here."""
@@ -143,6 +159,7 @@ class Daemon:
         handler = getattr(self, "_on_" + msg.type, None)
         if handler is None:
             raise BadRequest(f"{msg.type} is not a request")
+        self._local.session_thread = True  # a session's reader: it may run lane tasks
         with self.locked():
             self.last_activity_mono_s = time.monotonic()
             return handler(session, msg)

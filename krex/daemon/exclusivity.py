@@ -370,6 +370,7 @@ class Exclusivity:
         return self.guardian.restarts
 
     def close(self) -> None:
+        self.enforcer.shield.unpark()  # a lingering narrowing widens now, not on a timer
         for job_id in list(self.gates):
             self.job_ended(job_id)
         if self.fakegpu is not None:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from krex.daemon.exclusivity import Evidence, Held
+from krex.daemon.exclusivity import Evidence, Held, is_gpu
 from krex.daemon.jobs import Job
 from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke
 from krex.errors import (
@@ -119,7 +120,7 @@ class Holds:
             return {"report": st.report.to_dict()}
         st.release_id = msg.id
         if st.phase is Phase.HELD:
-            self._end(st, Outcome.RELEASED)
+            self._end(st, Outcome.RELEASED, here=True)
         return None  # the reply comes when its enforcement is undone
 
     def cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:
@@ -369,15 +370,25 @@ class Holds:
                 # job's cgroups under the frozen device subtree
                 "cgroups": slot_paths(st.held)}
 
-    def _end(self, st: RegionState, outcome: Outcome, why: str | None = None) -> None:
-        """A held region ends: undo its enforcement on its lane (or now, when it has none)."""
+    def _end(self, st: RegionState, outcome: Outcome, why: str | None = None,
+             here: bool = False) -> None:
+        """A held region ends: undo its enforcement on its lane (or now, when it has none);
+        ``here``: on the releasing thread, when the lane is idle."""
         st.outcome, st.why = outcome, why
         st.ending_mono_s = time.monotonic()
         st.phase = Phase.CLOSING
         if st.held is None:
             self._closed(st, None)
         else:
-            self.d.lanes.submit(st.request.device, lambda: self._exit(st))
+            self._on_lane(st.request.device, lambda: self._exit(st), here)
+
+    def _on_lane(self, device: str, task: Callable[[], None], here: bool) -> None:
+        """A release is carried out by its own session's thread when the device's lane
+        is idle (its client waits for the reply, which comes after the undo anyway):
+        a handed-over grant then takes no hop through the lane's thread.  Not for GPU
+        devices, whose handoff may wait seconds for a drain.  An acquire's set-up stays
+        on the lane: its session's thread must stay free to see the connection close."""
+        self.d.on_lane(device, task, here=here and not is_gpu(device))
 
     def _closed(self, st: RegionState, evidence: Evidence | None) -> None:
         now = time.monotonic()

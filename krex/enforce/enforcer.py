@@ -156,7 +156,7 @@ class Enforcer:
                 ops.append(SlotIsolation(holder, movable, frozen, self.cores(), self.all_cores))
             else:
                 ops.append(CpuIsolation(holder, movable, self.cores(), self.all_cores))
-            ops.extend(self.shield.ops(holder, self.cores()))
+            ops.extend(self.shield.ops(holder, self.cores(), exclude))
         else:
             skipped.append(Reason.mechanism("isolate", "disabled by configuration (isolate=false)",
                                             disabled=True))
