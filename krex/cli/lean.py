@@ -137,8 +137,33 @@ class Link:
             self.sock.settimeout(self.limit_s)
             self.sock.sendall(len(body).to_bytes(4, "big") + body)
         except OSError as exc:
+            said = self._last_word()
+            if said is not None:  # it refused us first (the per-uid connection cap)
+                raise said from None
             raise _daemon_gone(exc) from None
         return self._ids
+
+    def _last_word(self) -> Exception | None:
+        """The error the daemon sent before it closed the connection, still in our
+        receive buffer (as krex.client.connection's): why, instead of "lost"."""
+        try:
+            self.sock.settimeout(0.5)
+            while chunk := self.sock.recv(1 << 16):
+                self._buf += chunk
+        except OSError:
+            pass
+        length = int.from_bytes(self._buf[:4], "big")
+        if len(self._buf) < 4 or len(self._buf) < 4 + length:
+            return None
+        try:
+            data = leanjson.loads(self._buf[4:4 + length])
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("type") != "error":
+            return None
+        from krex.errors import from_wire
+
+        return from_wire(data)
 
     def _read(self, watch: object) -> dict:
         length = int.from_bytes(self._take(4, watch), "big")

@@ -118,6 +118,9 @@ class Connection:
         except TimeoutError:
             raise self._unresponsive("took no request") from None
         except OSError as exc:
+            said = self._last_word()
+            if said is not None:  # it refused us first (the per-uid connection cap)
+                raise said from None
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
         if message.type in PATIENT:
             self._patient.add(rid)
@@ -148,6 +151,17 @@ class Connection:
             self.broken = True
             self.close()
             raise
+
+    def _last_word(self) -> KrexError | None:
+        """The error the daemon sent before it closed the connection, still in our
+        receive buffer (a refused connection closes before our first request lands:
+        without this, the user saw "connection lost" instead of why)."""
+        try:
+            self.sock.settimeout(0.5)
+            data = self.reader.read()
+        except (ConnectionClosed, OSError, KrexError):
+            return None
+        return from_wire(data) if data.get("type") == "error" else None
 
     def wait_reply(self, rid: int, on_output: OutputSink | None = None, *,
                    timeout_s: float | None = None) -> dict[str, Any]:
