@@ -195,3 +195,23 @@ def test_same_speed_gets_no_more_false_alarms_than_with_the_floor_and_an_eager_r
     floor = false_alarms(min_pairs=30)
     assert false_alarms(min_pairs=30, early_pairs=10) <= floor <= 3
     assert false_alarms(min_pairs=4) > 3
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decisive_only_does_not_stop_on_a_small_offset_that_excludes_1(seed):
+    """krex.evaluate's band is ±6 %: an offset inside it (4 % here, with 5 % noise) must
+    not stop the sampling at the first interval that excludes 1, where noise decides how
+    far off the estimate is; it goes on until the interval lies within the band (or
+    wholly beyond it).  Control: the default stops there, at the floor, `slower`."""
+    kw = dict(same_within=0.06, min_pairs=30, max_time_s=5.0, timeout_s=20.0)
+    timer, a, b, regions = _pair(1.04, noise_rel=0.05, seed=seed)
+    eager = compare(a, b, timer=timer, region=regions, **kw)
+    assert eager.verdict == "slower" and eager.stop_reason == "clear"
+    timer, a, b, regions = _pair(1.04, noise_rel=0.05, seed=seed)
+    decisive = compare(a, b, timer=timer, region=regions, decisive_only=True, **kw)
+    assert decisive.verdict == "same" and decisive.stop_reason == "clear"
+    assert decisive.pairs > eager.pairs
+    # a material effect still stops as early as before
+    timer, a, b, regions = _pair(1.25, noise_rel=0.05, seed=seed)
+    big = compare(a, b, timer=timer, region=regions, decisive_only=True, **kw)
+    assert big.verdict == "slower" and big.stop_reason == "clear"

@@ -63,6 +63,7 @@ class _Limits:
     confidence: float
     same_within: float
     early_pairs: int | None = None
+    decisive_only: bool = False
 
 
 def material(low: float, high: float, same_within: float) -> bool:
@@ -117,7 +118,10 @@ class _PairLoop:
         _, low, high = speedup_interval(self.log_ratios(), strict)
         if len(self.a_ms) < lim.min_pairs:
             return "clear" if material(low, high, lim.same_within) else None
-        return "clear" if verdict(low, high, lim.same_within) != UNCLEAR else None
+        found = verdict(low, high, lim.same_within)
+        if lim.decisive_only and found in (FASTER, SLOWER):  # 1 excluded: not enough
+            return "clear" if material(low, high, lim.same_within) else None
+        return "clear" if found != UNCLEAR else None
 
     def log_ratios(self) -> list[float]:
         return [
@@ -170,12 +174,17 @@ def compare(
     timer: Timer | None = None,
     region: RegionFactory | None = None,
     estimate_calls: int = loop.ESTIMATE_CALLS,
+    decisive_only: bool = False,
 ) -> Comparison:
     """Is ``candidate`` faster than ``baseline``?  Both are timed in one region.
 
     ``estimate_calls``: samples per side, before the region, that size the batches
     between two stopping checks (krex.evaluate, whose sides were called many times
-    before, asks for fewer)."""
+    before, asks for fewer).  ``decisive_only``: from ``min_pairs`` on, stop only when
+    the interval lies within the band or wholly beyond it, not as soon as it excludes
+    1 — identical code under load has a median ratio ~1 % off 1 (position effects),
+    and stopping at the first interval excluding it let noise decide a "slower"
+    (krex.evaluate asks for this)."""
     if order not in ("abba", "random"):
         raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
     opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
@@ -191,7 +200,7 @@ def compare(
     if early_pairs is not None and early_pairs < 1:
         raise ValueError(f"early_pairs must be at least 1, not {early_pairs}")
     limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within,
-                     early_pairs)
+                     early_pairs, decisive_only)
     block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
     blocks = max(1, loop.batch_size(block_wall_ms))
 
