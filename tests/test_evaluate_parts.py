@@ -430,3 +430,44 @@ def test_built_inputs_are_copied_only_when_a_copy_equals_a_fresh_build():
     # negative controls: views (their base would be lost) and objects krex cannot copy
     assert not values.copyable((x.T,)) and not values.copyable((x[1:],))
     assert not values.copyable((object(),)) and not values.copyable(((1, 2), set()))
+
+
+def test_the_region_parts_split_by_the_daemons_timestamps():
+    """The acquire and release of the timing stage split into send / queued / enforce /
+    deliver and send / undo by the report's timestamps; a report without them (a local
+    region) adds no split — the control."""
+    import contextlib
+
+    from krex.evaluate.worker import _timed_factory
+    from krex.protocol.report import RegionReport
+
+    class Region:
+        report = None
+
+    @contextlib.contextmanager
+    def inner(device, **kw):
+        r, t0 = Region(), time.monotonic()
+        time.sleep(0.03)  # 10 ms to reach the daemon, 5 queued, 10 enforcing, 5 delivering
+        yield r
+        t2 = time.monotonic()
+        time.sleep(0.02)
+        r.report = RegionReport(device=device, waited_s=0.005, enforce_s=0.010,
+                                requested_mono_s=t0 + 0.010, granted_mono_s=t0 + 0.025,
+                                released_mono_s=t2 + 0.004) if timestamps else RegionReport(
+            device=device)
+
+    for timestamps in (True, False):
+        parts: dict = {}
+        with _timed_factory(inner, parts)("cpu"):
+            pass
+        if not timestamps:
+            assert not [k for k in parts if k.count(":") == 2], parts
+            continue
+        acquire = [parts[f"timing:acquire:{k}"] for k in ("send", "queued", "enforce",
+                                                             "deliver")]
+        assert acquire[:3] == pytest.approx([0.010, 0.005, 0.010], abs=1e-3)
+        assert 0.004 <= acquire[3] and sum(acquire) == pytest.approx(parts["timing:acquire"],
+                                                                      abs=1e-3)
+        assert parts["timing:release:send"] == pytest.approx(0.004, abs=1e-3)
+        assert parts["timing:release:send"] + parts["timing:release:undo"] == pytest.approx(
+            parts["timing:release"], abs=1e-3)
