@@ -302,14 +302,15 @@ def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_stil
     from krex.evaluate import probe
 
     def probe_with_drains(burst_drains):
-        readings = iter([0.0] * 7 + burst_drains)  # 6 probe calls, the reference's burst
+        readings = iter([0.0] * 6 + burst_drains)  # 6 probe calls (no reference burst)
         monkeypatch.setattr(probe, "_pending_ms", lambda: next(readings))
         monkeypatch.setattr(counting, "device_launches", lambda: 0)
         sync = types.SimpleNamespace(synchronize=lambda: None)
         sides = [probe.Calls(lambda: 0, [()], side) for side in ("reference", "candidate")]
         box = probe.ProbeBox()
         probe.run(sides, sync, types.SimpleNamespace(read_ns=lambda: 0), box)
-        return box.bursts[-1]
+        assert [b.side for b in box.bursts] == ["candidate"]  # the region is not held for
+        return box.bursts[-1]  # a reference burst that nothing judged
 
     once = probe_with_drains([30.0, 0.5])  # preempted once: the second reading is kept
     assert (once.pending_ms, once.first_pending_ms) == (0.5, 30.0)
