@@ -180,7 +180,9 @@ def breakdown(ev: Any) -> dict[str, Any]:
             "stage_s": (ev.integrity or {}).get("stage_s", {}),
             "pairs": (ev.timing or {}).get("pairs"), "regions": (ev.timing or {}).get("attempts"),
             "region_waited_s": region.get("waited_s"), "region_enforce_s": region.get("enforce_s"),
-            "region_held_s": region.get("held_s")}
+            "region_held_s": region.get("held_s"),
+            "rejected_reasons": [[r.get("code") for r in rep.get("reasons") or []]
+                                 for rep in (ev.timing or {}).get("rejected_regions") or []]}
 
 
 def log_ratio_mad(timing: dict[str, Any]) -> float | None:
