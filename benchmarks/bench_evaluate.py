@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -175,10 +176,26 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str,
 def breakdown(ev: Any) -> dict[str, Any]:
     """Where one evaluation's time went: the program's stages, the region's wait and hold."""
     region = (ev.timing or {}).get("region") or {}
-    return {"elapsed_s": ev.elapsed_s, "stage_s": (ev.integrity or {}).get("stage_s", {}),
+    return {"elapsed_s": ev.elapsed_s, "log_ratio_mad": log_ratio_mad(ev.timing or {}),
+            "stage_s": (ev.integrity or {}).get("stage_s", {}),
             "pairs": (ev.timing or {}).get("pairs"), "regions": (ev.timing or {}).get("attempts"),
             "region_waited_s": region.get("waited_s"), "region_enforce_s": region.get("enforce_s"),
-            "region_held_s": region.get("held_s")}
+            "region_held_s": region.get("held_s"),
+            "rejected_reasons": [[r.get("code") for r in rep.get("reasons") or []]
+                                 for rep in (ev.timing or {}).get("rejected_regions") or []]}
+
+
+def log_ratio_mad(timing: dict[str, Any]) -> float | None:
+    """The pairs' noise: median absolute deviation of ln(reference / candidate)."""
+    import statistics
+
+    pairs = zip(timing.get("reference_samples_ms") or [], timing.get("candidate_samples_ms")
+                or [], strict=False)
+    logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+    if len(logs) < 2:
+        return None
+    mid = statistics.median(logs)
+    return statistics.median(abs(x - mid) for x in logs)
 
 
 # -- KCoral --------------------------------------------------------------------------------
@@ -292,6 +309,7 @@ def main() -> int:
         args.agents, args.candidates = 2, 5
     work = workload(args.agents, args.candidates)
     compile_krex()
+    load_before = os.getloadavg()
     runs = []
     if args.kcoral_python:
         runs.append(run_kcoral(args.kcoral_python, work))
@@ -303,7 +321,9 @@ def main() -> int:
             for r in runs]
     table = md_table(["system", "device", "evaluations", "wall s", "per minute", "accuracy",
                       "right by truth", "errors"], rows)
-    path = write_results("bench_evaluate", {"agents": args.agents, "daemon_args": args.daemon_args,
+    load = {"before": load_before, "after": os.getloadavg()}
+    path = write_results("bench_evaluate", {"agents": args.agents, "load_average": load,
+                                            "daemon_args": args.daemon_args,
                                             "candidates": args.candidates, "cache": args.cache,
                                             "runs": runs, "table": table})
     print(table)
@@ -311,6 +331,7 @@ def main() -> int:
         if r["system"] == "krex":
             print(f"\nkrex {r['device']} phases (s, summed over evaluations): "
                   + json.dumps(r["phases"]))
+    print(f"\nload average (1/5/15 min) before {load['before']}, after {load['after']}")
     print(f"\nresults: {path}")
     return 0
 

@@ -302,14 +302,15 @@ def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_stil
     from krex.evaluate import probe
 
     def probe_with_drains(burst_drains):
-        readings = iter([0.0] * 7 + burst_drains)  # 6 probe calls, the reference's burst
+        readings = iter([0.0] * 6 + burst_drains)  # 6 probe calls (no reference burst)
         monkeypatch.setattr(probe, "_pending_ms", lambda: next(readings))
         monkeypatch.setattr(counting, "device_launches", lambda: 0)
         sync = types.SimpleNamespace(synchronize=lambda: None)
         sides = [probe.Calls(lambda: 0, [()], side) for side in ("reference", "candidate")]
         box = probe.ProbeBox()
         probe.run(sides, sync, types.SimpleNamespace(read_ns=lambda: 0), box)
-        return box.bursts[-1]
+        assert [b.side for b in box.bursts] == ["candidate"]  # the region is not held for
+        return box.bursts[-1]  # a reference burst that nothing judged
 
     once = probe_with_drains([30.0, 0.5])  # preempted once: the second reading is kept
     assert (once.pending_ms, once.first_pending_ms) == (0.5, 30.0)
@@ -430,3 +431,77 @@ def test_built_inputs_are_copied_only_when_a_copy_equals_a_fresh_build():
     # negative controls: views (their base would be lost) and objects krex cannot copy
     assert not values.copyable((x.T,)) and not values.copyable((x[1:],))
     assert not values.copyable((object(),)) and not values.copyable(((1, 2), set()))
+
+
+def test_the_region_parts_split_by_the_daemons_timestamps():
+    """The acquire and release of the timing stage split into send / queued / enforce /
+    deliver and send / undo by the report's timestamps; a report without them (a local
+    region) adds no split — the control."""
+    import contextlib
+
+    from krex.evaluate.worker import _timed_factory
+    from krex.protocol.report import RegionReport
+
+    class Region:
+        report = None
+
+    @contextlib.contextmanager
+    def inner(device, **kw):
+        r, t0 = Region(), time.monotonic()
+        time.sleep(0.03)  # 10 ms to reach the daemon, 5 queued, 10 enforcing, 5 delivering
+        yield r
+        t2 = time.monotonic()
+        time.sleep(0.02)
+        r.report = RegionReport(device=device, waited_s=0.005, enforce_s=0.010,
+                                requested_mono_s=t0 + 0.010, granted_mono_s=t0 + 0.025,
+                                released_mono_s=t2 + 0.004) if timestamps else RegionReport(
+            device=device)
+
+    for timestamps in (True, False):
+        parts: dict = {}
+        with _timed_factory(inner, parts)("cpu"):
+            pass
+        if not timestamps:
+            assert not [k for k in parts if k.count(":") == 2], parts
+            continue
+        acquire = [parts[f"timing:acquire:{k}"] for k in ("send", "queued", "enforce",
+                                                             "deliver")]
+        assert acquire[:3] == pytest.approx([0.010, 0.005, 0.010], abs=1e-3)
+        assert 0.004 <= acquire[3] and sum(acquire) == pytest.approx(parts["timing:acquire"],
+                                                                      abs=1e-3)
+        assert parts["timing:release:send"] == pytest.approx(0.004, abs=1e-3)
+        assert parts["timing:release:send"] + parts["timing:release:undo"] == pytest.approx(
+            parts["timing:release"], abs=1e-3)
+
+
+def test_the_probe_window_counts_the_drains_it_watched(monkeypatch):
+    """A probe call's quiet window starts when the call returned: the synchronisation and
+    the drains (watched too) count towards it instead of preceding it.  Control: the
+    watched span is still at least the window (4x the call), and a drain longer than the
+    window is still followed by AFTER_DRAIN_MS."""
+    from krex.evaluate import counters, probe
+
+    class Timer:
+        def synchronize(self):
+            pass
+
+    def slow_call():
+        time.sleep(0.005)
+
+    def run(drain_s):
+        monkeypatch.setattr(probe, "_pending_ms", lambda: time.sleep(drain_s) or 0.0)
+        calls = probe.Calls(lambda: slow_call(), [()], "candidate")
+        best = None
+        for _ in range(5):  # the fastest of several: a loaded machine only adds time
+            t0 = time.perf_counter()
+            got = probe._probe_one(calls, Timer(), counters.ThreadCpu(), drain=True)
+            took_ms = (time.perf_counter() - t0) * 1e3
+            if best is None or took_ms < best[0]:
+                best = (took_ms, got)
+        return best
+
+    took_ms, got = run(0.020)  # call 5 ms, window 4 x 5 = 20 ms, drains 20 ms
+    assert got.window_ms >= 4 * got.synced_ms - 0.5, got  # the span watched: no shorter
+    assert took_ms < 5 + 20 + 10, (took_ms, got)  # was call + drains + window = 45 ms
+    took_ms, got = run(0.060)  # drains past the window: still a little time after them
+    assert got.window_ms >= 60 + probe.AFTER_DRAIN_MS - 0.5, got

@@ -275,7 +275,16 @@ class CandidateRun:
         digests = [values.tree_digest(args) for args in b.input_sets]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
-        run_probe = lambda: probe.run([a, b], self.timer, self.threads, box)  # noqa: E731
+        stage_s = self.out["stage_s"]
+
+        def run_probe() -> None:  # its own time too: inside the region on a device
+            started = time.monotonic()
+            try:
+                probe.run([a, b], self.timer, self.threads, box)
+            finally:
+                stage_s["timing:probe:run"] = stage_s.get("timing:probe:run", 0.0) \
+                    + time.monotonic() - started
+
         # Without the interposer (cpu) nothing is queued anywhere to drain: the probe only
         # watches the candidate's threads' CPU time, which others' load does not add to, so
         # it runs after the region instead of lengthening it; else at its end, inside it
@@ -367,9 +376,30 @@ def _timed_factory(inner: Any, parts: dict[str, float]) -> Any:
                     ended[0] = add("timing:in_region", t1)
         finally:
             if ended[0] != t0:
-                add("timing:release", ended[0])
+                t3 = add("timing:release", ended[0])
+                _split(parts, getattr(region, "report", None), (t0, t1, ended[0], t3))
 
     return factory
+
+
+def _split(parts: dict[str, float], report: Any, marks: tuple[float, ...]) -> None:
+    """The acquire and the release split by the daemon's timestamps (the same host's
+    CLOCK_MONOTONIC): ``:send`` (from this program's call until the daemon had the
+    message), ``:queued`` and ``:enforce`` (the daemon's), ``:deliver`` (from the grant
+    sent until this program ran again), ``:undo`` (from the release received until its
+    reply reached this program: the daemon's undo, the report, the reply's delivery)."""
+    if report is None or report.requested_mono_s is None or report.granted_mono_s is None \
+            or report.released_mono_s is None:
+        return
+    t0, t1, t2, t3 = marks
+    queued, enforce = max(0.0, report.waited_s), max(0.0, report.enforce_s)
+    split = {"timing:acquire:send": report.requested_mono_s - t0,
+             "timing:acquire:queued": queued, "timing:acquire:enforce": enforce,
+             "timing:acquire:deliver": t1 - report.granted_mono_s,
+             "timing:release:send": report.released_mono_s - t2,
+             "timing:release:undo": t3 - report.released_mono_s}
+    for name, seconds in split.items():
+        parts[name] = parts.get(name, 0.0) + max(0.0, seconds)
 
 
 def _announce(line: str) -> None:
