@@ -600,3 +600,46 @@ def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_p
         assert noted == {"hand_over": expected, "exit": expected}, noted
     finally:
         core.shutdown()
+
+
+class _SetUpNoting(_ThreadNoting):
+    """Notes which thread sets a grant up; sets up on the caller as the real one does."""
+
+    def enter(self, holder, siblings, request, others=()):
+        self.threads.append(("enter", threading.current_thread().name))
+        return _NotedHeld(self)
+
+    def sets_up_on_caller(self, device):
+        from krex.daemon.exclusivity import Exclusivity
+
+        return Exclusivity.sets_up_on_caller(self, device)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_an_uncontended_acquire_sets_up_on_its_own_thread_not_the_lane(device, tmp_path):
+    """An acquire that finds its device's lane idle sets the region up on the acquiring
+    session's thread and the grant is sent from there: no wake-up of the lane's thread
+    on the way (the hop, and the two threads' convoy on the GIL, were a third of the
+    bare round trip).  Control: on a GPU device (whose drain may wait seconds) the
+    set-up stays on the lane's thread."""
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.protocol import messages as m
+
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
+                exclusivity=_SetUpNoting())  # type: ignore[arg-type]
+    noted = core.exclusivity.threads  # type: ignore[attr-defined]
+    try:
+        a = FakeSession()
+        ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
+        acquired = threading.Thread(target=core.handle, name="session-a",
+                                    args=(a, m.Acquire(id=1, job_id=ja)))
+        acquired.start()
+        acquired.join(5)
+        region = a.reply(1).data["region"]
+        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
+        assert noted == [("enter", expected)], noted
+        core.handle(a, m.Release(id=2, region=region))
+        assert a.reply(2).data["report"]["outcome"] == "released"
+    finally:
+        core.shutdown()
