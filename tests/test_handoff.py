@@ -643,3 +643,51 @@ def test_an_uncontended_acquire_sets_up_on_its_own_thread_not_the_lane(device, t
         assert a.reply(2).data["report"]["outcome"] == "released"
     finally:
         core.shutdown()
+
+
+class _NoHandover(_SetUpNoting):
+    """Set-ups and undos only (nothing carried over), noting their threads."""
+
+    def enter(self, holder, siblings, request, others=()):
+        self.threads.append(("enter", threading.current_thread().name))
+        return _UncarriedHeld(self)
+
+
+class _UncarriedHeld(_NotedHeld):
+    def can_hand_over(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_a_release_sets_the_next_region_up_on_the_releasing_thread(device, tmp_path):
+    """A release whose undo grants the next region (nothing carried over: the bare
+    daemon, a chain's end) sets that region up next on the releasing session's thread,
+    in the same turn of the device's lane: no wake-up of the lane's thread between
+    the release and the next grant.  Control: on a GPU device both stay on the lane."""
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.protocol import messages as m
+
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
+                exclusivity=_NoHandover())  # type: ignore[arg-type]
+    noted = core.exclusivity.threads  # type: ignore[attr-defined]
+    try:
+        a, b = FakeSession(), FakeSession()
+        ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
+        jb = core.handle(b, m.CreateJob(device=device, name="b", mode="region"))["job_id"]
+        core.handle(a, m.Acquire(id=1, job_id=ja))
+        region = a.reply(1).data["region"]
+        core.handle(b, m.Acquire(id=2, job_id=jb))  # queued behind a
+        core.lanes.wait_idle(5)
+        del noted[:]
+        released = threading.Thread(target=core.handle, name="session-a",
+                                    args=(a, m.Release(id=3, region=region)))
+        released.start()
+        released.join(5)
+        assert a.reply(3).data["report"]["outcome"] == "released"
+        assert b.reply(2).data["region"] != region  # b was granted
+        core.lanes.wait_idle(5)
+        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
+        assert noted == [("exit", expected), ("enter", expected)], noted
+    finally:
+        core.shutdown()
