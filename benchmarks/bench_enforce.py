@@ -29,7 +29,7 @@ import sys
 import time
 
 from krex import resultfile
-from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
+from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, read, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
@@ -163,21 +163,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
 def _timed_writes(paths_values: list[tuple[str, str]], gap_s: float) -> dict:
     """Each write alone after ``gap_s`` of quiet; p50/p95 µs."""
     took = []
     for path, value in paths_values:
         time.sleep(gap_s)
         t0 = time.perf_counter()
-        _write(path, value)
+        write(path, value)
         took.append((time.perf_counter() - t0) * 1e6)
     return stats.quantiles(took)
 
@@ -194,8 +186,8 @@ def migrations(n: int, hierarchies: dict[str, str]) -> list[dict]:
             for d in dirs:
                 os.mkdir(d)
                 if kind == "cpuset":
-                    _write(d + "/cpuset.mems", _read_line(root + "/cpuset.mems"))
-                    _write(d + "/cpuset.cpus", _read_line(root + "/cpuset.cpus"))
+                    write(d + "/cpuset.mems", read(root + "/cpuset.mems"))
+                    write(d + "/cpuset.cpus", read(root + "/cpuset.cpus"))
             try:
                 for gap in (0.005, 0.05):
                     moves = [(f"{base}/{'ab'[i % 2]}/cgroup.procs", str(proc.pid))
@@ -206,22 +198,17 @@ def migrations(n: int, hierarchies: dict[str, str]) -> list[dict]:
                         cpus = [str(c) for c in sorted(os.sched_getaffinity(0))[:2]]
                         flips = [(f"{base}/a/cpuset.cpus", cpus[i % len(cpus)])
                                  for i in range(n)]  # one core, then the other
-                        _write(base + "/a/cgroup.procs", str(proc.pid))
+                        write(base + "/a/cgroup.procs", str(proc.pid))
                         rows.append({"what": "cpuset.cpus in place (v1)", "gap_ms": gap * 1e3,
                                      "us": _timed_writes(flips, gap)})
             finally:
-                _write(root + "/cgroup.procs", str(proc.pid))
+                write(root + "/cgroup.procs", str(proc.pid))
                 for d in reversed(dirs):
                     os.rmdir(d)
     finally:
         proc.kill()
         proc.wait()
     return rows
-
-
-def _read_line(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
 def _hierarchies() -> dict[str, str]:

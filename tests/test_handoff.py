@@ -569,37 +569,46 @@ class _NotedHeld:
         return Evidence(HostEvidence(), None, [])
 
 
-@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
-def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_path):
-    """The release's own session thread runs the handoff (and the outgoing report) when
-    the lane is idle: the grant takes no hop through the lane's thread, one wake-up
-    less on the way (each can cost a scheduler tick on a loaded machine).  Control: on a
-    GPU device, whose handoff may wait for a drain, it stays on the lane's thread."""
+def _release_behind_a_waiter(exclusivity, device: str, tmp_path) -> tuple[list, str]:
+    """a holds ``device``, b waits; a releases on a thread named session-a: the threads
+    ``exclusivity`` noted during the release, and the thread expected (cpu: a's own,
+    else the lane's)."""
     from krex.daemon.config import DaemonConfig
     from krex.daemon.core import Daemon as Core
     from krex.protocol import messages as m
 
     core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
-                exclusivity=_ThreadNoting())  # type: ignore[arg-type]
+                exclusivity=exclusivity)
     try:
         a, b = FakeSession(), FakeSession()
         ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
         jb = core.handle(b, m.CreateJob(device=device, name="b", mode="region"))["job_id"]
         core.handle(a, m.Acquire(id=1, job_id=ja))
         region = a.reply(1).data["region"]
-        core.handle(b, m.Acquire(id=2, job_id=jb))
+        core.handle(b, m.Acquire(id=2, job_id=jb))  # queued behind a
         core.lanes.wait_idle(5)
+        del exclusivity.threads[:]
         released = threading.Thread(target=core.handle, name="session-a",
                                     args=(a, m.Release(id=3, region=region)))
         released.start()
         released.join(5)
         assert b.reply(2).data["region"] != region  # b was granted
         assert a.reply(3).data["report"]["outcome"] == "released"
-        noted = dict(core.exclusivity.threads)  # type: ignore[attr-defined]
-        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
-        assert noted == {"hand_over": expected, "exit": expected}, noted
+        core.lanes.wait_idle(5)
+        noted = list(exclusivity.threads)  # (b's region is undone at the shutdown)
     finally:
         core.shutdown()
+    return noted, "session-a" if device == "cpu" else f"krex-lane-{device}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_path):
+    """The release's own session thread runs the handoff (and the outgoing report) when
+    the lane is idle: the grant takes no hop through the lane's thread, one wake-up
+    less on the way (each can cost a scheduler tick on a loaded machine).  Control: on a
+    GPU device, whose handoff may wait for a drain, it stays on the lane's thread."""
+    noted, expected = _release_behind_a_waiter(_ThreadNoting(), device, tmp_path)
+    assert dict(noted) == {"hand_over": expected, "exit": expected}, noted
 
 
 class _SetUpNoting(_ThreadNoting):
@@ -664,30 +673,5 @@ def test_a_release_sets_the_next_region_up_on_the_releasing_thread(device, tmp_p
     daemon, a chain's end) sets that region up next on the releasing session's thread,
     in the same turn of the device's lane: no wake-up of the lane's thread between
     the release and the next grant.  Control: on a GPU device both stay on the lane."""
-    from krex.daemon.config import DaemonConfig
-    from krex.daemon.core import Daemon as Core
-    from krex.protocol import messages as m
-
-    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
-                exclusivity=_NoHandover())  # type: ignore[arg-type]
-    noted = core.exclusivity.threads  # type: ignore[attr-defined]
-    try:
-        a, b = FakeSession(), FakeSession()
-        ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
-        jb = core.handle(b, m.CreateJob(device=device, name="b", mode="region"))["job_id"]
-        core.handle(a, m.Acquire(id=1, job_id=ja))
-        region = a.reply(1).data["region"]
-        core.handle(b, m.Acquire(id=2, job_id=jb))  # queued behind a
-        core.lanes.wait_idle(5)
-        del noted[:]
-        released = threading.Thread(target=core.handle, name="session-a",
-                                    args=(a, m.Release(id=3, region=region)))
-        released.start()
-        released.join(5)
-        assert a.reply(3).data["report"]["outcome"] == "released"
-        assert b.reply(2).data["region"] != region  # b was granted
-        core.lanes.wait_idle(5)
-        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
-        assert noted == [("exit", expected), ("enter", expected)], noted
-    finally:
-        core.shutdown()
+    noted, expected = _release_behind_a_waiter(_NoHandover(), device, tmp_path)
+    assert noted == [("exit", expected), ("enter", expected)], noted
