@@ -116,7 +116,8 @@ class Daemon:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The state lock; messages pushed meanwhile are sent after the outermost release,
-        then the lane tasks this thread claimed meanwhile (:meth:`on_lane`) run here."""
+        then finished regions are encoded into the store (:meth:`record_region`), then the
+        lane tasks this thread claimed meanwhile (:meth:`on_lane`) run here."""
         local = self._local
         with self.lock:
             local.depth = getattr(local, "depth", 0) + 1
@@ -136,9 +137,10 @@ class Daemon:
             run()
 
     def on_lane(self, device: str, task: Callable[[], None], here: bool = False) -> None:
-        """Run ``task`` on ``device``'s lane (locked).  ``here``: when the lane is idle,
-        this thread takes its turn and runs the task itself once the lock is released
-        (no wake-up of the lane's thread on the way to a grant); else it queues."""
+        """Run ``task`` on ``device``'s lane (locked).  ``here``: when the lane is idle
+        (or this thread is running the lane's current task, nothing queued behind it),
+        this thread runs the task itself once the lock is released (no wake-up of the
+        lane's thread on the way to a grant); else it queues."""
         local = self._local
         if not (here and getattr(local, "session_thread", False)):
             self.lanes.submit(device, task)
