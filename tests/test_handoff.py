@@ -675,3 +675,89 @@ def test_a_release_sets_the_next_region_up_on_the_releasing_thread(device, tmp_p
     the release and the next grant.  Control: on a GPU device both stay on the lane."""
     noted, expected = _release_behind_a_waiter(_NoHandover(), device, tmp_path)
     assert noted == [("exit", expected), ("enter", expected)], noted
+
+
+class _CountingPipe:
+    """A guardian's stdin that counts the writes made to it."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.writes.append(data)
+        return self.pipe.write(data)
+
+    def flush(self) -> None:
+        self.pipe.flush()
+
+    def close(self) -> None:
+        self.pipe.close()
+
+
+def test_a_handoffs_new_lease_and_the_old_ones_end_reach_the_guardian_in_one_write(tmp_path):
+    """``lease_handed`` sends the new region's lease and the old one's end in one write
+    (``GuardianClient.batch``): the guardian wakes and rewrites its journal once per
+    handoff, and reads the lease before the end.  Control: outside a batch, each
+    message is its own write; the guardian holds exactly the new lease afterwards."""
+    from krex.enforce.guardian import GuardianClient
+
+    journal = tmp_path / "j.json"
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(journal))
+        assert guardian.proc is not None
+        pipe = _CountingPipe(guardian.proc.stdin)
+        guardian.proc.stdin = pipe  # type: ignore[assignment]
+        undo = [{"op": "noop"}]
+        guardian.lease(1, 60.0, undo)
+        guardian.lease(2, 60.0, undo)
+        assert len(pipe.writes) == 2  # control: one write each
+        with guardian.batch():
+            guardian.lease(3, 60.0, undo)
+            guardian.end(1)
+            guardian.end(2)
+        assert len(pipe.writes) == 3
+        assert [json.loads(x)["cmd"] for x in pipe.writes[-1].splitlines()] == [
+            "lease", "end", "end"]
+        wait_for(lambda: journal.exists()
+                 and set(json.loads(journal.read_text()).get("leases", {})) == {"3"},
+                 timeout_s=5)
+        guardian.end(3)
+    finally:
+        guardian.stop()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_lease_handed_sends_the_lease_and_the_end_in_one_write(backend, tmp_path, instance):
+    """A real handoff under a guardian: ``lease_handed`` makes one write to the guardian
+    (the new lease, then the old one's end), and the guardian then holds exactly the
+    new lease.  Control: the grant's own lease, outside a handoff, is a write alone."""
+    from krex.enforce.guardian import GuardianClient
+
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    a, b, c = jobs
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(tmp_path / "j.json"))
+        assert guardian.proc is not None
+        pipe = _CountingPipe(guardian.proc.stdin)
+        guardian.proc.stdin = pipe  # type: ignore[assignment]
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        assert len(pipe.writes) == 1  # control: the first region's lease
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        lease_handed(second)
+        assert len(pipe.writes) == 2, pipe.writes
+        sent = [json.loads(x) for x in pipe.writes[-1].splitlines()]
+        assert [(m["cmd"], m["id"]) for m in sent] == [("lease", second.lease_id),
+                                                       ("end", first.lease_id)]
+        assert set(guardian.leases) == {second.lease_id}
+        first.exit()
+        second.exit()
+    finally:
+        guardian.stop()
+        for s in jobs:
+            s.kill()
