@@ -9,7 +9,14 @@ restore); for the cgroup backends also overlapped handoffs between two holders
 ``results/enforce.json`` (format version 1, written
 atomically) and prints a markdown table.
 
+``--migrations N`` measures instead what one handoff's cgroup moves cost in the
+kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
+(freezer, cpuset, the unified one), and rewriting its v1 cpuset's ``cpuset.cpus``
+in place (no migration), N times each, after a gap of 5 ms (a move happened
+recently) and of 50 ms (none did); results in ``results/migrations.json``.
+
     .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
+    .venv/bin/python benchmarks/bench_enforce.py --migrations 60
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import sys
 import time
 
 from krex import resultfile
-from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
+from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, read, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
@@ -156,6 +163,63 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _timed_writes(paths_values: list[tuple[str, str]], gap_s: float) -> dict:
+    """Each write alone after ``gap_s`` of quiet; p50/p95 µs."""
+    took = []
+    for path, value in paths_values:
+        time.sleep(gap_s)
+        t0 = time.perf_counter()
+        write(path, value)
+        took.append((time.perf_counter() - t0) * 1e6)
+    return stats.quantiles(took)
+
+
+def migrations(n: int, hierarchies: dict[str, str]) -> list[dict]:
+    """A process moved between two cgroups of each hierarchy, and (v1 cpuset) its
+    cgroup's ``cpuset.cpus`` rewritten in place, after short and long gaps."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER])
+    rows = []
+    try:
+        for kind, root in hierarchies.items():
+            base = f"{root}/krex-migrations-{os.getpid()}"
+            dirs = [base, base + "/a", base + "/b"]
+            for d in dirs:
+                os.mkdir(d)
+                if kind == "cpuset":
+                    write(d + "/cpuset.mems", read(root + "/cpuset.mems"))
+                    write(d + "/cpuset.cpus", read(root + "/cpuset.cpus"))
+            try:
+                for gap in (0.005, 0.05):
+                    moves = [(f"{base}/{'ab'[i % 2]}/cgroup.procs", str(proc.pid))
+                             for i in range(n)]
+                    rows.append({"what": f"move ({kind})", "gap_ms": gap * 1e3,
+                                 "us": _timed_writes(moves, gap)})
+                    if kind == "cpuset":
+                        cpus = [str(c) for c in sorted(os.sched_getaffinity(0))[:2]]
+                        flips = [(f"{base}/a/cpuset.cpus", cpus[i % len(cpus)])
+                                 for i in range(n)]  # one core, then the other
+                        write(base + "/a/cgroup.procs", str(proc.pid))
+                        rows.append({"what": "cpuset.cpus in place (v1)", "gap_ms": gap * 1e3,
+                                     "us": _timed_writes(flips, gap)})
+            finally:
+                write(root + "/cgroup.procs", str(proc.pid))
+                for d in reversed(dirs):
+                    os.rmdir(d)
+    finally:
+        proc.kill()
+        proc.wait()
+    return rows
+
+
+def _hierarchies() -> dict[str, str]:
+    out = {}
+    for kind, path in (("freezer", "/sys/fs/cgroup/freezer"), ("cpuset", "/sys/fs/cgroup/cpuset"),
+                       ("v2", "/sys/fs/cgroup/unified")):
+        if os.path.exists(path + "/cgroup.procs"):
+            out[kind] = path
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regions", type=int, default=50)
@@ -163,7 +227,18 @@ def main() -> int:
     parser.add_argument("--siblings", default=",".join(map(str, SIBLINGS)),
                         help="sibling counts, comma-separated")
     parser.add_argument("--backends", default="", help="freeze backends (default: all usable)")
+    parser.add_argument("--migrations", type=int, default=0,
+                        help="measure N cgroup moves and cpuset.cpus writes instead")
     args = parser.parse_args()
+    if args.migrations:
+        rows = migrations(args.migrations, _hierarchies())
+        out = "results/migrations.json" if args.out == "results/enforce.json" else args.out
+        resultfile.write(out, {"benchmark": "migrations", "kernel": platform.release(),
+                               "loadavg": os.getloadavg(), "results": rows}, format=1)
+        for r in rows:
+            print(f"{r['what']:28s} gap {r['gap_ms']:4.0f} ms: p50 {r['us']['p50']:8.0f} µs, "
+                  f"p95 {r['us']['p95']:8.0f} µs")
+        return 0
     layout = CgroupLayout.probe()
     counts = [int(x) for x in args.siblings.split(",")]
     chosen = args.backends.split(",") if args.backends else backends(layout)

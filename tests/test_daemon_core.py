@@ -23,7 +23,7 @@ from krex.errors import AccessDenied, BadRequest, LimitExceeded, QuotaExceeded
 from krex.protocol import messages as m
 from krex.protocol.framing import MAX_FRAME, encode_frame
 from krex.protocol.peer import Peer
-from krex.protocol.report import HostEvidence
+from krex.protocol.report import HostEvidence, Outcome, RegionReport
 
 
 class FakeSession:
@@ -389,3 +389,47 @@ def test_listening_daemons_are_read_from_proc_net_unix(tmp_path):
         assert str(path) in listening_daemons()
     finally:
         s.close()
+
+
+class _StoreWatchingSession(FakeSession):
+    """Notes, at each frame pushed, how many regions the store held already."""
+
+    def __init__(self, core: Daemon) -> None:
+        super().__init__()
+        self.core = core
+        self.stored_at_push: list[int] = []
+
+    def push(self, message: m.Message) -> None:
+        self.stored_at_push.append(len(self.core.finished))
+        super().push(message)
+
+
+def test_a_release_reply_is_sent_before_its_report_is_encoded_into_the_store(core):
+    """The finished-region store encodes each report (JSON, and every so many regions a
+    zlib block of several ms): that is done after the release's reply is sent, not
+    before it; yet a ``regions`` request right after the reply sees the region.
+    Control: the store does hold the region once the release has been handled."""
+    s = _StoreWatchingSession(core)
+    j = job(core, s, "cpu")
+    rid = request(core, s, m.Acquire, job_id=j)
+    region = s.reply(rid).data["region"]
+    core.lanes.wait_idle(5)
+    rel = request(core, s, m.Release, region=region)
+    assert s.reply(rel).data["report"]["region"] == region
+    assert s.stored_at_push[-1] == 0  # the reply went out before the record was encoded
+    assert len(core.finished) == 1  # ... and it was encoded right after (control)
+    rows = core.handle(s, m.Regions())["regions"]
+    assert [r["region"] for r in rows] == [region]
+
+
+def test_a_regions_request_sees_a_region_not_yet_encoded(core):
+    """A record still waiting for its encoding (recorded, lock not yet released) is
+    encoded before any read of the store."""
+    s = FakeSession()
+    report = RegionReport(device="cpu", region=77, job_id=1, outcome=Outcome.RELEASED,
+                          held_s=0.1)
+    with core.lock:  # as holds does: under the lock, before it is released
+        core.record_region(os.getuid(), report)
+        assert len(core.finished) == 0
+        rows = core._on_regions(s, m.Regions())["regions"]
+    assert [r["region"] for r in rows] == [77]

@@ -569,34 +569,195 @@ class _NotedHeld:
         return Evidence(HostEvidence(), None, [])
 
 
-@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
-def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_path):
-    """The release's own session thread runs the handoff (and the outgoing report) when
-    the lane is idle: the grant takes no hop through the lane's thread, one wake-up
-    less on the way (each can cost a scheduler tick on a loaded machine).  Control: on a
-    GPU device, whose handoff may wait for a drain, it stays on the lane's thread."""
+def _release_behind_a_waiter(exclusivity, device: str, tmp_path) -> tuple[list, str]:
+    """a holds ``device``, b waits; a releases on a thread named session-a: the threads
+    ``exclusivity`` noted during the release, and the thread expected (cpu: a's own,
+    else the lane's)."""
     from krex.daemon.config import DaemonConfig
     from krex.daemon.core import Daemon as Core
     from krex.protocol import messages as m
 
     core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
-                exclusivity=_ThreadNoting())  # type: ignore[arg-type]
+                exclusivity=exclusivity)
     try:
         a, b = FakeSession(), FakeSession()
         ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
         jb = core.handle(b, m.CreateJob(device=device, name="b", mode="region"))["job_id"]
         core.handle(a, m.Acquire(id=1, job_id=ja))
         region = a.reply(1).data["region"]
-        core.handle(b, m.Acquire(id=2, job_id=jb))
+        core.handle(b, m.Acquire(id=2, job_id=jb))  # queued behind a
         core.lanes.wait_idle(5)
+        del exclusivity.threads[:]
         released = threading.Thread(target=core.handle, name="session-a",
                                     args=(a, m.Release(id=3, region=region)))
         released.start()
         released.join(5)
         assert b.reply(2).data["region"] != region  # b was granted
         assert a.reply(3).data["report"]["outcome"] == "released"
-        noted = dict(core.exclusivity.threads)  # type: ignore[attr-defined]
-        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
-        assert noted == {"hand_over": expected, "exit": expected}, noted
+        core.lanes.wait_idle(5)
+        noted = list(exclusivity.threads)  # (b's region is undone at the shutdown)
     finally:
         core.shutdown()
+    return noted, "session-a" if device == "cpu" else f"krex-lane-{device}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_a_release_hands_over_on_the_releasing_thread_not_the_lane(device, tmp_path):
+    """The release's own session thread runs the handoff (and the outgoing report) when
+    the lane is idle: the grant takes no hop through the lane's thread, one wake-up
+    less on the way (each can cost a scheduler tick on a loaded machine).  Control: on a
+    GPU device, whose handoff may wait for a drain, it stays on the lane's thread."""
+    noted, expected = _release_behind_a_waiter(_ThreadNoting(), device, tmp_path)
+    assert dict(noted) == {"hand_over": expected, "exit": expected}, noted
+
+
+class _SetUpNoting(_ThreadNoting):
+    """Notes which thread sets a grant up; sets up on the caller as the real one does."""
+
+    def enter(self, holder, siblings, request, others=()):
+        self.threads.append(("enter", threading.current_thread().name))
+        return _NotedHeld(self)
+
+    def sets_up_on_caller(self, device):
+        from krex.daemon.exclusivity import Exclusivity
+
+        return Exclusivity.sets_up_on_caller(self, device)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_an_uncontended_acquire_sets_up_on_its_own_thread_not_the_lane(device, tmp_path):
+    """An acquire that finds its device's lane idle sets the region up on the acquiring
+    session's thread and the grant is sent from there: no wake-up of the lane's thread
+    on the way (the hop, and the two threads' convoy on the GIL, were a third of the
+    bare round trip).  Control: on a GPU device (whose drain may wait seconds) the
+    set-up stays on the lane's thread."""
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.protocol import messages as m
+
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0),
+                exclusivity=_SetUpNoting())  # type: ignore[arg-type]
+    noted = core.exclusivity.threads  # type: ignore[attr-defined]
+    try:
+        a = FakeSession()
+        ja = core.handle(a, m.CreateJob(device=device, name="a", mode="region"))["job_id"]
+        acquired = threading.Thread(target=core.handle, name="session-a",
+                                    args=(a, m.Acquire(id=1, job_id=ja)))
+        acquired.start()
+        acquired.join(5)
+        region = a.reply(1).data["region"]
+        expected = "session-a" if device == "cpu" else f"krex-lane-{device}"
+        assert noted == [("enter", expected)], noted
+        core.handle(a, m.Release(id=2, region=region))
+        assert a.reply(2).data["report"]["outcome"] == "released"
+    finally:
+        core.shutdown()
+
+
+class _NoHandover(_SetUpNoting):
+    """Set-ups and undos only (nothing carried over), noting their threads."""
+
+    def enter(self, holder, siblings, request, others=()):
+        self.threads.append(("enter", threading.current_thread().name))
+        return _UncarriedHeld(self)
+
+
+class _UncarriedHeld(_NotedHeld):
+    def can_hand_over(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_a_release_sets_the_next_region_up_on_the_releasing_thread(device, tmp_path):
+    """A release whose undo grants the next region (nothing carried over: the bare
+    daemon, a chain's end) sets that region up next on the releasing session's thread,
+    in the same turn of the device's lane: no wake-up of the lane's thread between
+    the release and the next grant.  Control: on a GPU device both stay on the lane."""
+    noted, expected = _release_behind_a_waiter(_NoHandover(), device, tmp_path)
+    assert noted == [("exit", expected), ("enter", expected)], noted
+
+
+class _CountingPipe:
+    """A guardian's stdin that counts the writes made to it."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.writes.append(data)
+        return self.pipe.write(data)
+
+    def flush(self) -> None:
+        self.pipe.flush()
+
+    def close(self) -> None:
+        self.pipe.close()
+
+
+def test_a_handoffs_new_lease_and_the_old_ones_end_reach_the_guardian_in_one_write(tmp_path):
+    """``lease_handed`` sends the new region's lease and the old one's end in one write
+    (``GuardianClient.batch``): the guardian wakes and rewrites its journal once per
+    handoff, and reads the lease before the end.  Control: outside a batch, each
+    message is its own write; the guardian holds exactly the new lease afterwards."""
+    from krex.enforce.guardian import GuardianClient
+
+    journal = tmp_path / "j.json"
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(journal))
+        assert guardian.proc is not None
+        pipe = _CountingPipe(guardian.proc.stdin)
+        guardian.proc.stdin = pipe  # type: ignore[assignment]
+        undo = [{"op": "noop"}]
+        guardian.lease(1, 60.0, undo)
+        guardian.lease(2, 60.0, undo)
+        assert len(pipe.writes) == 2  # control: one write each
+        with guardian.batch():
+            guardian.lease(3, 60.0, undo)
+            guardian.end(1)
+            guardian.end(2)
+        assert len(pipe.writes) == 3
+        assert [json.loads(x)["cmd"] for x in pipe.writes[-1].splitlines()] == [
+            "lease", "end", "end"]
+        wait_for(lambda: journal.exists()
+                 and set(json.loads(journal.read_text()).get("leases", {})) == {"3"},
+                 timeout_s=5)
+        guardian.end(3)
+    finally:
+        guardian.stop()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+def test_lease_handed_sends_the_lease_and_the_end_in_one_write(backend, tmp_path, instance):
+    """A real handoff under a guardian: ``lease_handed`` makes one write to the guardian
+    (the new lease, then the old one's end), and the guardian then holds exactly the
+    new lease.  Control: the grant's own lease, outside a handoff, is a write alone."""
+    from krex.enforce.guardian import GuardianClient
+
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    a, b, c = jobs
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(tmp_path / "j.json"))
+        assert guardian.proc is not None
+        pipe = _CountingPipe(guardian.proc.stdin)
+        guardian.proc.stdin = pipe  # type: ignore[assignment]
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        assert len(pipe.writes) == 1  # control: the first region's lease
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        lease_handed(second)
+        assert len(pipe.writes) == 2, pipe.writes
+        sent = [json.loads(x) for x in pipe.writes[-1].splitlines()]
+        assert [(m["cmd"], m["id"]) for m in sent] == [("lease", second.lease_id),
+                                                       ("end", first.lease_id)]
+        assert set(guardian.leases) == {second.lease_id}
+        first.exit()
+        second.exit()
+    finally:
+        guardian.stop()
+        for s in jobs:
+            s.kill()

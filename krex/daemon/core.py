@@ -92,6 +92,7 @@ class Daemon:
         self.lanes = Lanes()
         self._seq = itertools.count(1)
         self.finished = FinishedRegions(max_records=20000)
+        self._unrecorded: list[tuple[int, int, RegionReport]] = []  # see record_region
         self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=5000)
         self.devices = discover()
         self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
@@ -115,7 +116,8 @@ class Daemon:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The state lock; messages pushed meanwhile are sent after the outermost release,
-        then the lane tasks this thread claimed meanwhile (:meth:`on_lane`) run here."""
+        then finished regions are encoded into the store (:meth:`record_region`), then the
+        lane tasks this thread claimed meanwhile (:meth:`on_lane`) run here."""
         local = self._local
         with self.lock:
             local.depth = getattr(local, "depth", 0) + 1
@@ -129,13 +131,16 @@ class Daemon:
                                    else ([], []))
         for session, message in outbox:
             session.push(message)
+        if self._unrecorded and local.depth == 0:
+            self._record_pending()
         for run in claimed:
             run()
 
     def on_lane(self, device: str, task: Callable[[], None], here: bool = False) -> None:
-        """Run ``task`` on ``device``'s lane (locked).  ``here``: when the lane is idle,
-        this thread takes its turn and runs the task itself once the lock is released
-        (no wake-up of the lane's thread on the way to a grant); else it queues."""
+        """Run ``task`` on ``device``'s lane (locked).  ``here``: when the lane is idle
+        (or this thread is running the lane's current task, nothing queued behind it),
+        this thread runs the task itself once the lock is released (no wake-up of the
+        lane's thread on the way to a grant); else it queues."""
         local = self._local
         if not (here and getattr(local, "session_thread", False)):
             self.lanes.submit(device, task)
@@ -260,6 +265,7 @@ class Daemon:
     def _on_regions(self, session: Session, msg: m.Regions) -> dict[str, Any]:
         if msg.limit < 0:
             raise BadRequest("limit must not be negative")
+        self._record_pending()
         rows, more = self.finished.page(lambda uid: self.access.visible(session.peer, uid),
                                         msg.job_ids, min(msg.limit, m.PAGE_MAX), msg.before,
                                         PAGE_BYTES)
@@ -332,7 +338,18 @@ class Daemon:
         return siblings, others
 
     def record_region(self, uid: int, report: RegionReport) -> None:
-        self.finished.append((next(self._seq), uid, report.record()))
+        """Keep a finished region's report for ``regions`` (locked).  Its place is taken
+        now; its encoding into the store (JSON, and every so many regions a zlib block)
+        is done once the lock is released and the replies queued meanwhile are sent —
+        after the release's reply, which does not depend on it — or before any read of
+        the store, whichever comes first."""
+        self._unrecorded.append((next(self._seq), uid, report))
+
+    def _record_pending(self) -> None:
+        with self.lock:
+            rows, self._unrecorded = self._unrecorded, []
+            for seq, uid, report in rows:
+                self.finished.append((seq, uid, report.record()))
 
     def foreign_reasons(self, start: float, end: float) -> list[Reason]:
         """Another user's krex daemon ran on this node during [start, end]."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +41,9 @@ class EventLog:
         self._told = 0  # of those, counted in an events_lost line already
         self._warned_mono_s = -WARN_EVERY_S
         self._cut = False  # the last write stopped mid-line
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # a deque, not a queue.Queue: append and popleft are atomic, and an emit on the
+        # grant path takes no lock and notifies nobody (the writer wakes on its period)
+        self._queue: deque[dict[str, Any] | None] = deque()
         self._thread: threading.Thread | None = None
         self._fd: int | None = None
         self._stopping = False
@@ -58,10 +60,10 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> None:
         if self._thread is None or self._stopping:
             return
-        if self._queue.qsize() >= self.max_queue:
+        if len(self._queue) >= self.max_queue:
             self.lost += 1
             return
-        self._queue.put({"event": event, "mono_s": time.monotonic(), "wall_s": time.time(),
+        self._queue.append({"event": event, "mono_s": time.monotonic(), "wall_s": time.time(),
                          **fields})
 
     def _write_loop(self) -> None:
@@ -71,8 +73,8 @@ class EventLog:
             time.sleep(FLUSH_INTERVAL_S)
             lines: list[str] = []
             stop = False
-            while not self._queue.empty():
-                item = self._queue.get()
+            while self._queue:
+                item = self._queue.popleft()
                 if item is None:
                     stop = True
                     break
@@ -118,7 +120,7 @@ class EventLog:
         """Write everything queued so far, then stop the writer."""
         if self._thread is not None:
             self._stopping = True
-            self._queue.put(None)
+            self._queue.append(None)
             self._thread.join(5)
             self._thread = None
 

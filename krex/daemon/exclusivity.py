@@ -249,6 +249,14 @@ class Exclusivity:
 
     # -- per region ----------------------------------------------------------------
 
+    def sets_up_on_caller(self, device: str) -> bool:
+        """Whether a grant's set-up on ``device`` may run on the requesting session's
+        thread (when the device's lane is idle): not for GPU devices, whose drain may
+        wait seconds while the session's thread must stay free to see its connection
+        close; a cpu set-up is cgroup writes (a freeze that does not confirm is bounded
+        by its step timeout and reported, never waited out)."""
+        return not is_gpu(device)
+
     def enter(self, holder: Any, siblings: list[Any], request: Any,
               others: Sequence[Any] = ()) -> Held:
         if self._all_off(request.device):

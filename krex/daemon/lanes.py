@@ -13,6 +13,9 @@ lane is idle, that thread takes the lane's turn at once and runs the task
 itself (once the daemon's lock is released), which spares the wake-up of the
 lane's thread — on a loaded 2-core machine each cross-thread hop can cost a
 scheduler tick.  Tasks given meanwhile queue behind it, as behind any other.
+A task claimed by the thread that is running the lane's current task, with
+nothing queued behind that one (a release whose undo grants the next region:
+its set-up), runs next on that thread, in the same turn.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Lane:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._turn = threading.Lock()  # held by whoever runs this lane's task now
+        self._runner: int | None = None  # the thread running this lane's task now
         self._thread = threading.Thread(target=self._run, name=f"krex-lane-{name}", daemon=True)
         self._thread.start()
 
@@ -51,6 +55,9 @@ class Lane:
         queue it as :meth:`submit` does and return None."""
         with self._lock:
             self._pending += 1
+            if self._runner == threading.get_ident() and self._pending == 2:
+                # given by the lane's current task, nothing queued behind it: next, here
+                return lambda: self._run_one(task, taken=True, within=True)
             mine = self._pending == 1 and self._turn.acquire(blocking=False)
         if not mine:
             self._tasks.put(task)
@@ -82,15 +89,19 @@ class Lane:
                 return
             self._run_one(task)
 
-    def _run_one(self, task: Task, taken: bool = False) -> None:
+    def _run_one(self, task: Task, taken: bool = False, within: bool = False) -> None:
+        """``within``: claimed inside the turn of the task this thread is running."""
         if not taken:
             self._turn.acquire()  # a claimed task (given before the queued ones) first
+        self._runner = threading.get_ident()
         try:
             task()
         except Exception:  # a bug in one task must not stop the device's lane
             log.exception("lane %s: task failed", self.name)
         finally:
-            self._turn.release()
+            if not within:
+                self._runner = None
+                self._turn.release()
             with self._idle:
                 self._pending -= 1
                 if not self._pending:

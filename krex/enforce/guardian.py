@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from krex import resultfile
 from krex.enforce import process as _process
@@ -61,6 +62,7 @@ class GuardianClient:
         self.leases: dict[int, tuple[float, list[dict]]] = {}  # id -> (expiry, undo records)
         self.restarts = 0
         self._args: tuple[str, str] | None = None
+        self._held: list[dict] | None = None  # messages of a batch(), sent at its end
 
     @property
     def pid(self) -> int | None:
@@ -88,15 +90,38 @@ class GuardianClient:
         with self._lock:
             if self._args is None:
                 raise RuntimeError("guardian not started")
-            self.ensure_alive()
-            try:
-                self._write(msg)
-            except OSError:  # died just now: the new one gets every lease, this one too
-                self._restart()
+            if self._held is not None:
+                self._held.append(msg)
+                return
+            self._send_now([msg])
 
-    def _write(self, msg: dict) -> None:
+    def _send_now(self, msgs: list[dict]) -> None:
+        self.ensure_alive()
+        try:
+            self._write(msgs)
+        except OSError:  # died just now: the new one gets every lease, these too
+            self._restart()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Messages sent meanwhile go in one write, in order, at the end: the guardian
+        wakes and rewrites its journal once (a handoff's new lease and the old one's
+        end), never seeing the end without the lease before it."""
+        with self._lock:
+            if self._held is not None:  # nested: the outer batch sends
+                yield
+                return
+            self._held = []
+            try:
+                yield
+            finally:
+                msgs, self._held = self._held, None
+                if msgs:
+                    self._send_now(msgs)
+
+    def _write(self, msgs: list[dict]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
         self.proc.stdin.flush()
 
     def lease(self, lease_id: int, expires_in_s: float, undo_records: list[dict]) -> None:
@@ -136,9 +161,8 @@ class GuardianClient:
         self._buf = b""
         self.start(*self._args)
         now = time.monotonic()
-        for lease_id, (expiry, records) in self.leases.items():
-            self._write({"cmd": "lease", "id": lease_id, "s": max(0.0, expiry - now),
-                         "undo": records})
+        self._write([{"cmd": "lease", "id": lease_id, "s": max(0.0, expiry - now),
+                      "undo": records} for lease_id, (expiry, records) in self.leases.items()])
 
     def expired(self) -> set[int]:
         """Lease ids the guardian has expired (and undone) so far.

@@ -34,6 +34,7 @@ cpusets to narrow, other reserved cores, a lease the guardian expired.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
@@ -172,11 +173,14 @@ def lease_handed(new: Enforcement) -> None:
     for op in old.applied:  # the outgoing holder's other hierarchies (v1 cpuset)
         if isinstance(op, HolderSlot):
             old._revert(op, _step(old, op))
-    new._lease(new.applied, lease_s)  # before the old lease ends: never a moment unleased
     guardian = old.enforcer.guardian
-    if guardian is not None and old.leased is not None:
-        guardian.end(old.lease_id)
-        old.leased = None
+    # one write: the guardian wakes and journals once, and reads the new lease before
+    # the old one's end — never a moment unleased
+    with guardian.batch() if guardian is not None else contextlib.nullcontext():
+        new._lease(new.applied, lease_s)
+        if guardian is not None and old.leased is not None:
+            guardian.end(old.lease_id)
+            old.leased = None
 
 
 def _step(enf: Enforcement, op: object) -> Step:
