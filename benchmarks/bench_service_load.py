@@ -15,6 +15,9 @@ run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
 * **CLI**: ``krex exec PROG TOKEN`` and ``krex evaluate ... --json``, one fresh
   process per command.
 
+``--agents HTTP,MCP,CLI`` changes the counts (``0,24,0``: all of the load on the
+MCP server, to see its memory over as many jobs as the HTTP service gets).
+
 Reported: jobs per minute and p50/p95 latency (submit to answer) per
 interface and kind; lost jobs (an answer missing, failed, or not the job's
 own output) and duplicated jobs (one idempotency key, two jobs — checked
@@ -202,7 +205,8 @@ def judged(kind: str, succeeded: bool, result: dict, mark: str,
 # -- MCP agents ----------------------------------------------------------------------------
 
 
-def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log) -> None:
+def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log,
+               mcp_count: int = MCP_AGENTS) -> None:
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -226,7 +230,7 @@ def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
-            for i in range(MCP_AGENTS):
+            for i in range(mcp_count):
                 tg.start_soon(one, i)
 
     anyio.run(main)
@@ -378,13 +382,16 @@ def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, s
     log = Log()
     deadline = time.monotonic() + 60 * args.minutes
     names = list(tokens)
+    n_http, n_mcp, n_cli = args.agents
     agents: list[Callable[[], None]] = [
         (lambda i=i: http_agent(base, tokens[names[i % TENANTS]], names[i % TENANTS],
                                 args.device, args.eval_every, deadline, log, i))
-        for i in range(HTTP_AGENTS)]
-    agents.append(lambda: mcp_agents(mcp_url, args.device, args.eval_every, deadline, log))
+        for i in range(n_http)]
+    if n_mcp:
+        agents.append(lambda: mcp_agents(mcp_url, args.device, args.eval_every, deadline, log,
+                                         n_mcp))
     agents += [(lambda: cli_agent(prog, records, args.device, args.eval_every, deadline, log))
-               for _ in range(CLI_AGENTS)]
+               for _ in range(n_cli)]
     rss: dict[str, list[tuple[float, float]]] = {}
     stop = threading.Event()
     sampler = threading.Thread(target=sample_rss, args=(pids, args.rss_every_s, stop, rss))
@@ -399,12 +406,23 @@ def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, s
     stop.set()
     sampler.join()
     return {"minutes": args.minutes, "device": args.device, "elapsed_s": round(elapsed, 1),
-            "agents": {"http": HTTP_AGENTS, "mcp": MCP_AGENTS, "cli": CLI_AGENTS},
+            "agents": dict(zip(("http", "mcp", "cli"), args.agents, strict=True)),
             "eval_every": args.eval_every, "interfaces": table(log.rows, elapsed),
             "http_jobs": check_http_jobs(base, tokens, log), "events": log.events,
             "failures": [r for r in log.rows if not r["ok"]][:20],
             "rss": {name: rss_summary(s) for name, s in rss.items() if s},
             "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows)}
+
+
+def _agents(text: str) -> tuple[int, int, int]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != 3 or min(counts) < 0 or not sum(counts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want three counts HTTP,MCP,CLI, none negative, not all 0")
+    return counts  # type: ignore[return-value]
 
 
 def unique_ids(rows: list[dict[str, Any]]) -> bool:
@@ -449,6 +467,10 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=4,
                     help="every Nth job of an agent is an evaluation (default 4)")
     ap.add_argument("--rss-every-s", type=float, default=5.0)
+    ap.add_argument("--agents", type=_agents, default=(HTTP_AGENTS, MCP_AGENTS, CLI_AGENTS),
+                    metavar="HTTP,MCP,CLI",
+                    help=f"agents per interface (default {HTTP_AGENTS},{MCP_AGENTS},{CLI_AGENTS}; "
+                         "e.g. 0,24,0 puts the whole load on the MCP server)")
     ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
     args = ap.parse_args()
     with private_daemon() as _sock, tempfile.TemporaryDirectory() as tmp:
