@@ -213,9 +213,30 @@ def comparison(speedup, low, high, **kw):
                                         ((1.01, 0.99, 1.03), "same"),
                                         ((1.005, 1.001, 1.02), "same"),  # significant, immaterial
                                         ((1.05, 0.95, 1.2), "unclear"),
-                                        ((1.035, 1.005, 1.08), "faster")])
+                                        ((1.035, 1.005, 1.08), "faster"),
+                                        # within the ±6 % band: material only wholly past ±3 %
+                                        ((0.969, 0.948, 0.999), "same"),
+                                        ((1.032, 1.001, 1.052), "same"),
+                                        ((0.96, 0.95, 0.968), "slower"),
+                                        ((1.045, 1.035, 1.055), "faster")])
 def test_timing_verdict(ci, verdict):
     assert judge.timing_verdict(comparison(*ci), 0.03) == verdict
+
+
+def test_control_identical_code_under_load_was_called_slower_before():
+    # The intervals of a loaded suite run's three wrong same-speed answers: each both
+    # "slower" by the old rule (1 excluded, estimate <= 1/1.03) and "same" (within ±6 %).
+    def old_rule(c, w):
+        speedup, low, high = c["speedup"], c["ci_low"], c["ci_high"]
+        if low > 1.0 and speedup >= 1.0 + w:
+            return "faster"
+        if high < 1.0 and speedup <= 1.0 / (1.0 + w):
+            return "slower"
+        return "same" if low >= 1 / (1 + 2 * w) and high <= 1 + 2 * w else "unclear"
+
+    seen = [(0.969, 0.948, 0.999), (0.970, 0.948, 0.990), (0.969, 0.949, 0.998)]
+    assert [old_rule(comparison(*ci), 0.03) for ci in seen] == ["slower"] * 3
+    assert [judge.timing_verdict(comparison(*ci), 0.03) for ci in seen] == ["same"] * 3
 
 
 def counters(launches=(2,) * 20, after=0, cpu_in=0.0, cpu_after=0.0):

@@ -74,14 +74,19 @@ def timing_verdict(c: dict[str, Any], same_within: float) -> str:
     ``1 + same_within``; ``slower`` the mirror image; ``same``: the interval
     lies within ``1 ± 2 x same_within`` (a 0.5 % difference that compare's
     sequential test happened to resolve is not "faster"); else ``unclear``.
+    Where an interval is both (within the band, 1 excluded, the estimate past
+    ``1 ± same_within``), it is ``faster``/``slower`` only if it lies wholly past
+    that materiality line, else ``same``: identical code under load gives such
+    intervals, e.g. 0.969x [0.948, 0.999], 3 in 40 in a loaded suite run.
     """
     w = same_within
     speedup, low, high = c["speedup"], c["ci_low"], c["ci_high"]
-    if low > 1.0 and speedup >= 1.0 + w:
+    within_band = low >= 1.0 / (1.0 + 2 * w) and high <= 1.0 + 2 * w
+    if low > 1.0 and speedup >= 1.0 + w and not (within_band and low <= 1.0 + w):
         return "faster"
-    if high < 1.0 and speedup <= 1.0 / (1.0 + w):
+    if high < 1.0 and speedup <= 1.0 / (1.0 + w) and not (within_band and high >= 1.0 / (1.0 + w)):
         return "slower"
-    if low >= 1.0 / (1.0 + 2 * w) and high <= 1.0 + 2 * w:
+    if within_band:
         return "same"
     return "unclear"
 
