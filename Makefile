@@ -31,7 +31,7 @@ demo: $(STAMP)  ## the main job: examples run concurrently under an auto-started
 	$(VENV)/bin/krex demo
 
 test: $(STAMP)  ## run the whole test suite
-	@$(VPY) -m pytest -q -rs -p no:cacheprovider; rc=$$?; \
+	@$(VPY) -m pytest -q -rs -p no:cacheprovider --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 test-fast: $(STAMP)  ## the tests not marked slow
