@@ -146,6 +146,14 @@ def _hold_all(running: dict, hold_s: float, timeout_s: float) -> dict[str, Any]:
     for p, _ in running.values():
         p.stdin.write("go\n")
         p.stdin.flush()
+    # Hold until every stack has reached the closed gate (a loaded machine may take a
+    # while to schedule it), then hold_s more: a fixed sleep alone can end before a
+    # stack launched anything, and a stack that never parks still fails ("parked" 0).
+    wait_until = min(deadline, time.monotonic() + 10.0)
+    while time.monotonic() < wait_until and not all(
+            sum(s.counters.get("parked", 0) for s in gate.slots(0)) > 0
+            for _, gate in running.values()):
+        time.sleep(0.02)
     time.sleep(hold_s)
     for stack, (p, gate) in running.items():
         early = _line(p, 0)
