@@ -7,26 +7,30 @@ inside the region.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 
+import psutil
 import pytest
 from helpers import PY, Daemon, krex, reap, spawn, wait_for
 
 from krex.enforce.cgroups import CgroupLayout
 
-# Enters a region, says so (IN_FILE: monotonic time), holds it HOLD_S busy, writes
-# OUT_FILE: {"t_in", "t_out"} (monotonic seconds).
+# Enters a region, says so (IN_FILE: monotonic time), holds it busy for HOLD_S and then
+# until RELEASE_FILE exists (at most 30 s more), writes OUT_FILE: {"t_in", "t_out"}
+# (monotonic seconds).
 HOLDER = r"""
-import json, sys, time, krex
-in_file, out_file, hold_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+import json, os, sys, time, krex
+in_file, out_file, hold_s, release = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 with krex.region(label="hold"):
     t_in = time.monotonic()
     with open(in_file + ".tmp", "w") as f:
         f.write(repr(t_in))
     import os; os.rename(in_file + ".tmp", in_file)
-    end = time.monotonic() + hold_s
-    while time.monotonic() < end:
+    end, cap = time.monotonic() + hold_s, time.monotonic() + hold_s + 30
+    while time.monotonic() < end or (not os.path.exists(release) and time.monotonic() < cap):
         pass
     t_out = time.monotonic()
 with open(out_file, "w") as f:
@@ -54,6 +58,16 @@ def _freezing_layout() -> None:
         pytest.skip(f"no writable freezer cgroup here: {layout.reasons}")
 
 
+def _wait_quietly(cond, timeout_s: float = 20.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with contextlib.suppress(psutil.Error, OSError):
+            if cond():
+                return True
+        time.sleep(0.02)
+    return False
+
+
 def _first(path: str) -> float:
     wait_for(lambda: os.path.exists(path) and os.path.getsize(path) > 0, timeout_s=30)
     with open(path) as f:
@@ -71,11 +85,22 @@ def test_latecomers_run_nothing_during_the_region(freeze, runtime_dir, monkeypat
     late_run, late_adhoc = str(tmp_path / "late_run"), str(tmp_path / "late_adhoc")
     procs = []
     try:
-        holder = krex("run", "--name", "holder", "--", PY, "-c", HOLDER, t_in_file, out, "1.5")
+        release = str(tmp_path / "release")
+        holder = krex("run", "--name", "holder", "--", PY, "-c", HOLDER, t_in_file, out, "1.5",
+                      release)
         procs.append(holder)
         wait_for(lambda: os.path.exists(t_in_file), timeout_s=30)
-        procs.append(krex("run", "--name", "late", "--", PY, "-c", FIRST, late_run))
+        late = krex("run", "--name", "late", "--", PY, "-c", FIRST, late_run)
+        procs.append(late)
         procs.append(spawn([PY, "-c", ADHOC, late_adhoc]))
+        # The region lasts until the latecomers were there to run: a loaded machine can take
+        # longer than the 1.5 s to start them.  Control (freezing off): until both ran.
+        # Freezing: until `krex run`'s child exists (then 0.5 s), never until they ran.
+        if freeze == "off":
+            _wait_quietly(lambda: os.path.exists(late_run) and os.path.exists(late_adhoc))
+        elif _wait_quietly(lambda: bool(psutil.Process(late.pid).children())):
+            time.sleep(0.5)
+        open(release, "w").close()
         _, err = holder.communicate(timeout=60)
         assert holder.returncode == 0, err
         with open(out) as f:
