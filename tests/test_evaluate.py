@@ -13,7 +13,7 @@ import os
 import sqlite3
 
 import pytest
-from evaluate_helpers import CPU, module_daemon, spec
+from evaluate_helpers import CPU, expect_verdict, module_daemon, spec, verdict_or_abstained
 from helpers import PY, run_krex
 
 import krex
@@ -69,21 +69,22 @@ def test_a_hang_is_a_timeout_and_the_next_evaluation_still_works(daemon_m):
     assert ev.status == "timeout" and ev.codes() == ["TIMEOUT"], ev.summary()
     assert ev.verdict == "invalid" and ev.correct is False
     after = evaluate("honest.py:faster")
-    assert after.verdict == "faster" and after.ok, after.summary()
+    assert verdict_or_abstained(after, "faster") and after.ok, after.summary()
 
 
 def test_a_crash_is_reported_and_the_worker_replaced(daemon_m):
     ev = evaluate("hacks.py:crash")
     assert ev.status == "crashed" and "CRASHED" in ev.codes()
     assert "139" in ev.findings[0].message or "SIGSEGV" in json.dumps(ev.findings[0].evidence)
-    assert evaluate("honest.py:slower").verdict == "slower"
+    expect_verdict(evaluate("honest.py:slower"), "slower")
 
 
 @pytest.mark.parametrize("cand,verdict", [("honest.py:faster", "faster"),
                                           ("honest.py:slower", "slower")])
 def test_honest_candidates_with_the_default_cold_cache(daemon_m, cand, verdict):
     ev = krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False)
-    assert ev.verdict == verdict and ev.ok, ev.summary()
+    expect_verdict(ev, verdict)
+    assert ev.ok, ev.summary()
     assert not [f for f in ev.findings if f.severity == "invalid"]
     assert ev.correctness["seeds"] == [0, 1, 2] and ev.correctness["held_out"] == ["h0"]
     assert ev.timing["region"]["mode"] == "region"

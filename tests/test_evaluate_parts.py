@@ -354,6 +354,45 @@ def test_timing_warnings_become_flags_or_invalid():
                            {"plausible_speedup": None}) == []
 
 
+def _judged(comparison_, **summary):
+    plan = {"correctness": [], "held_out": [], "rotation": [], "identity": []}
+    return judge.judge(plan, None, None, {"status": "ok", "comparison": comparison_, **summary},
+                       {"same_within": 0.03, "plausible_speedup": 50.0})
+
+
+def _report(*codes):
+    return {"outcome": "released", "reasons": [{"code": c, "message": c} for c in codes]}
+
+
+def test_distrusted_timing_gives_no_speed_verdict():
+    """The interval alone says faster (2x), slower (0.5x) or same; a region that was not
+    clean (even when measured again: compare retries it) makes it ``unclear`` with
+    TIMING_UNTRUSTED; a gap alone (a mechanism missing, nothing seen to disturb the
+    samples) keeps the verdict with TIMING_NOT_ENFORCED.  Control: no warning, the
+    interval's verdict."""
+    not_clean = [{"warning": "REGION_NOT_CLEAN", "detail": "holder: waited 40 ms"}]
+    gap_only = [{"warning": "ENFORCEMENT_IMPOSSIBLE", "detail": "freeze: not root"},
+                {"warning": "REGION_NOT_CLEAN", "detail": "enforcement gaps: freeze"}]
+    for ci, verdict in (((2.0, 1.9, 2.1), "faster"), ((0.5, 0.45, 0.55), "slower"),
+                        ((1.0, 0.99, 1.01), "same")):
+        assert _judged(comparison(*ci, region=_report())).verdict == verdict  # control
+        j = _judged(comparison(*ci, warnings=not_clean, region=_report("holder_preempted")))
+        assert j.verdict == "unclear", (ci, j)
+        untrusted = [f for f in j.findings if f.code is Code.TIMING_UNTRUSTED]
+        assert untrusted and untrusted[0].evidence["disturbed_by"] == ["holder_preempted"]
+        j = _judged(comparison(*ci, warnings=gap_only, region=_report("mechanism_unavailable")))
+        assert j.verdict == verdict and [f.code.name for f in j.findings] == \
+            ["TIMING_NOT_ENFORCED"], j
+        # a gap *and* a disturbance: distrusted
+        j = _judged(comparison(*ci, warnings=gap_only,
+                               region=_report("mechanism_unavailable", "foreign_task")))
+        assert j.verdict == "unclear" and "TIMING_UNTRUSTED" in [f.code.name for f in j.findings]
+    for warning in ("REGION_REVOKED", "THROTTLED"):
+        j = _judged(comparison(2.0, 1.9, 2.1, warnings=[{"warning": warning, "detail": "x"}],
+                               region=_report()))
+        assert j.verdict == "unclear" and j.findings[0].evidence["disturbed_by"] == [warning]
+
+
 def test_findings_of_one_code_merge():
     merged = judge.merge([Finding(Code.INPUT_MUTATED, "c0", {"case": "c0"}),
                           Finding(Code.INPUT_MUTATED, "c1", {"case": "c1"}),

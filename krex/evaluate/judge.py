@@ -13,6 +13,7 @@ from typing import Any
 
 from krex.evaluate import values
 from krex.evaluate.findings import Code, Finding, invalidating
+from krex.protocol.report import ReasonCode
 
 Tree = tuple[dict[str, Any], dict[str, Any]]  # (structure, arrays)
 
@@ -34,6 +35,9 @@ BURST_PENDING_SHARE = 0.5  # beyond this floor and this share of the burst's own
 DRAIN_TIMEOUT_MS = 1000.0  # counters.DRAIN_TIMEOUT_S: a drain that never finished
 LAUNCH_RATIO = 4.0  # max/min launches per call beyond this varies "wildly"
 TIMING_FLAGS = ("REGION_NOT_CLEAN", "ENFORCEMENT_IMPOSSIBLE", "REGION_REVOKED", "THROTTLED")
+DISTURBED_FLAGS = ("REGION_REVOKED", "THROTTLED")  # always evidence against the samples; a
+# REGION_NOT_CLEAN is when its region report holds a reason that is not a gap (a
+# mechanism missing on this machine or switched off: TIMING_NOT_ENFORCED)
 
 
 @dataclass
@@ -61,9 +65,10 @@ def judge(plan: dict[str, Any], ref: Tree | None, cand: Tree | None,
     comparison = summary.get("comparison")
     if invalidating(j.findings):
         j.verdict = "invalid"
-    else:
-        j.verdict = timing_verdict(comparison, options["same_within"]) if comparison \
-            else "unclear"
+    elif comparison and not any(f.code is Code.TIMING_UNTRUSTED for f in j.findings):
+        j.verdict = timing_verdict(comparison, options["same_within"])
+    else:  # no timing, or timing krex itself distrusts: no speed claim from it
+        j.verdict = "unclear"
     return j
 
 
@@ -363,6 +368,30 @@ def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -
     return out
 
 
+def disturbance(comparison: dict[str, Any]) -> list[str]:
+    """What says the timed samples themselves were disturbed: a revocation, throttling,
+    or a reason in the (last) region's report that is not a gap (the holder preempted,
+    a foreign task on its cores, a step that failed or timed out ...).  Empty when the
+    only caveat is enforcement that did not happen at all (a gap): nothing was seen
+    to disturb the samples then, though nothing was kept away either."""
+    names = {w["warning"] for w in comparison.get("warnings", [])}
+    out = [n for n in DISTURBED_FLAGS if n in names]
+    for reason in (comparison.get("region") or {}).get("reasons", []):
+        code = str(reason.get("code"))
+        if not _gap(code) and code not in out:
+            out.append(code)
+    if "REGION_NOT_CLEAN" in names and not comparison.get("region"):
+        out.append("REGION_NOT_CLEAN")  # no report to say why: not clean is not trusted
+    return out
+
+
+def _gap(code: str) -> bool:
+    try:
+        return ReasonCode(code).gap
+    except ValueError:  # a reason this krex does not know: not a gap it can vouch for
+        return False
+
+
 def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding]:
     out = []
     names = {w["warning"]: w for w in comparison.get("warnings", [])}
@@ -370,8 +399,10 @@ def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding
         out.append(Finding(Code.TIMER_IMPLAUSIBLE, names["PLAUSIBILITY_FAILED"]["detail"], {}))
     untrusted = [names[n] for n in TIMING_FLAGS if n in names]
     if untrusted:
-        out.append(Finding(Code.TIMING_UNTRUSTED, "; ".join(
-            f"{w['warning']}: {w['detail']}" for w in untrusted), {"warnings": untrusted}))
+        disturbed = disturbance(comparison)
+        code = Code.TIMING_UNTRUSTED if disturbed else Code.TIMING_NOT_ENFORCED
+        out.append(Finding(code, "; ".join(f"{w['warning']}: {w['detail']}" for w in untrusted),
+                           {"warnings": untrusted, "disturbed_by": disturbed}))
     bound = options.get("plausible_speedup")
     speedup = comparison.get("speedup") or 0.0
     if bound and speedup > bound:
