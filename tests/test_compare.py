@@ -215,3 +215,27 @@ def test_decisive_only_does_not_stop_on_a_small_offset_that_excludes_1(seed):
     timer, a, b, regions = _pair(1.25, noise_rel=0.05, seed=seed)
     big = compare(a, b, timer=timer, region=regions, decisive_only=True, **kw)
     assert big.verdict == "slower" and big.stop_reason == "clear"
+
+
+def test_same_at_confidence_stops_a_same_speed_pair_sooner():
+    """krex.evaluate's same-speed candidates held most of the region on cpu (110-138
+    pairs).  Stopping on ``same`` once the *reported* 99 % interval fits the band, not
+    the stricter 99.8 % one, needs fewer pairs and gives the same verdicts; without it
+    (the control) the pairs stay where they were."""
+    kw = dict(min_pairs=30, early_pairs=10, decisive_only=True, max_time_s=60.0,
+              timeout_s=60.0)
+    strict = [_sequential(1.0, 0.1, seed, **kw) for seed in range(20)]
+    looser = [_sequential(1.0, 0.1, seed, same_at_confidence=True, **kw) for seed in range(20)]
+    assert sum(c.verdict == "same" for c in strict) >= 19
+    assert sum(c.verdict == "same" for c in looser) >= 19
+    mean = [sum(c.pairs for c in runs) / len(runs) for runs in (strict, looser)]
+    assert mean[1] <= 0.85 * mean[0], mean
+    assert all(c.pairs >= 30 for c in looser)  # the floor holds
+
+
+def test_same_at_confidence_does_not_call_a_material_difference_same():
+    kw = dict(min_pairs=30, early_pairs=10, decisive_only=True, max_time_s=60.0,
+              timeout_s=60.0, same_at_confidence=True)
+    for ratio in (1.1, 1 / 1.1):  # outside the ±6 % band
+        verdicts = [_sequential(ratio, 0.1, seed, **kw).verdict for seed in range(40)]
+        assert verdicts.count("same") <= 1, verdicts

@@ -224,6 +224,7 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "confidence": options["confidence"], "max_time_s": options["max_time_s"],
               "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
               "early_pairs": EARLY_PAIRS, "decisive_only": True,  # see compare()
+              "same_at_confidence": True,  # same-speed pairs were ~2/3 of the cpu hold
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
               "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}
