@@ -239,3 +239,31 @@ def test_same_at_confidence_does_not_call_a_material_difference_same():
     for ratio in (1.1, 1 / 1.1):  # outside the ±6 % band
         verdicts = [_sequential(ratio, 0.1, seed, **kw).verdict for seed in range(40)]
         assert verdicts.count("same") <= 1, verdicts
+
+
+class _PreemptingTimer(FakeTimer):
+    """A fake whose samples longer than ``busy_ms`` spent the excess off the CPU."""
+
+    busy_ms = 1.5
+
+    def offcpu_ms(self, pending: float) -> float:
+        return max(0.0, pending - 1.05) if pending > self.busy_ms else 0.0
+
+
+def test_screen_offcpu_sets_aside_pairs_with_a_preempted_sample():
+    """Same-speed A/B where 2 of 3 candidate calls lose 3 ms to another task: with the
+    screen those pairs are set aside and counted, the rest say `same`; the control
+    without it calls the candidate `slower`."""
+    def run(**kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 30, **kw})
+
+    control = run()
+    assert control.verdict == "slower" and not control.screened
+    screened = run(screen_offcpu=True)
+    assert screened.screened and screened.verdict == "same", screened
+    assert screened.discarded_pairs > screened.pairs  # most were set aside
+    assert max(screened.candidate_samples_ms) < 1.5  # none of them is among the samples

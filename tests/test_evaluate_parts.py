@@ -387,6 +387,16 @@ def test_distrusted_timing_gives_no_speed_verdict():
         j = _judged(comparison(*ci, warnings=gap_only,
                                region=_report("mechanism_unavailable", "foreign_task")))
         assert j.verdict == "unclear" and "TIMING_UNTRUSTED" in [f.code.name for f in j.findings]
+    # compare set aside every pair with a preempted sample: the holder's contention says
+    # nothing against the pairs kept -- unless most pairs had to be set aside
+    for dropped, verdict in ((10, "faster"), (31, "unclear")):
+        j = _judged(comparison(2.0, 1.9, 2.1, warnings=not_clean, screened=True, pairs=30,
+                               discarded_pairs=dropped,
+                               region=_report("holder_preempted", "foreign_task")))
+        assert j.verdict == verdict, (dropped, j)
+    j = _judged(comparison(2.0, 1.9, 2.1, warnings=not_clean, screened=True, pairs=30,
+                           discarded_pairs=1, region=_report("holder_preempted", "step_failed")))
+    assert j.verdict == "unclear"  # a failed step is not screened away
     for warning in ("REGION_REVOKED", "THROTTLED"):
         j = _judged(comparison(2.0, 1.9, 2.1, warnings=[{"warning": warning, "detail": "x"}],
                                region=_report()))

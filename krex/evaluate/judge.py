@@ -38,6 +38,10 @@ TIMING_FLAGS = ("REGION_NOT_CLEAN", "ENFORCEMENT_IMPOSSIBLE", "REGION_REVOKED", 
 DISTURBED_FLAGS = ("REGION_REVOKED", "THROTTLED")  # always evidence against the samples; a
 # REGION_NOT_CLEAN is when its region report holds a reason that is not a gap (a
 # mechanism missing on this machine or switched off: TIMING_NOT_ENFORCED)
+SCREENED_REASONS = ("holder_preempted", "foreign_task")  # compare's screen_offcpu set aside
+# every pair with a preempted sample: these reasons say nothing against the pairs kept ...
+SCREEN_MAX_SHARE = 0.5  # ... unless more than this share of the pairs had to be set aside
+# (the holder shared its core for most of the region: not an exclusive measurement)
 
 
 @dataclass
@@ -376,13 +380,22 @@ def disturbance(comparison: dict[str, Any]) -> list[str]:
     to disturb the samples then, though nothing was kept away either."""
     names = {w["warning"] for w in comparison.get("warnings", [])}
     out = [n for n in DISTURBED_FLAGS if n in names]
+    screened = _screened(comparison)
     for reason in (comparison.get("region") or {}).get("reasons", []):
         code = str(reason.get("code"))
-        if not _gap(code) and code not in out:
+        if not _gap(code) and code not in out and not (screened and code in SCREENED_REASONS):
             out.append(code)
     if "REGION_NOT_CLEAN" in names and not comparison.get("region"):
         out.append("REGION_NOT_CLEAN")  # no report to say why: not clean is not trusted
     return out
+
+
+def _screened(comparison: dict[str, Any]) -> bool:
+    """compare set aside every pair with a preempted sample, and most pairs were kept."""
+    if not comparison.get("screened"):
+        return False
+    kept, dropped = comparison.get("pairs") or 0, comparison.get("discarded_pairs") or 0
+    return kept > 0 and dropped <= SCREEN_MAX_SHARE * (kept + dropped)
 
 
 def _gap(code: str) -> bool:

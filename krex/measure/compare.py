@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from krex.measure import checks, loop, stats, stopping
@@ -35,6 +35,14 @@ from krex.measure.timers import Timer
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 EARLY_STOP_ALPHA_DIVISOR = 5.0
+OFFCPU_MIN_MS = 0.05  # a sample whose thread was off its CPU longer than this ...
+OFFCPU_SHARE = 0.02  # ... and than this share of the sample was preempted (screen_offcpu)
+
+
+def preempted(offcpu_ms: float, wall_ms: float) -> bool:
+    """The timed thread was off its CPU for a material part of the sample: a scheduler
+    slice lost to another task (~ a 4 ms tick here), not a kernel thread's microseconds."""
+    return offcpu_ms > max(OFFCPU_MIN_MS, OFFCPU_SHARE * wall_ms)
 
 
 def verdict(ci_low: float, ci_high: float, same_within: float) -> str:
@@ -65,6 +73,7 @@ class _Limits:
     early_pairs: int | None = None
     decisive_only: bool = False
     same_at_confidence: bool = False
+    screen_offcpu: bool = False
 
 
 def material(low: float, high: float, same_within: float) -> bool:
@@ -92,18 +101,45 @@ class _PairLoop:
     b_ms: list[float] = field(default_factory=list)
     stop_reason: str = ""
     elapsed_s: float = 0.0
+    discarded_a_ms: list[float] = field(default_factory=list)  # pairs screened out
+    discarded_b_ms: list[float] = field(default_factory=list)
 
     def block(self) -> None:
-        """Two pairs: ABBA, or two independently shuffled AB/BA pairs."""
+        """Two pairs: ABBA, or two independently shuffled AB/BA pairs.  With
+        ``screen_offcpu`` a pair either of whose samples was preempted is set aside."""
         if self.order == "abba":
             sequence = "ABBA"
         else:
             sequence = "".join(self.rng.choice(("AB", "BA")) for _ in range(2))
         pending = [(kind, loop.take_sample(self.a if kind == "A" else self.b)) for kind in sequence]
         self.a.timer.synchronize()
+        offcpu = getattr(self.a.timer, "offcpu_ms", None) if self.limits.screen_offcpu else None
+        read = []
         for kind, p in pending:
             plan = self.a if kind == "A" else self.b
-            (self.a_ms if kind == "A" else self.b_ms).append(plan.timer.elapsed_ms(p) / plan.inner)
+            ms = plan.timer.elapsed_ms(p) / plan.inner
+            read.append((kind, ms, offcpu is not None and preempted(offcpu(p), ms * plan.inner)))
+        for first in (0, 2):  # the two pairs of the block
+            pair = read[first:first + 2]
+            kept = not any(hit for _, _, hit in pair)
+            for kind, ms, _ in pair:
+                into = (self.a_ms, self.b_ms) if kept else (self.discarded_a_ms,
+                                                            self.discarded_b_ms)
+                into[0 if kind == "A" else 1].append(ms)
+
+    @property
+    def screened(self) -> bool:
+        """Pairs were screened for preemption (the timer can tell off-CPU time)."""
+        return self.limits.screen_offcpu and hasattr(self.a.timer, "offcpu_ms")
+
+    def keep_all_if_too_few(self) -> None:
+        """At the end: too few clean pairs for any interval -- use every pair, screened
+        or not (``screened`` then reports nothing was set aside)."""
+        if self.discarded_a_ms and len(self.a_ms) < covering_pairs(self.limits.confidence):
+            self.a_ms += self.discarded_a_ms
+            self.b_ms += self.discarded_b_ms
+            self.discarded_a_ms, self.discarded_b_ms = [], []
+            self.limits = replace(self.limits, screen_offcpu=False)
 
     def decide(self, held_s: float) -> str | None:
         """``held_s``: time since the region was entered."""
@@ -185,6 +221,7 @@ def compare(
     estimate_calls: int = loop.ESTIMATE_CALLS,
     decisive_only: bool = False,
     same_at_confidence: bool = False,
+    screen_offcpu: bool = False,
 ) -> Comparison:
     """Is ``candidate`` faster than ``baseline``?  Both are timed in one region.
 
@@ -200,7 +237,10 @@ def compare(
     candidate at 9 % pair noise; the looks add a little to the chance that a candidate
     just outside the band is called ``same`` (2 of 400 simulated runs at a true 1.07x
     with a ±6 % band, none at 1.09x; tests/test_compare.py).  ``faster``/``slower``
-    still stop only at the stricter confidence (krex.evaluate asks for this too)."""
+    still stop only at the stricter confidence (krex.evaluate asks for this too).
+    ``screen_offcpu`` (timers that tell a sample's off-CPU time: ``CpuTimer``): a pair
+    either of whose samples was preempted (:func:`preempted`) is set aside and sampling
+    goes on within the same budgets; the result counts them (``discarded_pairs``)."""
     if order not in ("abba", "random"):
         raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
     opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
@@ -216,13 +256,14 @@ def compare(
     if early_pairs is not None and early_pairs < 1:
         raise ValueError(f"early_pairs must be at least 1, not {early_pairs}")
     limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within,
-                     early_pairs, decisive_only, same_at_confidence)
+                     early_pairs, decisive_only, same_at_confidence, screen_offcpu)
     block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
     blocks = max(1, loop.batch_size(block_wall_ms))
 
     def body(hold: loop.Hold) -> _PairLoop:
         pairs = _PairLoop(a, b, limits, order, random.Random(seed))
         pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks, block_wall_ms / 1e3, hold)
+        pairs.keep_all_if_too_few()
         return pairs
 
     budget_s = stopping.wall_limit(max_time_s, timeout_s)[0]
@@ -251,6 +292,7 @@ def _build(run: loop.RegionRun, timer: Timer, device: str, order: str, lim: _Lim
         attempts=run.attempts, rejected_regions=run.rejected,
         warnings=warnings, warning_details=details,
         flush_bytes=flush_bytes, overhead_ms=overhead_ms, hints=hints,
+        screened=pairs.screened, discarded_pairs=len(pairs.discarded_a_ms),
     )  # fmt: skip
 
 
