@@ -275,6 +275,11 @@ def test_probe_evidence_with_controls():
     assert integrity_codes(counters(), probe=quiet) == []
     assert integrity_codes(counters(), probe=[call("reference"), call("candidate", cpu=2.0)] * 4)
     assert integrity_codes(counters(), probe=[call("reference"), call("candidate", launches=2)] * 4)
+    # the candidate probed alone: the reference's launches after a call in the loop's gaps
+    # are the baseline (a library that launches after every return, on both sides)
+    late = [call("candidate", launches=2)] * 3
+    assert integrity_codes(counters(), probe=late) == ["WORK_AFTER_RETURN"]
+    assert integrity_codes(counters(after=40), counters(after=40), probe=late) == []
     burst = {"side": "candidate", "calls": 50, "host_ms": 5, "synced_ms": 5, "pending_ms": 40.0}
     assert integrity_codes(counters(), probe=quiet, bursts=[burst]) == ["WORK_AFTER_RETURN"]
     assert integrity_codes(counters(), probe=quiet, bursts=[{**burst, "pending_ms": 5.0}]) == []
@@ -323,7 +328,7 @@ def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_stil
     from krex.evaluate import probe
 
     def probe_with_drains(burst_drains):
-        readings = iter([0.0] * 6 + burst_drains)  # 6 probe calls (no reference burst)
+        readings = iter([0.0] * 3 + burst_drains)  # 3 probe calls of the candidate only
         monkeypatch.setattr(probe, "_pending_ms", lambda: next(readings))
         monkeypatch.setattr(counting, "device_launches", lambda: 0)
         sync = types.SimpleNamespace(synchronize=lambda: None)
@@ -331,7 +336,9 @@ def test_a_preempted_host_or_drain_is_not_work_after_return_but_hidden_work_stil
         box = probe.ProbeBox()
         probe.run(sides, sync, types.SimpleNamespace(read_ns=lambda: 0), box)
         assert [b.side for b in box.bursts] == ["candidate"]  # the region is not held for
-        return box.bursts[-1]  # a reference burst that nothing judged
+        # a reference burst that nothing judged, nor for the reference's single calls
+        assert [c.side for c in box.calls] == ["candidate"] * probe.PROBE_CALLS
+        return box.bursts[-1]
 
     once = probe_with_drains([30.0, 0.5])  # preempted once: the second reading is kept
     assert (once.pending_ms, once.first_pending_ms) == (0.5, 30.0)

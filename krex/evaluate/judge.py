@@ -307,7 +307,8 @@ def _after_return(cand: dict[str, Any], ref: dict[str, Any], probe_calls: list[d
     cpu = _thread_cpu_beyond_calls(cand, ref, comparison, threads)
     if cpu is not None:
         evidence.update(cpu)
-    evidence.update(_probe_evidence(probe_calls, bursts))
+    evidence.update(_probe_evidence(probe_calls, bursts,
+                                    ref["launches_after"] / max(ref["gaps"], 1)))
     evidence.update(_timer_below_host(probe_calls, comparison))
     if not evidence:
         return []
@@ -352,7 +353,10 @@ def _timer_below_host(calls: list[dict[str, Any]],
     return {}
 
 
-def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -> dict[str, Any]:
+def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]],
+                    ref_after_per_call: float = 0.0) -> dict[str, Any]:
+    """``ref_after_per_call``: the reference's launches after a call in the timed loop's
+    gaps (probe records of before 2026-12-02 probed the reference too: theirs count)."""
     mine = [c for c in calls if c["side"] == "candidate"]
     theirs = [c for c in calls if c["side"] == "reference"]
     out: dict[str, Any] = {}
@@ -360,7 +364,8 @@ def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -
         return out
     launches = [c["launches_after"] for c in mine if c["launches_after"] is not None]
     ref_launches = [c["launches_after"] for c in theirs if c["launches_after"] is not None]
-    if launches and sum(launches) > sum(ref_launches) and sum(launches) >= 2:
+    baseline = sum(ref_launches) if ref_launches else ref_after_per_call * len(launches)
+    if launches and sum(launches) > baseline and sum(launches) >= 2:
         out["probe_launches_after"] = launches
     out.update(_pending(calls, bursts))
     cpu_ms = sum(c["thread_cpu_after_ms"] for c in mine)

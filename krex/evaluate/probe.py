@@ -262,18 +262,17 @@ class ProbeBox:
 
 
 def run(sides: list[Calls], timer: Any, threads: counters.ThreadCpu, box: ProbeBox) -> None:
-    """The whole return probe: single calls of each side watched, then a burst of the
-    candidate's (held in the region on a device: the reference's burst, ~30 ms, is not run).
-
-    Without the interposer (``cpu``) only the candidate is probed: the
-    reference's calls are the baseline of launch counts, which do not exist
-    there, and its quiet windows would only lengthen the region.
+    """The whole return probe: single calls of the candidate watched, then a burst of
+    them where the interposer is loaded.  The reference is not probed (it held a
+    device's region ~30 ms per evaluation for single calls and ~30 ms for a burst): the
+    baseline of launches after a call is its rate in the timed loop's gaps
+    (judge._probe_evidence), and its drains read nothing the candidate's drains after
+    them did not read as well.
     """
     box.bursts = []
+    box.calls = return_probe([s for s in sides if s.side == "candidate"], timer, threads)
     if counters.device_launches() is None:  # no interposer: nothing queued anywhere to drain
-        box.calls = return_probe([s for s in sides if s.side == "candidate"], timer, threads)
         return
-    box.calls = return_probe(sides, timer, threads)
     for calls in sides:
         if calls.side != "candidate":  # a reference burst was judged by nothing but its
             continue  # drain's timeout, which the candidate's drains after it read as well
