@@ -267,3 +267,26 @@ def test_screen_offcpu_sets_aside_pairs_with_a_preempted_sample():
     assert screened.screened and screened.verdict == "same", screened
     assert screened.discarded_pairs > screened.pairs  # most were set aside
     assert max(screened.candidate_samples_ms) < 1.5  # none of them is among the samples
+
+
+def test_a_screened_region_is_not_retried_for_the_holders_contention_only():
+    """The pairs with a preempted sample were set aside and most were kept: measuring
+    again gains nothing.  Controls: unscreened, or screened but another reason (a step
+    that failed), or most pairs set aside -- retried as before."""
+    preempted_ = Reason(ReasonCode.HOLDER_PREEMPTED, "holder: waited 9 ms")
+    failed = Reason(ReasonCode.STEP_FAILED, "isolate: OSError")
+
+    def run(reasons, b_ms, **kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=b_ms)
+        regions = ScriptedRegions([{"reasons": reasons}, {}], clock=timer.now_s)
+        return compare(a, b, timer=timer, region=regions,
+                       **{**EVALUATE_LIKE, "min_pairs": 30, **kw})
+
+    some = [1.0, 4.0, 1.01, 0.99, 1.0, 1.02, 0.98]  # 1 call in 7 preempted
+    assert run([preempted_], some, screen_offcpu=True).attempts == 1
+    assert run([preempted_], some).attempts == 2
+    assert run([preempted_, failed], some, screen_offcpu=True).attempts == 2
+    most = [1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0]
+    assert run([preempted_], most, screen_offcpu=True).attempts == 2

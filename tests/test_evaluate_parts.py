@@ -582,3 +582,43 @@ def test_the_probe_window_counts_the_drains_it_watched(monkeypatch):
     assert took_ms < 5 + 20 + 10, (took_ms, got)  # was call + drains + window = 45 ms
     took_ms, got = run(0.060)  # drains past the window: still a little time after them
     assert got.window_ms >= 60 + probe.AFTER_DRAIN_MS - 0.5, got
+
+
+def test_counting_timer_carries_the_timing_threads_run_delay_per_sample():
+    """A sample in which this thread waited for its CPU (a busy process pinned beside it
+    on one core) carries that wait as off-CPU time; the control, the fastest of 20 short
+    samples without it, carries ~none."""
+    import os
+    import subprocess
+
+    from krex.evaluate import counters, probe
+    from krex.measure.timers import CpuTimer
+
+    if probe.run_delay_ns() is None:
+        pytest.skip("this kernel reports no run delay")
+    me = os.sched_getaffinity(0)
+    core = sorted(me)[-1]
+    calls = probe.Calls(lambda: None, [()], "reference")
+    timer = probe.CountingTimer(CpuTimer(), calls, calls, counters.ThreadCpu())
+
+    def sample_ms(spin_s):
+        start = timer.start()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < spin_s:
+            pass
+        return timer.offcpu_ms(timer.stop(start))
+
+    hog = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass"
+    os.sched_setaffinity(0, {core})
+    try:
+        alone = min(sample_ms(0.002) for _ in range(20))
+        busy = subprocess.Popen([sys.executable, "-c", hog, str(core)])
+        try:
+            time.sleep(0.2)
+            shared = max(sample_ms(0.05) for _ in range(5))
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        os.sched_setaffinity(0, me)
+    assert alone < 0.5 and shared > 2.0, (alone, shared)

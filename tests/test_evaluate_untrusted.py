@@ -3,17 +3,18 @@
 A plain busy loop that krex does not manage, pinned on the core the daemon reserves
 for region holders (the suite runs with the shield off, so nothing moves it away),
 shares the holder's core in every region: each region's report says the holder was
-preempted, and compare measures again in a new region (its retry).
+preempted.  compare sets aside every A/B pair with a sample in which the timing
+thread waited for its CPU (its run delay; ``screen_offcpu``) and samples on within
+its budget:
 
-- On ``fakegpu`` (a device timer: no per-sample off-CPU time to screen by) the
-  evaluation is then ``unclear`` with ``TIMING_UNTRUSTED`` -- not ``faster``,
-  although the interval of the disturbed samples alone says so.  The control is
-  the same evaluation with no loop beside it: the speed verdict.
-- On ``cpu`` compare sets aside every pair with a preempted sample
-  (``screen_offcpu``) and measures on within its budget: a speed verdict then comes
-  from pairs whose samples each ran undisturbed, and carries no TIMING_UNTRUSTED; when
-  more than half the pairs had to be set aside it is ``unclear`` with it.  Never a
-  speed verdict *with* TIMING_UNTRUSTED.
+- with calls longer than the loop's scheduler slices (1024 x 1024 here: every sample
+  is preempted) no pair is left undisturbed, compare measures again in a new region
+  (its retry), and the evaluation is ``unclear`` with ``TIMING_UNTRUSTED`` -- not the
+  ``faster`` the disturbed samples' interval alone says.  The control is the same
+  evaluation with no loop beside it: ``faster``.
+- with short calls most pairs run between the loop's slices: the verdict comes from
+  those alone (no TIMING_UNTRUSTED), on ``cpu`` and on ``fakegpu`` (a device timer:
+  its launches wait for the CPU too).  Never a speed verdict *with* TIMING_UNTRUSTED.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass"
 SPEED_VERDICTS = {"faster", "slower", "same"}
+LONG = [[1024, 1024], [96, 200]]  # a call of several ms: longer than the loop's slices
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +44,12 @@ def daemon_m(tmp_path_factory):
     yield from module_daemon(tmp_path_factory)
 
 
-def _evaluate(device: str):
+def _evaluate(device: str = "cpu", **kw):
     folder = FAKEGPU if device.startswith("fakegpu") else CPU
     cand = "kernels.py:faster" if folder == FAKEGPU else "honest.py:faster"
     return krex.evaluate(spec(folder, "kernels.py:reference"), spec(folder, cand),
                          spec(folder, "inputs.py:make"), device=device, cache="hot",
-                         fresh=True, save=False)
-
-
-def _fakegpu() -> str:
-    fakegpu = pytest.importorskip("krex.devices.fakegpu")
-    if not fakegpu.available():
-        pytest.skip("fakegpu was not built")
-    return "fakegpu:0"
+                         fresh=True, save=False, **kw)
 
 
 @contextlib.contextmanager
@@ -74,47 +69,52 @@ def _untrusted(ev):
     return next((f for f in ev.findings if f.code.name == "TIMING_UNTRUSTED"), None)
 
 
-def test_fakegpu_a_hog_on_the_holders_core_makes_the_verdict_unclear_not_faster(daemon_m):
-    device = _fakegpu()
+def test_long_calls_beside_a_hog_on_the_holders_core_are_unclear_not_faster(daemon_m):
     with _hog_on_the_holders_core():
-        runs = [_evaluate(device) for _ in range(2)]
+        runs = [_evaluate(shapes=LONG) for _ in range(2)]
     for ev in runs:
         found = _untrusted(ev)
         assert ev.verdict == "unclear" and ev.correct and found is not None, ev.summary()
         assert "holder_preempted" in found.evidence["disturbed_by"], found.evidence
         assert ev.timing["attempts"] == 2 and len(ev.timing["rejected_regions"]) == 1
-        assert not ev.timing["screened"]  # a device timer: nothing to screen by
+        assert abstained_for_contention(ev)
     # the disturbed samples alone would have claimed a speed (what the old judge said)
     raw = [judge.timing_verdict(ev.timing, 0.03) for ev in runs]
     assert "faster" in raw, [ev.summary() for ev in runs]
 
 
-@pytest.mark.parametrize("device", ["fakegpu", "cpu"])
-def test_control_the_same_evaluation_without_the_hog_gets_the_speed_verdict(daemon_m, device):
+def test_control_the_same_evaluation_without_the_hog_is_faster(daemon_m):
     """Other sessions' processes on this shared machine may still take the holder's core
-    (shield off): then a run abstains the same way; one of three must answer."""
-    device = _fakegpu() if device == "fakegpu" else "cpu"
+    (shield off; a CPU loop beside the suite does): then a run abstains the same way,
+    rightly, and when all three do the control cannot be shown here (xfail)."""
     runs = []
     for _ in range(3):
-        runs.append(_evaluate(device))
+        runs.append(_evaluate(shapes=LONG))
         if runs[-1].verdict == "faster":
             break
         assert abstained_for_contention(runs[-1]), runs[-1].summary()
-    assert runs[-1].verdict == "faster" and runs[-1].ok, [ev.summary() for ev in runs]
+    else:
+        pytest.xfail("the machine's own load took the holder's core in every region: "
+                     + "; ".join(ev.summary() for ev in runs))
+    assert runs[-1].ok, [ev.summary() for ev in runs]
     assert _untrusted(runs[-1]) is None
 
 
-def test_cpu_a_hog_on_the_holders_core_gives_no_speed_verdict_from_preempted_pairs(daemon_m):
+@pytest.mark.parametrize("device", ["cpu", "fakegpu:0"])
+def test_short_calls_beside_a_hog_answer_from_the_undisturbed_pairs_only(daemon_m, device):
+    if device.startswith("fakegpu"):
+        fakegpu = pytest.importorskip("krex.devices.fakegpu")
+        if not fakegpu.available():
+            pytest.skip("fakegpu was not built")
     with _hog_on_the_holders_core():
-        runs = [_evaluate("cpu") for _ in range(2)]
+        runs = [_evaluate(device) for _ in range(2)]
     for ev in runs:
         t = ev.timing
-        reasons = {r["code"] for r in t["region"]["reasons"]}
-        assert "holder_preempted" in reasons, ev.summary()  # the report still says so
-        assert t["screened"] and t["discarded_pairs"] > 0, (t["pairs"], t["discarded_pairs"])
+        assert t["screened"], ev.summary()
         found = _untrusted(ev)
         if ev.verdict in SPEED_VERDICTS:  # from undisturbed pairs only
-            assert found is None and t["discarded_pairs"] <= t["pairs"], ev.summary()
+            assert ev.verdict == "faster" and found is None, ev.summary()
+            assert t["discarded_pairs"] <= t["pairs"]
         else:
-            assert ev.verdict == "unclear" and found is not None, ev.summary()
-            assert t["discarded_pairs"] > t["pairs"]
+            assert ev.verdict == "unclear", ev.summary()
+    assert sum(ev.timing["discarded_pairs"] for ev in runs) > 0  # the loop was in the way

@@ -79,8 +79,32 @@ class SideStats:
                 "thread_cpu_after_ms": self.thread_cpu_after_ns / 1e6, "gaps": self.gaps}
 
 
+def run_delay_ns() -> int | None:
+    """Nanoseconds this thread has waited on a run queue for a CPU (its schedstat), or
+    None where the kernel does not report it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Pending:
+    """A sample in flight: the inner timer's handle and the thread's run delay in it."""
+
+    inner: Any
+    delay_ns: int | None
+
+
 class CountingTimer:
-    """A :class:`~krex.measure.timers.Timer` proxy that counts around each sample."""
+    """A :class:`~krex.measure.timers.Timer` proxy that counts around each sample.
+
+    Each sample also carries the run delay of the timing thread over its span:
+    ``offcpu_ms`` -- the time it waited for a CPU while it was being timed (another
+    task had its core), for compare's ``screen_offcpu``, whatever the timer (a device
+    timer's sample is stretched too when its launches wait).
+    """
 
     def __init__(self, inner: Any, a: Calls, b: Calls, threads: counters.ThreadCpu) -> None:
         self.inner = inner
@@ -90,8 +114,10 @@ class CountingTimer:
         self._before: Reading | None = None
         self._after: tuple[SideStats, Reading] | None = None  # the last sample's side and end
         self._flush_launches = 0  # krex's own launches (cache flushes) since the last sample
-        if hasattr(inner, "offcpu_ms"):
-            self.offcpu_ms = inner.offcpu_ms
+        if run_delay_ns() is not None:
+            self.offcpu_ms: Callable[[Pending], float] = self._delay_ms
+        elif hasattr(inner, "offcpu_ms"):  # no schedstat: the inner timer's own, if any
+            self.offcpu_ms = lambda p: float(inner.offcpu_ms(p.inner))
         if hasattr(inner, "clocks"):
             self.clocks = inner.clocks
 
@@ -102,10 +128,14 @@ class CountingTimer:
         before = self._read()
         self._close_gap(before)
         self._before = before
-        return self.inner.start()
+        delay = run_delay_ns()
+        return Pending(self.inner.start(), delay)
 
-    def stop(self, start: Any) -> Any:
-        pending = self.inner.stop(start)
+    def stop(self, start: Pending) -> Pending:
+        inner = self.inner.stop(start.inner)
+        delay = run_delay_ns()
+        pending = Pending(inner, None if delay is None or start.delay_ns is None
+                          else delay - start.delay_ns)
         after, before = self._read(), self._before
         self._before, self._after, self._flush_launches = None, None, 0
         if before is None:
@@ -144,8 +174,12 @@ class CountingTimer:
     def synchronize(self) -> None:
         self.inner.synchronize()
 
-    def elapsed_ms(self, pending: Any) -> float:
-        return float(self.inner.elapsed_ms(pending))
+    def elapsed_ms(self, pending: Pending) -> float:
+        return float(self.inner.elapsed_ms(pending.inner))
+
+    @staticmethod
+    def _delay_ms(pending: Pending) -> float:
+        return (pending.delay_ns or 0) / 1e6
 
     def now_s(self) -> float:
         return float(self.inner.now_s())

@@ -132,6 +132,10 @@ class _PairLoop:
         """Pairs were screened for preemption (the timer can tell off-CPU time)."""
         return self.limits.screen_offcpu and hasattr(self.a.timer, "offcpu_ms")
 
+    def kept_most(self) -> bool:
+        """Screened, and at least half the pairs kept (the rest set aside)."""
+        return self.screened and len(self.discarded_a_ms) <= len(self.a_ms)
+
     def keep_all_if_too_few(self) -> None:
         """At the end: too few clean pairs for any interval -- use every pair, screened
         or not (``screened`` then reports nothing was set aside)."""
@@ -238,9 +242,11 @@ def compare(
     just outside the band is called ``same`` (2 of 400 simulated runs at a true 1.07x
     with a ±6 % band, none at 1.09x; tests/test_compare.py).  ``faster``/``slower``
     still stop only at the stricter confidence (krex.evaluate asks for this too).
-    ``screen_offcpu`` (timers that tell a sample's off-CPU time: ``CpuTimer``): a pair
-    either of whose samples was preempted (:func:`preempted`) is set aside and sampling
-    goes on within the same budgets; the result counts them (``discarded_pairs``)."""
+    ``screen_offcpu`` (timers that tell a sample's off-CPU time: ``CpuTimer``, or any
+    timer with ``offcpu_ms``): a pair either of whose samples was preempted
+    (:func:`preempted`) is set aside and sampling goes on within the same budgets; the
+    result counts them (``discarded_pairs``), and a region not clean only for the
+    holder's contention is not retried when at least half the pairs were kept."""
     if order not in ("abba", "random"):
         raise ValueError(f"order must be 'abba' or 'random', not {order!r}")
     opts = TimingOptions(device=device, warmup_ms=warmup_ms, cache=cache, retries=retries,
@@ -267,7 +273,8 @@ def compare(
         return pairs
 
     budget_s = stopping.wall_limit(max_time_s, timeout_s)[0]
-    run = loop.timed_region(body, opts, device, timer, budget_s=budget_s)
+    run = loop.timed_region(body, opts, device, timer, budget_s=budget_s,
+                            screened=_PairLoop.kept_most if screen_offcpu else None)
     return _build(run, timer, device, order, limits)
 
 
