@@ -401,6 +401,8 @@ def test_distrusted_timing_gives_no_speed_verdict():
                                discarded_pairs=dropped,
                                region=_report("holder_preempted", "foreign_task")))
         assert j.verdict == verdict, (dropped, j)
+        assert [f.code.name for f in j.findings] == \
+            ["TIMING_SCREENED" if verdict == "faster" else "TIMING_UNTRUSTED"], j
     j = _judged(comparison(2.0, 1.9, 2.1, warnings=not_clean, screened=True, pairs=30,
                            discarded_pairs=1, region=_report("holder_preempted", "step_failed")))
     assert j.verdict == "unclear"  # a failed step is not screened away

@@ -68,6 +68,9 @@ class Code(Enum):
     TIMING_NOT_ENFORCED = (FLAG, "exclusivity was not (fully) enforced on this machine or "
                            "daemon; nothing was seen to disturb the samples",
                            "read the warnings; run under a daemon that can gate and freeze")
+    TIMING_SCREENED = (NOTE, "other tasks took the holder's core during the timing: the A/B "
+                       "pairs they hit were set aside, the verdict is from the rest",
+                       "nothing to do; a quieter machine needs fewer pairs")
     TIMING_FAILED = (FLAG, "the timing could not be completed", "read the evidence; rerun")
     NOT_BITWISE_DETERMINISTIC = (NOTE, "two calls on identical inputs differ within tolerance",
                                  "fine for floating-point reductions in parallel")

@@ -410,6 +410,30 @@ def _gap(code: str) -> bool:
         return False
 
 
+def _trust(comparison: dict[str, Any], untrusted: list[dict[str, Any]]) -> list[Finding]:
+    """TIMING_UNTRUSTED when the samples were disturbed; else TIMING_NOT_ENFORCED for
+    enforcement that did not happen (gaps), and the note TIMING_SCREENED when the holder's
+    contention was answered by setting aside the pairs it hit."""
+    what = "; ".join(f"{w['warning']}: {w['detail']}" for w in untrusted)
+    disturbed = disturbance(comparison)
+    evidence = {"warnings": untrusted, "disturbed_by": disturbed}
+    if disturbed:
+        return [Finding(Code.TIMING_UNTRUSTED, what, evidence)]
+    reasons = [str(r.get("code")) for r in (comparison.get("region") or {}).get("reasons", [])]
+    out = []
+    if any(w["warning"] == "ENFORCEMENT_IMPOSSIBLE" for w in untrusted) or \
+            any(_gap(code) for code in reasons):
+        out.append(Finding(Code.TIMING_NOT_ENFORCED, what, evidence))
+    screened = sorted({code for code in reasons if code in SCREENED_REASONS})
+    if screened:
+        kept, dropped = comparison.get("pairs"), comparison.get("discarded_pairs")
+        why = ", ".join(screened)
+        out.append(Finding(Code.TIMING_SCREENED, f"{dropped} pairs set aside ({why}): the "
+                           f"verdict is from the {kept} undisturbed ones",
+                           {"discarded_pairs": dropped, "pairs": kept, "reasons": screened}))
+    return out
+
+
 def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding]:
     out = []
     names = {w["warning"]: w for w in comparison.get("warnings", [])}
@@ -417,10 +441,7 @@ def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding
         out.append(Finding(Code.TIMER_IMPLAUSIBLE, names["PLAUSIBILITY_FAILED"]["detail"], {}))
     untrusted = [names[n] for n in TIMING_FLAGS if n in names]
     if untrusted:
-        disturbed = disturbance(comparison)
-        code = Code.TIMING_UNTRUSTED if disturbed else Code.TIMING_NOT_ENFORCED
-        out.append(Finding(code, "; ".join(f"{w['warning']}: {w['detail']}" for w in untrusted),
-                           {"warnings": untrusted, "disturbed_by": disturbed}))
+        out += _trust(comparison, untrusted)
     bound = options.get("plausible_speedup")
     speedup = comparison.get("speedup") or 0.0
     if bound and speedup > bound:
