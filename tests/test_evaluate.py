@@ -67,14 +67,15 @@ def test_background_thread_is_caught_with_a_cold_cache_too(daemon_m):
 def test_the_cpu_probe_runs_only_where_a_thread_of_the_candidates_was_seen(daemon_m):
     """On cpu the return probe watches nothing but the candidate's threads' CPU time: an
     honest candidate that started none skips it (~40 ms of a worker per evaluation);
-    the background-thread hack (its thread alive at every reading) still gets it."""
+    one whose module keeps a thread alive (idle) still gets it, and is not flagged."""
     honest = evaluate("honest.py:slower")
     assert honest.integrity["probe_skipped"] and honest.integrity["probe"] == [], \
         honest.summary()
     assert honest.integrity["threads_started"] == 0
-    hack = evaluate("hacks.py:background_thread")
-    assert "probe_skipped" not in hack.integrity and len(hack.integrity["probe"]) == 3
-    assert "WORK_AFTER_RETURN" in hack.codes() and hack.verdict == "invalid", hack.summary()
+    threaded = evaluate("threaded.py:faster")
+    assert "probe_skipped" not in threaded.integrity, threaded.summary()
+    assert len(threaded.integrity["probe"]) == 3 and threaded.integrity["threads_started"] == 1
+    assert threaded.correct and "WORK_AFTER_RETURN" not in threaded.codes(), threaded.summary()
 
 
 def test_a_hang_is_a_timeout_and_the_next_evaluation_still_works(daemon_m):

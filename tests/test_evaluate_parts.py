@@ -623,4 +623,5 @@ def test_counting_timer_carries_the_timing_threads_run_delay_per_sample():
             busy.wait()
     finally:
         os.sched_setaffinity(0, me)
+        timer.close()
     assert alone < 0.5 and shared > 2.0, (alone, shared)

@@ -317,6 +317,7 @@ class CandidateRun:
         except BaseException as exc:  # noqa: BLE001  (the candidate raised while timed)
             raise Stage("timing", exc) from None
         finally:
+            timer.close()
             self.out["counters"] = {side: s.to_dict() for side, s in timer.stats.items()}
             self.out["probe"] = [c.to_dict() for c in box.calls]
             self.out["bursts"] = [x.to_dict() for x in box.bursts]
