@@ -290,3 +290,24 @@ def test_a_screened_region_is_not_retried_for_the_holders_contention_only():
     assert run([preempted_, failed], some, screen_offcpu=True).attempts == 2
     most = [1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0]
     assert run([preempted_], most, screen_offcpu=True).attempts == 2
+
+
+def test_pairs_set_aside_are_measured_again_within_the_wall_budget():
+    """The pairs set aside do not eat the kept pairs' budget: the hold may run past
+    max_time_s by the time they took (never past timeout_s), so the kept pairs number
+    about what an unscreened loop takes (the control: without the credit they would be
+    a third of it)."""
+    def run(**kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 10**6, "max_time_s": 0.5,
+                          "timeout_s": 5.0, **kw})
+
+    plain, screened = run(), run(screen_offcpu=True)
+    assert plain.stop_reason == screened.stop_reason == "max_time"
+    assert screened.pairs >= 0.7 * plain.pairs, (screened.pairs, plain.pairs)
+    assert screened.elapsed_s > 1.5 * plain.elapsed_s
+    capped = run(screen_offcpu=True, timeout_s=0.6)
+    assert capped.elapsed_s <= 0.62

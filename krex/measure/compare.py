@@ -103,6 +103,7 @@ class _PairLoop:
     elapsed_s: float = 0.0
     discarded_a_ms: list[float] = field(default_factory=list)  # pairs screened out
     discarded_b_ms: list[float] = field(default_factory=list)
+    set_aside_s: float = 0.0  # the time their samples took
 
     def block(self) -> None:
         """Two pairs: ABBA, or two independently shuffled AB/BA pairs.  With
@@ -122,6 +123,8 @@ class _PairLoop:
         for first in (0, 2):  # the two pairs of the block
             pair = read[first:first + 2]
             kept = not any(hit for _, _, hit in pair)
+            if not kept:  # (a sample's wall time includes the wait that set it aside)
+                self.set_aside_s += sum(ms for _, ms, _ in pair) / 1e3
             for kind, ms, _ in pair:
                 into = (self.a_ms, self.b_ms) if kept else (self.discarded_a_ms,
                                                             self.discarded_b_ms)
@@ -145,10 +148,17 @@ class _PairLoop:
             self.discarded_a_ms, self.discarded_b_ms = [], []
             self.limits = replace(self.limits, screen_offcpu=False)
 
+    def limit(self) -> tuple[float, str]:
+        """The hold's limit and its stop reason: ``max_time_s`` plus the time the pairs set
+        aside took (they are measured again: the kept pairs get the budget an unscreened
+        loop's pairs would), never past ``timeout_s``."""
+        lim = self.limits
+        return stopping.wall_limit(lim.max_time_s + self.set_aside_s, lim.timeout_s)
+
     def decide(self, held_s: float) -> str | None:
         """``held_s``: time since the region was entered."""
         lim = self.limits
-        limit_s, reason = stopping.wall_limit(lim.max_time_s, lim.timeout_s)
+        limit_s, reason = self.limit()
         if held_s >= limit_s:
             return reason
         measured_s = (math.fsum(self.a_ms) + math.fsum(self.b_ms)) / 1e3
@@ -182,11 +192,10 @@ class _PairLoop:
         hold's limit (at least one block is taken)."""
         timer = self.a.timer
         start_s = timer.now_s()
-        lim = self.limits
-        limit_s, limit_reason = stopping.wall_limit(lim.max_time_s, lim.timeout_s)
-        limit_s = hold.limit(limit_s)
         blocks = 0
         while True:
+            limit_s, limit_reason = self.limit()
+            limit_s = hold.limit(limit_s)
             now = timer.now_s()
             per_block_s = (now - start_s) / blocks if blocks else block_wall_s
             n = loop.samples_that_fit(limit_s - (now - hold.start_s), per_block_s,
@@ -244,7 +253,8 @@ def compare(
     still stop only at the stricter confidence (krex.evaluate asks for this too).
     ``screen_offcpu`` (timers that tell a sample's off-CPU time: ``CpuTimer``, or any
     timer with ``offcpu_ms``): a pair either of whose samples was preempted
-    (:func:`preempted`) is set aside and sampling goes on within the same budgets; the
+    (:func:`preempted`) is set aside and measured again -- the hold may run past
+    ``max_time_s`` by the time the pairs set aside took, never past ``timeout_s``; the
     result counts them (``discarded_pairs``), and a region not clean only for the
     holder's contention is not retried when at least half the pairs were kept."""
     if order not in ("abba", "random"):
