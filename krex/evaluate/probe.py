@@ -104,10 +104,11 @@ class Pending:
 class CountingTimer:
     """A :class:`~krex.measure.timers.Timer` proxy that counts around each sample.
 
-    Each sample also carries the run delay of the timing thread over its span:
-    ``offcpu_ms`` -- the time it waited for a CPU while it was being timed (another
-    task had its core), for compare's ``screen_offcpu``, whatever the timer (a device
-    timer's sample is stretched too when its launches wait).
+    With a timer of the thread's own execution (``CpuTimer``) each sample also carries
+    the run delay of the timing thread over its span: ``offcpu_ms`` -- the time it
+    waited for a CPU while it was being timed (another task had its core), for
+    compare's ``screen_offcpu``.  Not with a device timer: a device's samples can be
+    disturbed where the holder's wait does not show.
     """
 
     def __init__(self, inner: Any, a: Calls, b: Calls, threads: counters.ThreadCpu) -> None:
@@ -119,11 +120,15 @@ class CountingTimer:
         self._after: tuple[SideStats, Reading] | None = None  # the last sample's side and end
         self._flush_launches = 0  # krex's own launches (cache flushes) since the last sample
         self._schedstat: int | None = None  # the timing thread's, open while timing
-        if run_delay_ns() is not None:
-            self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-            self.offcpu_ms: Callable[[Pending], float] = self._delay_ms
-        elif hasattr(inner, "offcpu_ms"):  # no schedstat: the inner timer's own, if any
-            self.offcpu_ms = lambda p: float(inner.offcpu_ms(p.inner))
+        if hasattr(inner, "offcpu_ms"):  # a timer of the thread's own execution (cpu) only:
+            # a device's samples are disturbed where the holder's wait does not show
+            # (fakegpu's kernels run in a server on the other cores; a same-speed pair
+            # read 1.65x with every preempted pair set aside, at load 5)
+            if run_delay_ns() is not None:
+                self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+                self.offcpu_ms: Callable[[Pending], float] = self._delay_ms
+            else:  # no schedstat: wall minus thread CPU time
+                self.offcpu_ms = lambda p: float(inner.offcpu_ms(p.inner))
         if hasattr(inner, "clocks"):
             self.clocks = inner.clocks
 
