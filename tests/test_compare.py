@@ -311,3 +311,26 @@ def test_pairs_set_aside_are_measured_again_within_the_wall_budget():
     assert screened.elapsed_s > 1.5 * plain.elapsed_s
     capped = run(screen_offcpu=True, timeout_s=0.6)
     assert capped.elapsed_s <= 0.62
+
+
+class _WaitingTimer(_PreemptingTimer):
+    """... whose thread waited for its CPU half of the time, between the samples."""
+
+    def waited_s(self) -> float:
+        return self.clock_ms / 1e3 / 2
+
+
+def test_time_the_timing_thread_waited_for_its_cpu_is_credited_to_a_screened_loop():
+    """Other tasks that take the holder's core between samples eat no part of the kept
+    pairs' budget (up to timeout_s); the control, unscreened, keeps max_time_s."""
+    def run(**kw):
+        timer = _WaitingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 10**6, "max_time_s": 0.5,
+                          "timeout_s": 5.0, **kw})
+
+    plain, screened = run(), run(screen_offcpu=True)
+    assert plain.elapsed_s <= 0.52 and screened.discarded_pairs == 0
+    assert 0.9 <= screened.elapsed_s <= 1.1, screened.elapsed_s

@@ -201,6 +201,11 @@ class CountingTimer:
     def _delay_ms(pending: Pending) -> float:
         return (pending.delay_ns or 0) / 1e6
 
+    def waited_s(self) -> float | None:
+        """Seconds the timing thread has waited for a CPU so far (None: not known)."""
+        delay = self._run_delay()
+        return None if delay is None else delay / 1e9
+
     def now_s(self) -> float:
         return float(self.inner.now_s())
 

@@ -104,6 +104,7 @@ class _PairLoop:
     discarded_a_ms: list[float] = field(default_factory=list)  # pairs screened out
     discarded_b_ms: list[float] = field(default_factory=list)
     set_aside_s: float = 0.0  # the time their samples took
+    waited_at_start_s: float | None = None  # the timer's waited_s() when the loop began
 
     def block(self) -> None:
         """Two pairs: ABBA, or two independently shuffled AB/BA pairs.  With
@@ -149,11 +150,16 @@ class _PairLoop:
             self.limits = replace(self.limits, screen_offcpu=False)
 
     def limit(self) -> tuple[float, str]:
-        """The hold's limit and its stop reason: ``max_time_s`` plus the time the pairs set
-        aside took (they are measured again: the kept pairs get the budget an unscreened
-        loop's pairs would), never past ``timeout_s``."""
+        """The hold's limit and its stop reason: ``max_time_s`` plus, when screening, the
+        time the pairs set aside took and the time the timing thread waited for its CPU
+        between samples (the timer's ``waited_s``; other tasks had its core: the kept
+        pairs get the budget an undisturbed loop's pairs would), never past ``timeout_s``."""
         lim = self.limits
-        return stopping.wall_limit(lim.max_time_s + self.set_aside_s, lim.timeout_s)
+        credit = self.set_aside_s
+        waited = getattr(self.a.timer, "waited_s", None) if self.screened else None
+        if waited is not None and self.waited_at_start_s is not None:
+            credit += max(0.0, waited() - self.waited_at_start_s)
+        return stopping.wall_limit(lim.max_time_s + credit, lim.timeout_s)
 
     def decide(self, held_s: float) -> str | None:
         """``held_s``: time since the region was entered."""
@@ -192,6 +198,8 @@ class _PairLoop:
         hold's limit (at least one block is taken)."""
         timer = self.a.timer
         start_s = timer.now_s()
+        waited = getattr(timer, "waited_s", None) if self.screened else None
+        self.waited_at_start_s = waited() if waited is not None else None
         blocks = 0
         while True:
             limit_s, limit_reason = self.limit()
