@@ -179,6 +179,7 @@ def breakdown(ev: Any) -> dict[str, Any]:
     return {"elapsed_s": ev.elapsed_s, "log_ratio_mad": log_ratio_mad(ev.timing or {}),
             "stage_s": (ev.integrity or {}).get("stage_s", {}),
             "pairs": (ev.timing or {}).get("pairs"), "regions": (ev.timing or {}).get("attempts"),
+            "discarded_pairs": (ev.timing or {}).get("discarded_pairs"),
             "region_waited_s": region.get("waited_s"), "region_enforce_s": region.get("enforce_s"),
             "region_held_s": region.get("held_s"),
             "rejected_reasons": [[r.get("code") for r in rep.get("reasons") or []]

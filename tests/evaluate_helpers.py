@@ -29,3 +29,29 @@ def module_daemon(tmp_path_factory: pytest.TempPathFactory, *extra: str):
             yield daemon
         finally:
             daemon.stop()
+
+
+CONTENTION = frozenset({"holder_preempted", "foreign_task"})
+
+
+def abstained_for_contention(ev) -> bool:
+    """``unclear`` because krex distrusted its own timing, and only for unmanaged tasks on
+    the holder's cores (the suite runs with the shield off: other sessions' processes on
+    this shared machine may take the holder's core).  An honest abstention, not a wrong
+    verdict: a test of something else xfails on it instead of failing."""
+    found = [f for f in ev.findings if f.code.name == "TIMING_UNTRUSTED"]
+    return (ev.verdict == "unclear" and bool(found)
+            and set(found[0].evidence.get("disturbed_by") or ()) <= CONTENTION)
+
+
+def expect_verdict(ev, verdict: str) -> None:
+    """``ev.verdict == verdict``, or an xfail when the timing was disturbed by contention."""
+    if ev.verdict != verdict and abstained_for_contention(ev):
+        pytest.xfail(f"timing untrusted (unmanaged tasks on the holder's cores): {ev.summary()}")
+    assert ev.verdict == verdict, ev.summary()
+
+
+def verdict_or_abstained(ev, verdict: str) -> bool:
+    """For tests of something else (caching, recycling): the verdict, or an honest
+    abstention for contention (see :func:`abstained_for_contention`)."""
+    return ev.verdict == verdict or abstained_for_contention(ev)

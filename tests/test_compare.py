@@ -215,3 +215,122 @@ def test_decisive_only_does_not_stop_on_a_small_offset_that_excludes_1(seed):
     timer, a, b, regions = _pair(1.25, noise_rel=0.05, seed=seed)
     big = compare(a, b, timer=timer, region=regions, decisive_only=True, **kw)
     assert big.verdict == "slower" and big.stop_reason == "clear"
+
+
+def test_same_at_confidence_stops_a_same_speed_pair_sooner():
+    """krex.evaluate's same-speed candidates held most of the region on cpu (110-138
+    pairs).  Stopping on ``same`` once the *reported* 99 % interval fits the band, not
+    the stricter 99.8 % one, needs fewer pairs and gives the same verdicts; without it
+    (the control) the pairs stay where they were."""
+    kw = dict(min_pairs=30, early_pairs=10, decisive_only=True, max_time_s=60.0,
+              timeout_s=60.0)
+    strict = [_sequential(1.0, 0.1, seed, **kw) for seed in range(20)]
+    looser = [_sequential(1.0, 0.1, seed, same_at_confidence=True, **kw) for seed in range(20)]
+    assert sum(c.verdict == "same" for c in strict) >= 19
+    assert sum(c.verdict == "same" for c in looser) >= 19
+    mean = [sum(c.pairs for c in runs) / len(runs) for runs in (strict, looser)]
+    assert mean[1] <= 0.85 * mean[0], mean
+    assert all(c.pairs >= 30 for c in looser)  # the floor holds
+
+
+def test_same_at_confidence_does_not_call_a_material_difference_same():
+    kw = dict(min_pairs=30, early_pairs=10, decisive_only=True, max_time_s=60.0,
+              timeout_s=60.0, same_at_confidence=True)
+    for ratio in (1.1, 1 / 1.1):  # outside the ±6 % band
+        verdicts = [_sequential(ratio, 0.1, seed, **kw).verdict for seed in range(40)]
+        assert verdicts.count("same") <= 1, verdicts
+
+
+class _PreemptingTimer(FakeTimer):
+    """A fake whose samples longer than ``busy_ms`` spent the excess off the CPU."""
+
+    busy_ms = 1.5
+
+    def offcpu_ms(self, pending: float) -> float:
+        return max(0.0, pending - 1.05) if pending > self.busy_ms else 0.0
+
+
+def test_screen_offcpu_sets_aside_pairs_with_a_preempted_sample():
+    """Same-speed A/B where 2 of 3 candidate calls lose 3 ms to another task: with the
+    screen those pairs are set aside and counted, the rest say `same`; the control
+    without it calls the candidate `slower`."""
+    def run(**kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 30, **kw})
+
+    control = run()
+    assert control.verdict == "slower" and not control.screened
+    screened = run(screen_offcpu=True)
+    assert screened.screened and screened.verdict == "same", screened
+    assert screened.discarded_pairs > screened.pairs  # most were set aside
+    assert max(screened.candidate_samples_ms) < 1.5  # none of them is among the samples
+
+
+def test_a_screened_region_is_not_retried_for_the_holders_contention_only():
+    """The pairs with a preempted sample were set aside and most were kept: measuring
+    again gains nothing.  Controls: unscreened, or screened but another reason (a step
+    that failed), or most pairs set aside -- retried as before."""
+    preempted_ = Reason(ReasonCode.HOLDER_PREEMPTED, "holder: waited 9 ms")
+    failed = Reason(ReasonCode.STEP_FAILED, "isolate: OSError")
+
+    def run(reasons, b_ms, **kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=b_ms)
+        regions = ScriptedRegions([{"reasons": reasons}, {}], clock=timer.now_s)
+        return compare(a, b, timer=timer, region=regions,
+                       **{**EVALUATE_LIKE, "min_pairs": 30, **kw})
+
+    some = [1.0, 4.0, 1.01, 0.99, 1.0, 1.02, 0.98]  # 1 call in 7 preempted
+    assert run([preempted_], some, screen_offcpu=True).attempts == 1
+    assert run([preempted_], some).attempts == 2
+    assert run([preempted_, failed], some, screen_offcpu=True).attempts == 2
+    most = [1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0]
+    assert run([preempted_], most, screen_offcpu=True).attempts == 2
+
+
+def test_pairs_set_aside_are_measured_again_within_the_wall_budget():
+    """The pairs set aside do not eat the kept pairs' budget: the hold may run past
+    max_time_s by the time they took (never past timeout_s), so the kept pairs number
+    about what an unscreened loop takes (the control: without the credit they would be
+    a third of it)."""
+    def run(**kw):
+        timer = _PreemptingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 4.0, 4.0, 1.01, 4.0, 4.01, 0.99, 4.0, 4.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 10**6, "max_time_s": 0.5,
+                          "timeout_s": 5.0, **kw})
+
+    plain, screened = run(), run(screen_offcpu=True)
+    assert plain.stop_reason == screened.stop_reason == "max_time"
+    assert screened.pairs >= 0.7 * plain.pairs, (screened.pairs, plain.pairs)
+    assert screened.elapsed_s > 1.5 * plain.elapsed_s
+    capped = run(screen_offcpu=True, timeout_s=0.6)
+    assert capped.elapsed_s <= 0.62
+
+
+class _WaitingTimer(_PreemptingTimer):
+    """... whose thread waited for its CPU half of the time, between the samples."""
+
+    def waited_s(self) -> float:
+        return self.clock_ms / 1e3 / 2
+
+
+def test_time_the_timing_thread_waited_for_its_cpu_is_credited_to_a_screened_loop():
+    """Other tasks that take the holder's core between samples eat no part of the kept
+    pairs' budget (up to timeout_s); the control, unscreened, keeps max_time_s."""
+    def run(**kw):
+        timer = _WaitingTimer(seed=1)
+        a = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.005])
+        b = timer.kernel(durations_ms=[1.0, 1.01, 0.99, 1.0])
+        return compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s),
+                       **{**EVALUATE_LIKE, "min_pairs": 10**6, "max_time_s": 0.5,
+                          "timeout_s": 5.0, **kw})
+
+    plain, screened = run(), run(screen_offcpu=True)
+    assert plain.elapsed_s <= 0.52 and screened.discarded_pairs == 0
+    assert 0.9 <= screened.elapsed_s <= 1.1, screened.elapsed_s

@@ -13,7 +13,7 @@ import os
 import sqlite3
 
 import pytest
-from evaluate_helpers import CPU, module_daemon, spec
+from evaluate_helpers import CPU, expect_verdict, module_daemon, spec, verdict_or_abstained
 from helpers import PY, run_krex
 
 import krex
@@ -64,26 +64,41 @@ def test_background_thread_is_caught_with_a_cold_cache_too(daemon_m):
     assert "WORK_AFTER_RETURN" in ev.codes(), ev.summary()
 
 
+def test_the_cpu_probe_runs_only_where_a_thread_of_the_candidates_was_seen(daemon_m):
+    """On cpu the return probe watches nothing but the candidate's threads' CPU time: an
+    honest candidate that started none skips it (~40 ms of a worker per evaluation);
+    one whose module keeps a thread alive (idle) still gets it, and is not flagged."""
+    honest = evaluate("honest.py:slower")
+    assert honest.integrity["probe_skipped"] and honest.integrity["probe"] == [], \
+        honest.summary()
+    assert honest.integrity["threads_started"] == 0
+    threaded = evaluate("threaded.py:faster")
+    assert "probe_skipped" not in threaded.integrity, threaded.summary()
+    assert len(threaded.integrity["probe"]) == 3 and threaded.integrity["threads_started"] == 1
+    assert threaded.correct and "WORK_AFTER_RETURN" not in threaded.codes(), threaded.summary()
+
+
 def test_a_hang_is_a_timeout_and_the_next_evaluation_still_works(daemon_m):
     ev = evaluate("hacks.py:hang", timeout_s=4)
     assert ev.status == "timeout" and ev.codes() == ["TIMEOUT"], ev.summary()
     assert ev.verdict == "invalid" and ev.correct is False
     after = evaluate("honest.py:faster")
-    assert after.verdict == "faster" and after.ok, after.summary()
+    assert verdict_or_abstained(after, "faster") and after.ok, after.summary()
 
 
 def test_a_crash_is_reported_and_the_worker_replaced(daemon_m):
     ev = evaluate("hacks.py:crash")
     assert ev.status == "crashed" and "CRASHED" in ev.codes()
     assert "139" in ev.findings[0].message or "SIGSEGV" in json.dumps(ev.findings[0].evidence)
-    assert evaluate("honest.py:slower").verdict == "slower"
+    expect_verdict(evaluate("honest.py:slower"), "slower")
 
 
 @pytest.mark.parametrize("cand,verdict", [("honest.py:faster", "faster"),
                                           ("honest.py:slower", "slower")])
 def test_honest_candidates_with_the_default_cold_cache(daemon_m, cand, verdict):
     ev = krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False)
-    assert ev.verdict == verdict and ev.ok, ev.summary()
+    expect_verdict(ev, verdict)
+    assert ev.ok, ev.summary()
     assert not [f for f in ev.findings if f.severity == "invalid"]
     assert ev.correctness["seeds"] == [0, 1, 2] and ev.correctness["held_out"] == ["h0"]
     assert ev.timing["region"]["mode"] == "region"

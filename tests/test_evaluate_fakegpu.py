@@ -12,7 +12,7 @@ so it gets a daemon (and a device server) of its own.
 from __future__ import annotations
 
 import pytest
-from evaluate_helpers import FAKEGPU, module_daemon, spec
+from evaluate_helpers import FAKEGPU, module_daemon, spec, verdict_or_abstained
 from helpers import clean_but_contention
 
 import krex
@@ -54,8 +54,8 @@ def _xfail_if_only_latecomer_contention(ev) -> None:
 def test_honest_device_kernels(daemon_m, cand, verdict):
     for _ in range(2):
         ev = evaluate(cand)
+        _xfail_if_only_latecomer_contention(ev)  # (untrusted timing is unclear: no verdict)
         assert ev.verdict == verdict and ev.ok, ev.summary()
-        _xfail_if_only_latecomer_contention(ev)
         assert not ev.findings or {f.severity for f in ev.findings} == {"note"}, ev.summary()
         counts = ev.integrity["counters"]["candidate"]["launches_in_call"]
         assert set(counts) == {1 if cand.endswith("faster") else 4}
@@ -79,7 +79,7 @@ def test_a_sticky_device_error_is_contained_and_the_worker_recycled(tmp_path_fac
         with daemon.client() as c:
             assert c.status()["pools"]["fakegpu:0"]["recycles"].get("device_error", 0) >= 1
         after = evaluate("kernels.py:slower")
-        assert after.verdict == "slower" and after.ok, after.summary()
+        assert verdict_or_abstained(after, "slower") and after.ok, after.summary()
 
 
 def caught_unless_contention(cand: str, code: str, attempts: int = 3):

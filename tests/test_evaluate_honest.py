@@ -5,9 +5,11 @@
 through one daemon, interleaved so that the machine's drift hits all three
 alike.  At least 95 % of each must be right and clean.  An ``unclear``
 verdict that says why (``TIMING_UNTRUSTED``: its regions were not clean, the
-machine's own load) is an abstention, not an answer: it is left out of the
-95 %, but at most a quarter of the runs may abstain (a CPU loop beside the
-suite: 4 of 40 same-speed runs once did).  The
+machine's own load; ``TIMING_SCREENED``: other tasks took the holder's core, the
+pairs they hit were set aside and the rest did not fit the band within the budget)
+is an abstention, not an answer: it is left out of the 95 %, but at most a quarter
+of the runs may abstain (a CPU loop beside the suite: 4 of 40 same-speed runs once
+did; 5 of 40, screened, at c2940b3).  The
 timing uses ``cache="hot"`` to keep the test affordable: a cold-cache sample
 on this machine costs a 210 MiB flush (~25 ms), and "same" needs ~300 pairs
 to fit its interval in the ±4 % band (docs/evaluate.md).  The negative
@@ -31,7 +33,8 @@ ABSTAIN_AT_MOST = RUNS // 4
 CANDIDATES = {"honest.py:faster": "faster", "honest.py:same": "same",
               "honest.py:slower": "slower"}
 # findings an honest candidate may carry: notes, and the machine's own timing caveats
-ALLOWED = {"NO_HELD_OUT_SHAPE", "NOT_BITWISE_DETERMINISTIC", "TIMING_UNTRUSTED"}
+ALLOWED = {"NO_HELD_OUT_SHAPE", "NOT_BITWISE_DETERMINISTIC", "TIMING_UNTRUSTED",
+           "TIMING_SCREENED"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_honest_candidates_get_the_right_verdict_without_false_alarms(daemon_m):
             if ev.verdict == expected and ev.correct and not alarms:
                 right[cand] += 1
             elif (ev.verdict == "unclear" and ev.correct and not alarms
-                  and "TIMING_UNTRUSTED" in ev.codes()):
+                  and {"TIMING_UNTRUSTED", "TIMING_SCREENED"} & set(ev.codes())):
                 abstained[cand] += 1
             else:
                 wrong[cand].append(ev.summary())

@@ -60,8 +60,17 @@ class Code(Enum):
                          "measured by the daemon", "do not patch the clocks; rerun")
     IMPLAUSIBLE_SPEEDUP = (FLAG, "the speedup is beyond the plausibility bound",
                            "check the candidate by hand before believing it")
-    TIMING_UNTRUSTED = (FLAG, "the timing region was not clean or exclusivity was not enforced",
-                        "read the warnings; run under a daemon that can gate and freeze")
+    TIMING_UNTRUSTED = (FLAG, "the timed samples were disturbed (the region was not clean: "
+                        "its holder preempted, a foreign task on its cores, revoked, "
+                        "throttled) even when measured again: the verdict is unclear",
+                        "read the warnings; rerun when the machine is quieter (or with the "
+                        "shield on, so unmanaged tasks are moved off the holder's cores)")
+    TIMING_NOT_ENFORCED = (FLAG, "exclusivity was not (fully) enforced on this machine or "
+                           "daemon; nothing was seen to disturb the samples",
+                           "read the warnings; run under a daemon that can gate and freeze")
+    TIMING_SCREENED = (NOTE, "other tasks took the holder's core during the timing: the A/B "
+                       "pairs they hit were set aside, the verdict is from the rest",
+                       "nothing to do; a quieter machine needs fewer pairs")
     TIMING_FAILED = (FLAG, "the timing could not be completed", "read the evidence; rerun")
     NOT_BITWISE_DETERMINISTIC = (NOTE, "two calls on identical inputs differ within tolerance",
                                  "fine for floating-point reductions in parallel")

@@ -13,6 +13,7 @@ from typing import Any
 
 from krex.evaluate import values
 from krex.evaluate.findings import Code, Finding, invalidating
+from krex.protocol.report import ReasonCode
 
 Tree = tuple[dict[str, Any], dict[str, Any]]  # (structure, arrays)
 
@@ -34,6 +35,13 @@ BURST_PENDING_SHARE = 0.5  # beyond this floor and this share of the burst's own
 DRAIN_TIMEOUT_MS = 1000.0  # counters.DRAIN_TIMEOUT_S: a drain that never finished
 LAUNCH_RATIO = 4.0  # max/min launches per call beyond this varies "wildly"
 TIMING_FLAGS = ("REGION_NOT_CLEAN", "ENFORCEMENT_IMPOSSIBLE", "REGION_REVOKED", "THROTTLED")
+DISTURBED_FLAGS = ("REGION_REVOKED", "THROTTLED")  # always evidence against the samples; a
+# REGION_NOT_CLEAN is when its region report holds a reason that is not a gap (a
+# mechanism missing on this machine or switched off: TIMING_NOT_ENFORCED)
+SCREENED_REASONS = ("holder_preempted", "foreign_task")  # compare's screen_offcpu set aside
+# every pair with a preempted sample: these reasons say nothing against the pairs kept ...
+SCREEN_MAX_SHARE = 0.5  # ... unless more than this share of the pairs had to be set aside
+# (the holder shared its core for most of the region: not an exclusive measurement)
 
 
 @dataclass
@@ -61,9 +69,10 @@ def judge(plan: dict[str, Any], ref: Tree | None, cand: Tree | None,
     comparison = summary.get("comparison")
     if invalidating(j.findings):
         j.verdict = "invalid"
-    else:
-        j.verdict = timing_verdict(comparison, options["same_within"]) if comparison \
-            else "unclear"
+    elif comparison and not any(f.code is Code.TIMING_UNTRUSTED for f in j.findings):
+        j.verdict = timing_verdict(comparison, options["same_within"])
+    else:  # no timing, or timing krex itself distrusts: no speed claim from it
+        j.verdict = "unclear"
     return j
 
 
@@ -298,7 +307,8 @@ def _after_return(cand: dict[str, Any], ref: dict[str, Any], probe_calls: list[d
     cpu = _thread_cpu_beyond_calls(cand, ref, comparison, threads)
     if cpu is not None:
         evidence.update(cpu)
-    evidence.update(_probe_evidence(probe_calls, bursts))
+    evidence.update(_probe_evidence(probe_calls, bursts,
+                                    ref["launches_after"] / max(ref["gaps"], 1)))
     evidence.update(_timer_below_host(probe_calls, comparison))
     if not evidence:
         return []
@@ -343,7 +353,10 @@ def _timer_below_host(calls: list[dict[str, Any]],
     return {}
 
 
-def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -> dict[str, Any]:
+def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]],
+                    ref_after_per_call: float = 0.0) -> dict[str, Any]:
+    """``ref_after_per_call``: the reference's launches after a call in the timed loop's
+    gaps (probe records of before 2026-12-02 probed the reference too: theirs count)."""
     mine = [c for c in calls if c["side"] == "candidate"]
     theirs = [c for c in calls if c["side"] == "reference"]
     out: dict[str, Any] = {}
@@ -351,7 +364,8 @@ def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -
         return out
     launches = [c["launches_after"] for c in mine if c["launches_after"] is not None]
     ref_launches = [c["launches_after"] for c in theirs if c["launches_after"] is not None]
-    if launches and sum(launches) > sum(ref_launches) and sum(launches) >= 2:
+    baseline = sum(ref_launches) if ref_launches else ref_after_per_call * len(launches)
+    if launches and sum(launches) > baseline and sum(launches) >= 2:
         out["probe_launches_after"] = launches
     out.update(_pending(calls, bursts))
     cpu_ms = sum(c["thread_cpu_after_ms"] for c in mine)
@@ -363,6 +377,63 @@ def _probe_evidence(calls: list[dict[str, Any]], bursts: list[dict[str, Any]]) -
     return out
 
 
+def disturbance(comparison: dict[str, Any]) -> list[str]:
+    """What says the timed samples themselves were disturbed: a revocation, throttling,
+    or a reason in the (last) region's report that is not a gap (the holder preempted,
+    a foreign task on its cores, a step that failed or timed out ...).  Empty when the
+    only caveat is enforcement that did not happen at all (a gap): nothing was seen
+    to disturb the samples then, though nothing was kept away either."""
+    names = {w["warning"] for w in comparison.get("warnings", [])}
+    out = [n for n in DISTURBED_FLAGS if n in names]
+    screened = _screened(comparison)
+    for reason in (comparison.get("region") or {}).get("reasons", []):
+        code = str(reason.get("code"))
+        if not _gap(code) and code not in out and not (screened and code in SCREENED_REASONS):
+            out.append(code)
+    if "REGION_NOT_CLEAN" in names and not comparison.get("region"):
+        out.append("REGION_NOT_CLEAN")  # no report to say why: not clean is not trusted
+    return out
+
+
+def _screened(comparison: dict[str, Any]) -> bool:
+    """compare set aside every pair with a preempted sample, and most pairs were kept."""
+    if not comparison.get("screened"):
+        return False
+    kept, dropped = comparison.get("pairs") or 0, comparison.get("discarded_pairs") or 0
+    return kept > 0 and dropped <= SCREEN_MAX_SHARE * (kept + dropped)
+
+
+def _gap(code: str) -> bool:
+    try:
+        return ReasonCode(code).gap
+    except ValueError:  # a reason this krex does not know: not a gap it can vouch for
+        return False
+
+
+def _trust(comparison: dict[str, Any], untrusted: list[dict[str, Any]]) -> list[Finding]:
+    """TIMING_UNTRUSTED when the samples were disturbed; else TIMING_NOT_ENFORCED for
+    enforcement that did not happen (gaps), and the note TIMING_SCREENED when the holder's
+    contention was answered by setting aside the pairs it hit."""
+    what = "; ".join(f"{w['warning']}: {w['detail']}" for w in untrusted)
+    disturbed = disturbance(comparison)
+    evidence = {"warnings": untrusted, "disturbed_by": disturbed}
+    if disturbed:
+        return [Finding(Code.TIMING_UNTRUSTED, what, evidence)]
+    reasons = [str(r.get("code")) for r in (comparison.get("region") or {}).get("reasons", [])]
+    out = []
+    if any(w["warning"] == "ENFORCEMENT_IMPOSSIBLE" for w in untrusted) or \
+            any(_gap(code) for code in reasons):
+        out.append(Finding(Code.TIMING_NOT_ENFORCED, what, evidence))
+    screened = sorted({code for code in reasons if code in SCREENED_REASONS})
+    if screened:
+        kept, dropped = comparison.get("pairs"), comparison.get("discarded_pairs")
+        why = ", ".join(screened)
+        out.append(Finding(Code.TIMING_SCREENED, f"{dropped} pairs set aside ({why}): the "
+                           f"verdict is from the {kept} undisturbed ones",
+                           {"discarded_pairs": dropped, "pairs": kept, "reasons": screened}))
+    return out
+
+
 def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding]:
     out = []
     names = {w["warning"]: w for w in comparison.get("warnings", [])}
@@ -370,8 +441,7 @@ def _timing(comparison: dict[str, Any], options: dict[str, Any]) -> list[Finding
         out.append(Finding(Code.TIMER_IMPLAUSIBLE, names["PLAUSIBILITY_FAILED"]["detail"], {}))
     untrusted = [names[n] for n in TIMING_FLAGS if n in names]
     if untrusted:
-        out.append(Finding(Code.TIMING_UNTRUSTED, "; ".join(
-            f"{w['warning']}: {w['detail']}" for w in untrusted), {"warnings": untrusted}))
+        out += _trust(comparison, untrusted)
     bound = options.get("plausible_speedup")
     speedup = comparison.get("speedup") or 0.0
     if bound and speedup > bound:

@@ -224,6 +224,8 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "confidence": options["confidence"], "max_time_s": options["max_time_s"],
               "timeout_s": options["timing_timeout_s"], "min_pairs": MIN_PAIRS,
               "early_pairs": EARLY_PAIRS, "decisive_only": True,  # see compare()
+              "same_at_confidence": True,  # same-speed pairs were ~2/3 of the cpu hold
+              "screen_offcpu": True,  # pairs with a preempted sample set aside (cpu)
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
               "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}
@@ -359,7 +361,8 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 
 
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("counters", "probe", "bursts", "probe_error", "tampered", "threads_started",
+    keys = ("counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
+            "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
             "inputs_kept",
             "worker_recycled", "stage_s", "timing_error")

@@ -18,6 +18,7 @@ which nothing of ours should run.
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import time
 from collections.abc import Callable, Iterator
@@ -79,8 +80,36 @@ class SideStats:
                 "thread_cpu_after_ms": self.thread_cpu_after_ns / 1e6, "gaps": self.gaps}
 
 
+def run_delay_ns(fd: int | None = None) -> int | None:
+    """Nanoseconds this thread has waited on a run queue for a CPU (its schedstat), or
+    None where the kernel does not report it.  ``fd``: the thread's schedstat, open
+    (``os.pread`` on it costs ~4 us, opening the file each time ~20-70 us)."""
+    try:
+        if fd is not None:
+            return int(os.pread(fd, 128, 0).split()[1])
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Pending:
+    """A sample in flight: the inner timer's handle and the thread's run delay in it."""
+
+    inner: Any
+    delay_ns: int | None
+
+
 class CountingTimer:
-    """A :class:`~krex.measure.timers.Timer` proxy that counts around each sample."""
+    """A :class:`~krex.measure.timers.Timer` proxy that counts around each sample.
+
+    With a timer of the thread's own execution (``CpuTimer``) each sample also carries
+    the run delay of the timing thread over its span: ``offcpu_ms`` -- the time it
+    waited for a CPU while it was being timed (another task had its core), for
+    compare's ``screen_offcpu``.  Not with a device timer: a device's samples can be
+    disturbed where the holder's wait does not show.
+    """
 
     def __init__(self, inner: Any, a: Calls, b: Calls, threads: counters.ThreadCpu) -> None:
         self.inner = inner
@@ -90,8 +119,16 @@ class CountingTimer:
         self._before: Reading | None = None
         self._after: tuple[SideStats, Reading] | None = None  # the last sample's side and end
         self._flush_launches = 0  # krex's own launches (cache flushes) since the last sample
-        if hasattr(inner, "offcpu_ms"):
-            self.offcpu_ms = inner.offcpu_ms
+        self._schedstat: int | None = None  # the timing thread's, open while timing
+        if hasattr(inner, "offcpu_ms"):  # a timer of the thread's own execution (cpu) only:
+            # a device's samples are disturbed where the holder's wait does not show
+            # (fakegpu's kernels run in a server on the other cores; a same-speed pair
+            # read 1.65x with every preempted pair set aside, at load 5)
+            if run_delay_ns() is not None:
+                self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+                self.offcpu_ms: Callable[[Pending], float] = self._delay_ms
+            else:  # no schedstat: wall minus thread CPU time
+                self.offcpu_ms = lambda p: float(inner.offcpu_ms(p.inner))
         if hasattr(inner, "clocks"):
             self.clocks = inner.clocks
 
@@ -102,10 +139,23 @@ class CountingTimer:
         before = self._read()
         self._close_gap(before)
         self._before = before
-        return self.inner.start()
+        delay = self._run_delay()
+        return Pending(self.inner.start(), delay)
 
-    def stop(self, start: Any) -> Any:
-        pending = self.inner.stop(start)
+    def _run_delay(self) -> int | None:
+        return None if self._schedstat is None else run_delay_ns(self._schedstat)
+
+    def close(self) -> None:
+        """Close the timing thread's schedstat (the timing is over)."""
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
+
+    def stop(self, start: Pending) -> Pending:
+        inner = self.inner.stop(start.inner)
+        delay = self._run_delay()
+        pending = Pending(inner, None if delay is None or start.delay_ns is None
+                          else delay - start.delay_ns)
         after, before = self._read(), self._before
         self._before, self._after, self._flush_launches = None, None, 0
         if before is None:
@@ -144,8 +194,17 @@ class CountingTimer:
     def synchronize(self) -> None:
         self.inner.synchronize()
 
-    def elapsed_ms(self, pending: Any) -> float:
-        return float(self.inner.elapsed_ms(pending))
+    def elapsed_ms(self, pending: Pending) -> float:
+        return float(self.inner.elapsed_ms(pending.inner))
+
+    @staticmethod
+    def _delay_ms(pending: Pending) -> float:
+        return (pending.delay_ns or 0) / 1e6
+
+    def waited_s(self) -> float | None:
+        """Seconds the timing thread has waited for a CPU so far (None: not known)."""
+        delay = self._run_delay()
+        return None if delay is None else delay / 1e9
 
     def now_s(self) -> float:
         return float(self.inner.now_s())
@@ -262,18 +321,17 @@ class ProbeBox:
 
 
 def run(sides: list[Calls], timer: Any, threads: counters.ThreadCpu, box: ProbeBox) -> None:
-    """The whole return probe: single calls of each side watched, then a burst of the
-    candidate's (held in the region on a device: the reference's burst, ~30 ms, is not run).
-
-    Without the interposer (``cpu``) only the candidate is probed: the
-    reference's calls are the baseline of launch counts, which do not exist
-    there, and its quiet windows would only lengthen the region.
+    """The whole return probe: single calls of the candidate watched, then a burst of
+    them where the interposer is loaded.  The reference is not probed (it held a
+    device's region ~30 ms per evaluation for single calls and ~30 ms for a burst): the
+    baseline of launches after a call is its rate in the timed loop's gaps
+    (judge._probe_evidence), and its drains read nothing the candidate's drains after
+    them did not read as well.
     """
     box.bursts = []
+    box.calls = return_probe([s for s in sides if s.side == "candidate"], timer, threads)
     if counters.device_launches() is None:  # no interposer: nothing queued anywhere to drain
-        box.calls = return_probe([s for s in sides if s.side == "candidate"], timer, threads)
         return
-    box.calls = return_probe(sides, timer, threads)
     for calls in sides:
         if calls.side != "candidate":  # a reference burst was judged by nothing but its
             continue  # drain's timeout, which the candidate's drains after it read as well

@@ -26,6 +26,7 @@ def comparison(c: Any) -> dict[str, Any]:
         "confidence": c.confidence, "same_within": c.same_within, "pairs": c.pairs,
         "order": c.order, "stop_reason": c.stop_reason, "timer": c.timer,
         "elapsed_s": c.elapsed_s, "attempts": c.attempts,
+        "screened": c.screened, "discarded_pairs": c.discarded_pairs,
         "reference": dict(c.baseline), "candidate": dict(c.candidate),
         "reference_samples_ms": list(c.baseline_samples_ms),
         "candidate_samples_ms": list(c.candidate_samples_ms),

@@ -303,7 +303,12 @@ class CandidateRun:
                              label=job.get("label"), retries=1,
                              max_hold_s=opts["timeout_s"] + PROBE_HOLD_S, **opts)
             parts["timing:compare"], t0 = time.monotonic() - t0, time.monotonic()
-            if outside:
+            if outside and self._no_candidate_thread():
+                self.out["probe_skipped"] = (
+                    f"no thread of the candidate's was alive at any of the timed loop's "
+                    f"{2 * sum(s.samples for s in timer.stats.values())} readings: the "
+                    "probe's windows would watch nothing")
+            elif outside:
                 probe.guarded(run_probe, box)
             parts["timing:probe"], t0 = time.monotonic() - t0, time.monotonic()
         except KrexError as exc:  # the region, not the candidate: no verdict, not a failure
@@ -312,6 +317,7 @@ class CandidateRun:
         except BaseException as exc:  # noqa: BLE001  (the candidate raised while timed)
             raise Stage("timing", exc) from None
         finally:
+            timer.close()
             self.out["counters"] = {side: s.to_dict() for side, s in timer.stats.items()}
             self.out["probe"] = [c.to_dict() for c in box.calls]
             self.out["bursts"] = [x.to_dict() for x in box.bursts]
@@ -326,6 +332,13 @@ class CandidateRun:
         self.out["threads_started"] = max(self.threads.most_alive, len(self.threads.new_threads()))
         self._timed_outputs(b)
         parts["timing:outputs"] = time.monotonic() - t0
+
+    def _no_candidate_thread(self) -> bool:
+        """Without the interposer the probe watches only the candidate's threads' CPU time:
+        when none was ever alive at a reading (every sample's start and stop read them),
+        a call left no thread running after it returned, and the probe has nothing to see."""
+        return (self.threads.available and self.threads.most_alive == 0
+                and not self.threads.new_threads())
 
     def _timed_outputs(self, b: probe.Calls) -> None:
         """Call the timed candidate once more on each input set and copy each output at once.

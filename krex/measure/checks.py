@@ -151,6 +151,15 @@ def _why_not_clean(report: RegionReport) -> str:
     return report.why_not_clean() or "the daemon saw interference (read the report's evidence)"
 
 
+CONTENTION = frozenset({ReasonCode.HOLDER_PREEMPTED, ReasonCode.FOREIGN_TASK})
+
+
+def only_contention(report: RegionReport) -> bool:
+    """Released, and not clean only because other tasks took the holder's cores."""
+    return (not report.revoked and bool(report.reasons)
+            and all(r.code in CONTENTION for r in report.reasons))
+
+
 def should_retry(report: RegionReport) -> bool:
     """Retry a revoked or not-clean region, unless its gaps are structural.
 

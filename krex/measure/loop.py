@@ -180,7 +180,8 @@ class RegionRun:
 
 
 def timed_region(body: Callable[[Hold], Any], opts: TimingOptions, device: str,
-                 timer: Timer, *, budget_s: float) -> RegionRun:
+                 timer: Timer, *, budget_s: float,
+                 screened: Callable[[Any], bool] | None = None) -> RegionRun:
     """:func:`in_region` for a timed loop that must yield samples.
 
     The maximum hold asked of the daemon defaults to the loop's budget plus
@@ -190,7 +191,7 @@ def timed_region(body: Callable[[Hold], Any], opts: TimingOptions, device: str,
     """
     hold_s = opts.max_hold_s or budget_s + HOLD_MARGIN_S
     run = in_region(body, get_region_factory(opts.region), device, retries=opts.retries,
-                    label=opts.label, max_hold_s=hold_s, timer=timer)
+                    label=opts.label, max_hold_s=hold_s, timer=timer, screened=screened)
     if run.value is None:
         raise RegionRevoked("region revoked before any sample", device=device, seconds=hold_s)
     return run
@@ -209,8 +210,13 @@ def in_region(
     label: str | None,
     max_hold_s: float | None,
     timer: Timer | None = None,
+    screened: Callable[[Any], bool] | None = None,
 ) -> RegionRun:
     """Run ``body(hold)`` inside a region; retry up to ``retries`` times while not clean.
+
+    ``screened(value)``: the body set aside every sample its own thread was preempted in
+    and kept enough of them -- a region not clean only for the holder's contention
+    (:data:`checks.CONTENTION`) is then not retried: measuring again gains nothing.
 
     Clocks are sampled at the start and end of the body: ``timer.clocks()``
     when the timer has one (the FakeTimer: none), else the device's.
@@ -222,7 +228,9 @@ def in_region(
         value, report, before, after = _one_region(
             body, factory, device, label, max_hold_s, (read_clocks, now)
         )
-        if attempt == retries or not checks.should_retry(report):
+        if attempt == retries or not checks.should_retry(report) or (
+                screened is not None and value is not None
+                and checks.only_contention(report) and screened(value)):
             return RegionRun(value, report, attempt + 1, rejected, before, after)
         rejected.append(report)
     raise AssertionError("unreachable")

@@ -128,6 +128,8 @@ class Comparison:
     flush_bytes: int | None = None  # bytes written per cold-cache flush (None: hot cache)
     overhead_ms: float | None = None  # per sample, outside the timed interval (flush, marks)
     hints: list[str] = field(default_factory=list)
+    screened: bool = False  # pairs with a preempted sample were set aside (screen_offcpu)
+    discarded_pairs: int = 0  # ... this many, not in the samples above
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
