@@ -127,6 +127,10 @@ class DaemonConfig:
     preload: list[str] = field(default_factory=lambda: ["numpy"], metadata=flag(
         "comma-separated modules each worker imports at start", parse=parse_list,
         metavar="MODULES", shown_default="numpy"))
+    nice: int = field(default=-10, metadata=flag(
+        "nice value of the daemon's threads (each sets it for itself; whatever they start "
+        "begins at 0 again); 0 leaves them as started.  Needs root or RLIMIT_NICE, else "
+        "ignored (krex status: daemon.priority)", metavar="N"))
     worker_memory_cap_mb: float | None = field(default=None, metadata=flag(
         "device memory cap per warm worker (fakegpu: its driver; cuda: torch's allocator "
         "when torch is preloaded)"))

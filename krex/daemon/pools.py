@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from krex.daemon import priority
 from krex.errors import KrexError, LimitExceeded, WorkerFailed
 from krex.protocol import messages as m
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
@@ -123,6 +124,7 @@ class Pools:
             self._in_flight.pop(session, None)
 
     def _run(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
+        priority.elevate()  # the worker it talks to runs at nice 0 (SCHED_RESET_ON_FORK)
         # The program stops counting against its connection before its reply is sent: a
         # client that sends its next program on the reply must not find the cap full.
         try:

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from krex.daemon import priority
 from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
 from krex.enforce.process import ProcessRef
@@ -190,6 +191,7 @@ class Server:
         """Wake at the scheduler's next deadline (revocations, wait timeouts, fair
         windows); reap jobs and check the guardian every half second.  An exception is
         logged and the loop goes on; a deadline already past never makes it spin."""
+        priority.elevate()
         d = self.core
         next_chores = 0.0
         last = math.nan
@@ -264,6 +266,7 @@ class Server:
     # -- sessions -----------------------------------------------------------------
 
     def _serve_session(self, conn: socket.socket) -> None:
+        priority.elevate()  # its thread may run a release's handoff or a grant's set-up
         conn.settimeout(None)
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
         try:
@@ -378,6 +381,10 @@ def serve(config: DaemonConfig) -> int:
     except KrexError as exc:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
+    priority.configure(config.nice)
+    if config.nice and not priority.elevate():  # the accepting thread; the guardian it
+        log.info("daemon threads keep their priority: %s",  # starts begins at nice 0
+                 priority.describe()["why"])
     server.daemon = Daemon(config)
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()

@@ -1,0 +1,68 @@
+"""The daemon's threads get a CPU before the programs they arbitrate.
+
+A handoff is a chain of wake-ups: the releasing session's thread, the next
+holder's grant, the outgoing region's report.  On a loaded machine each of
+them waits for a CPU behind the contenders' own busy loops (and everything
+else the machine runs): measured under ``bench_regions.py``'s held run, the
+daemon's threads spent more time runnable-but-waiting than running
+(docs/benchmarks.md, "Where the enforced handoff's time goes").  So each
+daemon thread that serves requests or runs a device's enforcement lowers its
+own nice value (``krex serve --nice``, default ``-10``) when it starts.
+
+Nice values are per thread on Linux and a new thread inherits its creator's,
+as does a child process.  Every elevated thread also sets
+``SCHED_RESET_ON_FORK``, so whatever it starts — a worker, the guardian, the
+fake device server, a thread of its own — begins at nice 0 again: a benchmark
+never runs at the daemon's priority.  (The flag resets new threads too, which
+is why each daemon thread elevates itself.)
+
+Lowering a nice value needs root (``CAP_SYS_NICE``) or ``RLIMIT_NICE``; where
+it is not permitted the daemon runs at its inherited priority and
+``krex status`` says why (``daemon.priority``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_state: dict[str, object] = {"nice": 0, "applied": False, "why": "not configured"}
+
+
+def configure(nice: int) -> None:
+    """The nice value the daemon's threads take (0: leave them as they are)."""
+    _state["nice"] = int(nice)
+    _state["why"] = "" if nice else "disabled by configuration (--nice 0)"
+
+
+def elevate() -> bool:
+    """Give the calling thread the configured nice value, reset in whatever it starts;
+    False (and the reason kept for :func:`describe`) when not configured or refused."""
+    nice = int(_state["nice"])  # type: ignore[call-overload]
+    if not nice:
+        return False
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK,
+                              os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (OSError, AttributeError) as exc:  # EPERM without CAP_SYS_NICE; not Linux
+        _state["applied"] = False
+        _state["why"] = f"not permitted here: {exc}"
+        return False
+    _state["applied"] = True
+    return True
+
+
+def describe() -> dict[str, object]:
+    """For ``krex status``: the configured nice, whether it took, and why not."""
+    return {"nice": _state["nice"], "applied": _state["applied"], "why": _state["why"] or None}
+
+
+def thread_nice(pid: int, tid: int) -> int:
+    """A thread's nice value as the kernel reports it (tests, benchmarks)."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+__all__ = ["configure", "describe", "elevate", "thread_nice"]

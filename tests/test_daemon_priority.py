@@ -1,0 +1,121 @@
+"""The daemon's threads run at its nice value; whatever they start runs at 0 (issue 18).
+
+A handoff is a chain of the daemon's thread wake-ups; on a loaded machine each
+waited for a CPU behind the contenders (docs/benchmarks.md).  The daemon's
+threads lower their nice value (``--nice``, default -10), each for itself,
+with ``SCHED_RESET_ON_FORK`` so workers, the guardian and jobs never inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+from helpers import Daemon
+
+from krex.client.connection import Client
+from krex.daemon import priority
+
+root = pytest.mark.skipif(os.geteuid() != 0, reason="lowering a nice value needs root")
+
+
+def _nices(pid: int) -> list[int]:
+    return [priority.thread_nice(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def _serve_one_region(d: Daemon) -> tuple[dict, list[int]]:
+    """A region through ``d`` (a session thread and the device's lane exist then); the
+    daemon's status and its threads' nice values while the connection is open."""
+    c = Client(d.socket, autostart=False)
+    try:
+        job = c.register()["job_id"]
+        c.release(c.acquire(job)["region"])
+        assert d.proc is not None
+        return c.status()["daemon"]["priority"], _nices(d.proc.pid)
+    finally:
+        c.close()
+
+
+@root
+def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_dir):
+    d = Daemon(str(runtime_dir)).start()
+    try:
+        status, nices = _serve_one_region(d)
+        assert status == {"nice": -10, "applied": True, "why": None}
+        # the accepting thread, the ticker, the lane, the event writer, our session
+        assert nices.count(-10) >= 4, nices
+        assert d.proc is not None
+        children = psutil.Process(d.proc.pid).children(recursive=True)
+        assert children  # the guardian at least
+        assert all(p.nice() == 0 for p in children), [(p.cmdline(), p.nice()) for p in children]
+    finally:
+        d.stop()
+
+
+@root
+def test_nice_zero_leaves_the_daemons_threads_as_started(runtime_dir):
+    """Control: with ``--nice 0`` no thread is raised, and status says why."""
+    d = Daemon(str(runtime_dir), "--nice", "0").start()
+    try:
+        status, nices = _serve_one_region(d)
+        assert status["applied"] is False and "disabled" in status["why"]
+        assert set(nices) == {0}, nices
+    finally:
+        d.stop()
+
+
+def _in_thread(fn):
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@root
+def test_what_an_elevated_thread_starts_begins_at_nice_zero(monkeypatch):
+    """A thread and a process started by an elevated thread are back at nice 0 (the
+    reset-on-fork flag); without the flag both would inherit -10."""
+    monkeypatch.setattr(priority, "_state", {"nice": -10, "applied": False, "why": ""})
+
+    def elevated_then_start() -> tuple[int, int, int]:
+        assert priority.elevate()
+        me = priority.thread_nice(os.getpid(), threading.get_native_id())
+        child: dict = {}
+        t = threading.Thread(target=lambda: child.setdefault(
+            "nice", priority.thread_nice(os.getpid(), threading.get_native_id())))
+        t.start()
+        t.join()
+        proc = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                              capture_output=True, text=True, check=True)
+        return me, child["nice"], int(proc.stdout)
+
+    assert _in_thread(elevated_then_start) == (-10, 0, 0)
+
+
+def test_a_refused_nice_leaves_the_thread_as_it_was_and_says_why(monkeypatch):
+    monkeypatch.setattr(priority, "_state", {"nice": -10, "applied": False, "why": ""})
+
+    def refuse(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    before = _in_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert _in_thread(priority.elevate) is False
+    assert priority.describe()["applied"] is False
+    assert "not permitted" in str(priority.describe()["why"])
+    assert before == _in_thread(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
