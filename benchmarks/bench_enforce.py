@@ -9,6 +9,12 @@ restore); for the cgroup backends also overlapped handoffs between two holders
 ``results/enforce.json`` (format version 1, written
 atomically) and prints a markdown table.
 
+The measuring thread runs at the daemon's priority (``--nice``, default the
+daemon's own default, -10: :mod:`krex.daemon.priority`), as the daemon's
+enforcement does; the siblings it starts run at nice 0.  ``--nice 0`` measures
+the enforcer at the siblings' priority (the figures before issue 18's stream
+h18 round 2).
+
 ``--migrations N`` measures instead what one handoff's cgroup moves cost in the
 kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
 (freezer, cpuset, the unified one), and rewriting its v1 cpuset's ``cpuset.cpus``
@@ -29,6 +35,8 @@ import sys
 import time
 
 from krex import resultfile
+from krex.daemon import priority
+from krex.daemon.config import DaemonConfig
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, read, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
@@ -227,6 +235,8 @@ def main() -> int:
     parser.add_argument("--siblings", default=",".join(map(str, SIBLINGS)),
                         help="sibling counts, comma-separated")
     parser.add_argument("--backends", default="", help="freeze backends (default: all usable)")
+    parser.add_argument("--nice", type=int, default=DaemonConfig.nice,
+                        help="nice value of the measuring thread (the daemon's default)")
     parser.add_argument("--migrations", type=int, default=0,
                         help="measure N cgroup moves and cpuset.cpus writes instead")
     args = parser.parse_args()
@@ -239,6 +249,8 @@ def main() -> int:
             print(f"{r['what']:28s} gap {r['gap_ms']:4.0f} ms: p50 {r['us']['p50']:8.0f} µs, "
                   f"p95 {r['us']['p95']:8.0f} µs")
         return 0
+    priority.configure(args.nice)
+    elevated = priority.elevate()  # what it starts (siblings, holders) begins at nice 0
     layout = CgroupLayout.probe()
     counts = [int(x) for x in args.siblings.split(",")]
     chosen = args.backends.split(",") if args.backends else backends(layout)
@@ -249,6 +261,8 @@ def main() -> int:
         "kernel": platform.release(),
         "root": os.geteuid() == 0,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "nice": args.nice if elevated else 0,
+        "loadavg": os.getloadavg(),
     }
     resultfile.write(args.out, {"benchmark": "enforce", "meta": meta, "results": rows}, format=1)
     print(table(rows))
