@@ -117,7 +117,8 @@ def _measure(layout, backend, holder, siblings, regions) -> dict:
 def _handoffs(layout, backend, holders, siblings, regions) -> dict | None:
     """Overlapped handoffs between two holders with ``siblings`` frozen throughout:
     the time to the next holder's grant (``Enforcer.hand_over``) and, after it, the
-    outgoing region's report (``exit``)."""
+    outgoing region's report (``exit``); then, as the daemon does for the job queued
+    next, the frozen outgoing holder's counters are read (``prefetch``)."""
     enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
     region = enforcer.enter(holders[0], siblings + [holders[1]], max_hold_s=10)
     grant_ms, report_ms, carried = [], [], 0
@@ -136,6 +137,7 @@ def _handoffs(layout, backend, holders, siblings, regions) -> dict | None:
         t2 = time.perf_counter()
         region.exit()
         report_ms.append((time.perf_counter() - t2) * 1e3)
+        new.prefetch(prev)  # as the daemon does after a grant for the job queued next
         region = new
     region.exit()
     if not grant_ms:
