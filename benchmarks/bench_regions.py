@@ -237,7 +237,8 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
     if shield is not None:
         os.environ["KREX_SHIELD"] = shield
     try:
-        with private_daemon():
+        extra = ("--nice", str(args.daemon_nice)) if args.daemon_nice is not None else ()
+        with private_daemon(*extra):
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
             ho = [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
@@ -263,6 +264,9 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default=None, help="results file (default results/regions.json)")
+    ap.add_argument("--daemon-nice", type=int, default=None,
+                    help="the enforced daemons' --nice (default: theirs; a daemon without "
+                         "the flag refuses it)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     # The machine floor: the bare protocol (every mechanism off) in the same run.
@@ -273,7 +277,8 @@ def main() -> None:
     runs = {"shield default": enforced(args, None), "KREX_SHIELD=off": enforced(args, "off")}
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
              "handoffs_measured": len(ho), "held": held}
-    path = write_results("regions", {"n": args.n, "floor": floor, "enforced": runs,
+    path = write_results("regions", {"n": args.n, "daemon_nice": args.daemon_nice,
+                                     "floor": floor, "enforced": runs,
                                      "loadavg_before": load_before,
                                      "loadavg_after": os.getloadavg()}, path=args.out)
     rows = [["bare (floor)", floor]] + [[f"enforced, {k}", v] for k, v in runs.items()]
