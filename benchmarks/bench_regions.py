@@ -238,6 +238,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
         os.environ["KREX_SHIELD"] = shield
     try:
         extra = ("--nice", str(args.daemon_nice)) if args.daemon_nice is not None else ()
+        extra += ("--rt-priority", str(args.daemon_rt)) if args.daemon_rt else ()
         with private_daemon(*extra):
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
@@ -264,6 +265,8 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default=None, help="results file (default results/regions.json)")
+    ap.add_argument("--daemon-rt", type=int, default=0,
+                    help="the enforced daemons' --rt-priority (default: not passed)")
     ap.add_argument("--daemon-nice", type=int, default=None,
                     help="the enforced daemons' --nice (default: theirs; a daemon without "
                          "the flag refuses it)")
@@ -278,6 +281,7 @@ def main() -> None:
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
              "handoffs_measured": len(ho), "held": held}
     path = write_results("regions", {"n": args.n, "daemon_nice": args.daemon_nice,
+                                     "daemon_rt": args.daemon_rt,
                                      "floor": floor, "enforced": runs,
                                      "loadavg_before": load_before,
                                      "loadavg_after": os.getloadavg()}, path=args.out)

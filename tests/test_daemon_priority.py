@@ -45,7 +45,7 @@ def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_di
     d = Daemon(str(runtime_dir)).start()
     try:
         status, nices = _serve_one_region(d)
-        assert status == {"nice": -10, "applied": True, "why": None}
+        assert status == {"nice": -10, "rt_priority": 0, "applied": True, "why": None}
         # the accepting thread, the ticker, the lane, the event writer, our session
         assert nices.count(-10) >= 4, nices
         assert d.proc is not None
@@ -89,7 +89,7 @@ def _in_thread(fn):
 def test_what_an_elevated_thread_starts_begins_at_nice_zero(monkeypatch):
     """A thread and a process started by an elevated thread are back at nice 0 (the
     reset-on-fork flag); without the flag both would inherit -10."""
-    monkeypatch.setattr(priority, "_state", {"nice": -10, "applied": False, "why": ""})
+    monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 0, "applied": False, "why": ""})
 
     def elevated_then_start() -> tuple[int, int, int]:
         assert priority.elevate()
@@ -107,7 +107,7 @@ def test_what_an_elevated_thread_starts_begins_at_nice_zero(monkeypatch):
 
 
 def test_a_refused_nice_leaves_the_thread_as_it_was_and_says_why(monkeypatch):
-    monkeypatch.setattr(priority, "_state", {"nice": -10, "applied": False, "why": ""})
+    monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 0, "applied": False, "why": ""})
 
     def refuse(*_args: object) -> None:
         raise PermissionError(1, "Operation not permitted")
@@ -119,3 +119,19 @@ def test_a_refused_nice_leaves_the_thread_as_it_was_and_says_why(monkeypatch):
     assert "not permitted" in str(priority.describe()["why"])
     assert before == _in_thread(
         lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+
+@root
+def test_rt_priority_puts_the_daemons_threads_in_sched_rr_and_its_children_not(runtime_dir):
+    d = Daemon(str(runtime_dir), "--rt-priority", "1").start()
+    try:
+        status, _ = _serve_one_region(d)
+        assert status["rt_priority"] == 1 and status["applied"] is True
+        assert d.proc is not None
+        policies = [os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{d.proc.pid}/task")]
+        assert policies.count(os.SCHED_RR) >= 4, policies
+        children = psutil.Process(d.proc.pid).children(recursive=True)
+        assert children and all(os.sched_getscheduler(p.pid) == os.SCHED_OTHER
+                                for p in children)
+    finally:
+        d.stop()

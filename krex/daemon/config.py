@@ -131,6 +131,9 @@ class DaemonConfig:
         "nice value of the daemon's threads (each sets it for itself; whatever they start "
         "begins at 0 again); 0 leaves them as started.  Needs root or RLIMIT_NICE, else "
         "ignored (krex status: daemon.priority)", metavar="N"))
+    rt_priority: int = field(default=0, metadata=flag(
+        "SCHED_RR priority of the daemon's threads instead of --nice (1-99; 0: off): a "
+        "woken daemon thread then preempts the contenders at once", metavar="N"))
     worker_memory_cap_mb: float | None = field(default=None, metadata=flag(
         "device memory cap per warm worker (fakegpu: its driver; cuda: torch's allocator "
         "when torch is preloaded)"))

@@ -26,26 +26,31 @@ from __future__ import annotations
 import os
 import threading
 
-_state: dict[str, object] = {"nice": 0, "applied": False, "why": "not configured"}
+_state: dict[str, object] = {"nice": 0, "rt": 0, "applied": False, "why": "not configured"}
 
 
-def configure(nice: int) -> None:
-    """The nice value the daemon's threads take (0: leave them as they are)."""
-    _state["nice"] = int(nice)
-    _state["why"] = "" if nice else "disabled by configuration (--nice 0)"
+def configure(nice: int, rt: int = 0) -> None:
+    """The nice value the daemon's threads take (0: leave them as they are); ``rt`` > 0:
+    ``SCHED_RR`` at that priority instead (``krex serve --rt-priority``)."""
+    _state["nice"], _state["rt"] = int(nice), int(rt)
+    _state["why"] = "" if nice or rt else "disabled by configuration (--nice 0)"
 
 
 def elevate() -> bool:
     """Give the calling thread the configured nice value, reset in whatever it starts;
     False (and the reason kept for :func:`describe`) when not configured or refused."""
     nice = int(_state["nice"])  # type: ignore[call-overload]
-    if not nice:
+    rt = int(_state["rt"])  # type: ignore[call-overload]
+    if not nice and not rt:
         return False
     tid = threading.get_native_id()
     try:
-        os.sched_setscheduler(tid, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK,
-                              os.sched_param(0))
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        if rt:
+            os.sched_setscheduler(tid, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(rt))
+        else:
+            os.sched_setscheduler(tid, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK,
+                                  os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (OSError, AttributeError) as exc:  # EPERM without CAP_SYS_NICE; not Linux
         _state["applied"] = False
         _state["why"] = f"not permitted here: {exc}"
@@ -56,7 +61,8 @@ def elevate() -> bool:
 
 def describe() -> dict[str, object]:
     """For ``krex status``: the configured nice, whether it took, and why not."""
-    return {"nice": _state["nice"], "applied": _state["applied"], "why": _state["why"] or None}
+    return {"nice": _state["nice"], "rt_priority": _state["rt"], "applied": _state["applied"],
+            "why": _state["why"] or None}
 
 
 def thread_nice(pid: int, tid: int) -> int:

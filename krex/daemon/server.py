@@ -381,10 +381,10 @@ def serve(config: DaemonConfig) -> int:
     except KrexError as exc:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
-    priority.configure(config.nice)
-    if config.nice and not priority.elevate():  # the accepting thread; the guardian it
-        log.info("daemon threads keep their priority: %s",  # starts begins at nice 0
-                 priority.describe()["why"])
+    priority.configure(config.nice, config.rt_priority)
+    # the accepting thread; the guardian it starts begins at nice 0 (SCHED_RESET_ON_FORK)
+    if (config.nice or config.rt_priority) and not priority.elevate():
+        log.info("daemon threads keep their priority: %s", priority.describe()["why"])
     server.daemon = Daemon(config)
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()
