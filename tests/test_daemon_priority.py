@@ -45,7 +45,8 @@ def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_di
     d = Daemon(str(runtime_dir)).start()
     try:
         status, nices = _serve_one_region(d)
-        assert status == {"nice": -10, "rt_priority": 0, "applied": True, "why": None}
+        assert status == {"nice": -10, "rt_priority": 0, "applied": True, "policy": "nice",
+                      "why": None}
         # the accepting thread, the ticker, the lane, the event writer, our session
         assert nices.count(-10) >= 4, nices
         assert d.proc is not None
@@ -136,3 +137,21 @@ def test_rt_priority_puts_the_daemons_threads_in_sched_rr_and_its_children_not(r
                                 for p in children)
     finally:
         d.stop()
+
+
+@root
+def test_a_refused_rt_priority_falls_back_to_the_nice_value(monkeypatch):
+    monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 1, "applied": False, "why": ""})
+    real = os.sched_setscheduler
+
+    def no_rr(tid: int, policy: int, param: os.sched_param) -> None:
+        if policy & ~os.SCHED_RESET_ON_FORK == os.SCHED_RR:
+            raise PermissionError(1, "Operation not permitted")
+        real(tid, policy, param)
+
+    monkeypatch.setattr(os, "sched_setscheduler", no_rr)
+    nice = _in_thread(lambda: (priority.elevate(),
+                               priority.thread_nice(os.getpid(), threading.get_native_id())))
+    assert nice == (True, -10)
+    d = priority.describe()
+    assert d["policy"] == "nice" and "rr not permitted" in str(d["why"]), d

@@ -37,32 +37,40 @@ def configure(nice: int, rt: int = 0) -> None:
 
 
 def elevate() -> bool:
-    """Give the calling thread the configured nice value, reset in whatever it starts;
-    False (and the reason kept for :func:`describe`) when not configured or refused."""
+    """Give the calling thread the configured priority (``SCHED_RR`` at ``rt``, else the
+    nice value; with ``rt`` refused, the nice value), reset in whatever it starts; False
+    (and the reason kept for :func:`describe`) when not configured or refused."""
     nice = int(_state["nice"])  # type: ignore[call-overload]
     rt = int(_state["rt"])  # type: ignore[call-overload]
     if not nice and not rt:
         return False
     tid = threading.get_native_id()
-    try:
-        if rt:
-            os.sched_setscheduler(tid, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(rt))
-        else:
-            os.sched_setscheduler(tid, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK,
-                                  os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except (OSError, AttributeError) as exc:  # EPERM without CAP_SYS_NICE; not Linux
-        _state["applied"] = False
-        _state["why"] = f"not permitted here: {exc}"
-        return False
-    _state["applied"] = True
-    return True
+    why = []
+    for policy in (["rr"] if rt else []) + (["nice"] if nice else []):
+        try:
+            _set(tid, policy, rt, nice)
+        except (OSError, AttributeError) as exc:  # EPERM without CAP_SYS_NICE; not Linux
+            why.append(f"{policy} not permitted here: {exc}")
+            continue
+        _state["applied"], _state["policy"] = True, policy
+        _state["why"] = "; ".join(why)
+        return True
+    _state["applied"], _state["why"] = False, "; ".join(why)
+    return False
+
+
+def _set(tid: int, policy: str, rt: int, nice: int) -> None:
+    if policy == "rr":
+        os.sched_setscheduler(tid, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(rt))
+        return
+    os.sched_setscheduler(tid, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+    os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def describe() -> dict[str, object]:
     """For ``krex status``: the configured nice, whether it took, and why not."""
     return {"nice": _state["nice"], "rt_priority": _state["rt"], "applied": _state["applied"],
-            "why": _state["why"] or None}
+            "policy": _state.get("policy"), "why": _state["why"] or None}
 
 
 def thread_nice(pid: int, tid: int) -> int:
