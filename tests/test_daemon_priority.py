@@ -19,6 +19,7 @@ from helpers import Daemon
 
 from krex.client.connection import Client
 from krex.daemon import priority
+from krex.enforce.isolation import default_cores
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="lowering a nice value needs root")
 
@@ -41,18 +42,34 @@ def _serve_one_region(d: Daemon) -> tuple[dict, list[int]]:
 
 
 @root
-def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_dir):
+def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_dir, tmp_path):
+    """Elevated daemon threads keep off the holders' reserved core (there they would take
+    it from a holder on waking); the guardian and a worker started for a program run at
+    nice 0 on every core."""
     d = Daemon(str(runtime_dir)).start()
     try:
         status, nices = _serve_one_region(d)
         assert status == {"nice": -10, "rt_priority": 0, "applied": True, "policy": "nice",
-                      "why": None}
+                          "why": None}
         # the accepting thread, the ticker, the lane, the event writer, our session
         assert nices.count(-10) >= 4, nices
+        prog = tmp_path / "prog.py"
+        prog.write_text("print('ok')\n")
+        c = Client(d.socket, autostart=False)
+        try:
+            c.exec(str(prog))
+        finally:
+            c.close()
         assert d.proc is not None
+        every = sorted(os.sched_getaffinity(0))
+        reserved = default_cores(every)
+        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+            if priority.thread_nice(d.proc.pid, int(tid)) == -10 and reserved:
+                assert not set(os.sched_getaffinity(int(tid))) & set(reserved), tid
         children = psutil.Process(d.proc.pid).children(recursive=True)
-        assert children  # the guardian at least
-        assert all(p.nice() == 0 for p in children), [(p.cmdline(), p.nice()) for p in children]
+        assert any("krex.workers" in " ".join(p.cmdline()) for p in children), children
+        assert all(p.nice() == 0 and sorted(p.cpu_affinity()) == every for p in children), \
+            [(p.cmdline(), p.nice(), p.cpu_affinity()) for p in children]
     finally:
         d.stop()
 

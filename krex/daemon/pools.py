@@ -124,7 +124,7 @@ class Pools:
             self._in_flight.pop(session, None)
 
     def _run(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
-        priority.elevate()  # the worker it talks to runs at nice 0 (SCHED_RESET_ON_FORK)
+        priority.widen()  # at nice 0 (reset on fork); the workers it may start: every core
         # The program stops counting against its connection before its reply is sent: a
         # client that sends its next program on the reply must not find the cap full.
         try:

@@ -27,13 +27,19 @@ import os
 import threading
 
 _state: dict[str, object] = {"nice": 0, "rt": 0, "applied": False, "why": "not configured"}
+_cores: dict[str, list[int]] = {"all": [], "rest": []}
 
 
-def configure(nice: int, rt: int = 0) -> None:
+def configure(nice: int, rt: int = 0, reserved: list[int] | tuple = ()) -> None:
     """The nice value the daemon's threads take (0: leave them as they are); ``rt`` > 0:
-    ``SCHED_RR`` at that priority instead (``krex serve --rt-priority``)."""
+    ``SCHED_RR`` at that priority instead (``krex serve --rt-priority``).  ``reserved``:
+    the region holders' cores, which an elevated thread keeps off (it would preempt the
+    holder there); what it starts is widened again by :func:`widen`."""
     _state["nice"], _state["rt"] = int(nice), int(rt)
     _state["why"] = "" if nice or rt else "disabled by configuration (--nice 0)"
+    every = sorted(os.sched_getaffinity(0))
+    _cores["all"] = every
+    _cores["rest"] = [c for c in every if c not in set(reserved)] if reserved else []
 
 
 def elevate() -> bool:
@@ -54,9 +60,30 @@ def elevate() -> bool:
             continue
         _state["applied"], _state["policy"] = True, policy
         _state["why"] = "; ".join(why)
+        _keep_off_reserved(tid)
         return True
     _state["applied"], _state["why"] = False, "; ".join(why)
     return False
+
+
+def _keep_off_reserved(tid: int) -> None:
+    """An elevated thread never runs on a holder's reserved core: there it would take
+    the core from the holder the moment it wakes (after a grant, say)."""
+    if _cores["rest"]:
+        try:
+            os.sched_setaffinity(tid, _cores["rest"])
+        except OSError:
+            pass
+
+
+def widen() -> None:
+    """The calling thread (started by an elevated one, so at nice 0 already) gets every
+    core again, and so does what it starts: a thread that starts workers calls this."""
+    if _cores["rest"] and _cores["all"]:
+        try:
+            os.sched_setaffinity(threading.get_native_id(), _cores["all"])
+        except OSError:
+            pass
 
 
 def _set(tid: int, policy: str, rt: int, nice: int) -> None:
@@ -79,4 +106,4 @@ def thread_nice(pid: int, tid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[16])
 
 
-__all__ = ["configure", "describe", "elevate", "thread_nice"]
+__all__ = ["configure", "describe", "elevate", "thread_nice", "widen"]

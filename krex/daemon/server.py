@@ -366,6 +366,18 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
 
 
+def _reserved(config: DaemonConfig) -> list[int]:
+    """The holders' reserved cores (as the enforcer reserves them), for the daemon's
+    elevated threads to keep off."""
+    if not config.isolate:
+        return []
+    from krex.enforce.isolation import default_cores
+
+    if config.measure_cores is not None:
+        return sorted(config.measure_cores)
+    return default_cores(sorted(os.sched_getaffinity(0)))
+
+
 def serve(config: DaemonConfig) -> int:
     """Run a daemon in the foreground until stopped; returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="krexd: %(message)s", stream=sys.stderr)
@@ -381,11 +393,12 @@ def serve(config: DaemonConfig) -> int:
     except KrexError as exc:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
-    priority.configure(config.nice, config.rt_priority)
-    # the accepting thread; the guardian it starts begins at nice 0 (SCHED_RESET_ON_FORK)
+    priority.configure(config.nice, config.rt_priority, _reserved(config))
+    server.daemon = Daemon(config)
+    # the accepting thread, after what it started at start-up (the guardian, the event
+    # writer) began at nice 0 on every core (SCHED_RESET_ON_FORK; widened)
     if (config.nice or config.rt_priority) and not priority.elevate():
         log.info("daemon threads keep their priority: %s", priority.describe()["why"])
-    server.daemon = Daemon(config)
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()
     log.info("stopped")
