@@ -9,11 +9,11 @@ restore); for the cgroup backends also overlapped handoffs between two holders
 ``results/enforce.json`` (format version 1, written
 atomically) and prints a markdown table.
 
-The measuring thread runs at the daemon's priority (``--nice``, default the
-daemon's own default, -10: :mod:`krex.daemon.priority`), as the daemon's
-enforcement does; the siblings it starts run at nice 0.  ``--nice 0`` measures
-the enforcer at the siblings' priority (the figures before issue 18's stream
-h18 round 2).
+The measuring thread runs at the daemon's priority (``--rt-priority``,
+``--nice``: the daemon's defaults, SCHED_RR 1: :mod:`krex.daemon.priority`), as
+the daemon's enforcement does (on any core: its holders sleep); the siblings
+and holders it starts run at SCHED_OTHER, nice 0.  ``--rt-priority 0`` measures
+the enforcer at the siblings' priority (as before issue 18's stream h18 round 2).
 
 ``--migrations N`` measures instead what one handoff's cgroup moves cost in the
 kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
@@ -237,8 +237,10 @@ def main() -> int:
     parser.add_argument("--siblings", default=",".join(map(str, SIBLINGS)),
                         help="sibling counts, comma-separated")
     parser.add_argument("--backends", default="", help="freeze backends (default: all usable)")
+    parser.add_argument("--rt-priority", type=int, default=DaemonConfig.rt_priority,
+                        help="SCHED_RR priority of the measuring thread (the daemon's default)")
     parser.add_argument("--nice", type=int, default=DaemonConfig.nice,
-                        help="nice value of the measuring thread (the daemon's default)")
+                        help="its nice value with --rt-priority 0 (the daemon's default)")
     parser.add_argument("--migrations", type=int, default=0,
                         help="measure N cgroup moves and cpuset.cpus writes instead")
     args = parser.parse_args()
@@ -251,7 +253,10 @@ def main() -> int:
             print(f"{r['what']:28s} gap {r['gap_ms']:4.0f} ms: p50 {r['us']['p50']:8.0f} µs, "
                   f"p95 {r['us']['p95']:8.0f} µs")
         return 0
-    priority.configure(args.nice)
+    # Not kept off the reserved cores as the daemon's threads are: this thread starts the
+    # holders and siblings (which would inherit that affinity) and builds the enforcers
+    # (which read it); its holders sleep, so it takes no core from them.
+    priority.configure(args.nice, args.rt_priority)
     elevated = priority.elevate()  # what it starts (siblings, holders) begins at nice 0
     layout = CgroupLayout.probe()
     counts = [int(x) for x in args.siblings.split(",")]
@@ -263,7 +268,7 @@ def main() -> int:
         "kernel": platform.release(),
         "root": os.geteuid() == 0,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "nice": args.nice if elevated else 0,
+        "priority": priority.describe() if elevated else None,
         "loadavg": os.getloadavg(),
     }
     resultfile.write(args.out, {"benchmark": "enforce", "meta": meta, "results": rows}, format=1)

@@ -238,7 +238,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
         os.environ["KREX_SHIELD"] = shield
     try:
         extra = ("--nice", str(args.daemon_nice)) if args.daemon_nice is not None else ()
-        extra += ("--rt-priority", str(args.daemon_rt)) if args.daemon_rt else ()
+        extra += ("--rt-priority", str(args.daemon_rt)) if args.daemon_rt is not None else ()
         with private_daemon(*extra):
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
@@ -265,7 +265,7 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default=None, help="results file (default results/regions.json)")
-    ap.add_argument("--daemon-rt", type=int, default=0,
+    ap.add_argument("--daemon-rt", type=int, default=None,
                     help="the enforced daemons' --rt-priority (default: not passed)")
     ap.add_argument("--daemon-nice", type=int, default=None,
                     help="the enforced daemons' --nice (default: theirs; a daemon without "

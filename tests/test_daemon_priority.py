@@ -1,9 +1,10 @@
-"""The daemon's threads run at its nice value; whatever they start runs at 0 (issue 18).
+"""The daemon's threads run in SCHED_RR (or at a nice value); what they start does not.
 
 A handoff is a chain of the daemon's thread wake-ups; on a loaded machine each
 waited for a CPU behind the contenders (docs/benchmarks.md).  The daemon's
-threads lower their nice value (``--nice``, default -10), each for itself,
-with ``SCHED_RESET_ON_FORK`` so workers, the guardian and jobs never inherit it.
+threads raise themselves (``--rt-priority``, default 1; ``--nice``), each for
+itself, with ``SCHED_RESET_ON_FORK`` so workers, the guardian and jobs never
+inherit it, and keep off the holders' reserved cores.
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ def _serve_one_region(d: Daemon) -> tuple[dict, list[int]]:
         c.close()
 
 
+def _policy(tid: int) -> int:
+    return os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK
+
+
 @root
-def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_dir, tmp_path):
+def test_the_daemons_threads_run_in_sched_rr_and_its_children_do_not(runtime_dir, tmp_path):
     """Elevated daemon threads keep off the holders' reserved core (there they would take
     it from a holder on waking); the guardian and a worker started for a program run at
-    nice 0 on every core."""
+    SCHED_OTHER, nice 0, on every core."""
     d = Daemon(str(runtime_dir)).start()
     try:
-        status, nices = _serve_one_region(d)
-        assert status == {"nice": -10, "rt_priority": 0, "applied": True, "policy": "nice",
+        status, _ = _serve_one_region(d)
+        assert status == {"nice": 0, "rt_priority": 1, "applied": True, "policy": "rr",
                           "why": None}
-        # the accepting thread, the ticker, the lane, the event writer, our session
-        assert nices.count(-10) >= 4, nices
         prog = tmp_path / "prog.py"
         prog.write_text("print('ok')\n")
         c = Client(d.socket, autostart=False)
@@ -61,27 +64,47 @@ def test_the_daemons_threads_run_at_its_nice_and_its_children_at_zero(runtime_di
         finally:
             c.close()
         assert d.proc is not None
+        tids = [int(t) for t in os.listdir(f"/proc/{d.proc.pid}/task")]
+        rr = [t for t in tids if _policy(t) == os.SCHED_RR]
+        # the accepting thread, the ticker, the lane, the event writer, a session
+        assert len(rr) >= 4, [(t, _policy(t)) for t in tids]
         every = sorted(os.sched_getaffinity(0))
         reserved = default_cores(every)
-        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
-            if priority.thread_nice(d.proc.pid, int(tid)) == -10 and reserved:
-                assert not set(os.sched_getaffinity(int(tid))) & set(reserved), tid
+        assert all(not set(os.sched_getaffinity(t)) & set(reserved) for t in rr)
         children = psutil.Process(d.proc.pid).children(recursive=True)
         assert any("krex.workers" in " ".join(p.cmdline()) for p in children), children
-        assert all(p.nice() == 0 and sorted(p.cpu_affinity()) == every for p in children), \
-            [(p.cmdline(), p.nice(), p.cpu_affinity()) for p in children]
+        assert all(_policy(p.pid) == os.SCHED_OTHER and p.nice() == 0
+                   and sorted(p.cpu_affinity()) == every for p in children), \
+            [(p.cmdline(), _policy(p.pid), p.nice(), p.cpu_affinity()) for p in children]
     finally:
         d.stop()
 
 
 @root
-def test_nice_zero_leaves_the_daemons_threads_as_started(runtime_dir):
-    """Control: with ``--nice 0`` no thread is raised, and status says why."""
-    d = Daemon(str(runtime_dir), "--nice", "0").start()
+def test_a_nice_value_instead_of_rr(runtime_dir):
+    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", "-10").start()
+    try:
+        status, nices = _serve_one_region(d)
+        assert status["policy"] == "nice" and status["applied"] is True
+        assert nices.count(-10) >= 4, nices
+        assert d.proc is not None
+        children = psutil.Process(d.proc.pid).children(recursive=True)
+        assert children and all(p.nice() == 0 for p in children)
+    finally:
+        d.stop()
+
+
+@root
+def test_rt_priority_and_nice_zero_leave_the_daemons_threads_as_started(runtime_dir):
+    """Control: with both off no thread is raised, and status says why."""
+    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", "0").start()
     try:
         status, nices = _serve_one_region(d)
         assert status["applied"] is False and "disabled" in status["why"]
         assert set(nices) == {0}, nices
+        assert d.proc is not None
+        assert {_policy(int(t)) for t in os.listdir(f"/proc/{d.proc.pid}/task")} \
+            == {os.SCHED_OTHER}
     finally:
         d.stop()
 
@@ -108,6 +131,7 @@ def test_what_an_elevated_thread_starts_begins_at_nice_zero(monkeypatch):
     """A thread and a process started by an elevated thread are back at nice 0 (the
     reset-on-fork flag); without the flag both would inherit -10."""
     monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 0, "applied": False, "why": ""})
+    monkeypatch.setattr(priority, "_cores", {"all": [], "rest": []})
 
     def elevated_then_start() -> tuple[int, int, int]:
         assert priority.elevate()
@@ -126,6 +150,7 @@ def test_what_an_elevated_thread_starts_begins_at_nice_zero(monkeypatch):
 
 def test_a_refused_nice_leaves_the_thread_as_it_was_and_says_why(monkeypatch):
     monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 0, "applied": False, "why": ""})
+    monkeypatch.setattr(priority, "_cores", {"all": [], "rest": []})
 
     def refuse(*_args: object) -> None:
         raise PermissionError(1, "Operation not permitted")
@@ -140,25 +165,9 @@ def test_a_refused_nice_leaves_the_thread_as_it_was_and_says_why(monkeypatch):
 
 
 @root
-def test_rt_priority_puts_the_daemons_threads_in_sched_rr_and_its_children_not(runtime_dir):
-    d = Daemon(str(runtime_dir), "--rt-priority", "1").start()
-    try:
-        status, _ = _serve_one_region(d)
-        assert status["rt_priority"] == 1 and status["applied"] is True
-        assert d.proc is not None
-        policies = [os.sched_getscheduler(int(t)) & ~os.SCHED_RESET_ON_FORK
-                    for t in os.listdir(f"/proc/{d.proc.pid}/task")]
-        assert policies.count(os.SCHED_RR) >= 4, policies
-        children = psutil.Process(d.proc.pid).children(recursive=True)
-        assert children and all(os.sched_getscheduler(p.pid) == os.SCHED_OTHER
-                                for p in children)
-    finally:
-        d.stop()
-
-
-@root
 def test_a_refused_rt_priority_falls_back_to_the_nice_value(monkeypatch):
     monkeypatch.setattr(priority, "_state", {"nice": -10, "rt": 1, "applied": False, "why": ""})
+    monkeypatch.setattr(priority, "_cores", {"all": [], "rest": []})
     real = os.sched_setscheduler
 
     def no_rr(tid: int, policy: int, param: os.sched_param) -> None:

@@ -6,19 +6,27 @@ them waits for a CPU behind the contenders' own busy loops (and everything
 else the machine runs): measured under ``bench_regions.py``'s held run, the
 daemon's threads spent more time runnable-but-waiting than running
 (docs/benchmarks.md, "Where the enforced handoff's time goes").  So each
-daemon thread that serves requests or runs a device's enforcement lowers its
-own nice value (``krex serve --nice``, default ``-10``) when it starts.
+daemon thread that serves requests or runs a device's enforcement puts
+itself in ``SCHED_RR`` (``krex serve --rt-priority``, default 1) when it
+starts: woken, it preempts a CFS task at once.  (A nice value, ``--nice``, is
+the fallback: under EEVDF a woken nice -10 thread may still wait for the
+running task's slice, and measured with the shield it made round trips
+slower, not faster.)
 
-Nice values are per thread on Linux and a new thread inherits its creator's,
-as does a child process.  Every elevated thread also sets
+Policies are per thread on Linux and a new thread inherits its creator's, as
+does a child process.  Every elevated thread also sets
 ``SCHED_RESET_ON_FORK``, so whatever it starts — a worker, the guardian, the
-fake device server, a thread of its own — begins at nice 0 again: a benchmark
-never runs at the daemon's priority.  (The flag resets new threads too, which
-is why each daemon thread elevates itself.)
+fake device server, a thread of its own — begins at ``SCHED_OTHER``, nice 0:
+a benchmark never runs at the daemon's priority.  (The flag resets new
+threads too, which is why each daemon thread elevates itself.)  An elevated
+thread keeps off the holders' reserved cores (its affinity: the rest), where
+it would take the core from a holder the moment it wakes; a daemon thread
+that starts workers widens itself again first (:func:`widen`).
 
-Lowering a nice value needs root (``CAP_SYS_NICE``) or ``RLIMIT_NICE``; where
-it is not permitted the daemon runs at its inherited priority and
-``krex status`` says why (``daemon.priority``).
+Needs root (``CAP_SYS_NICE``) or ``RLIMIT_RTPRIO`` / ``RLIMIT_NICE``; where
+it is not permitted the daemon runs as started and ``krex status`` says why
+(``daemon.priority``).  The kernel's RT throttling (``sched_rt_runtime_us``)
+bounds what a runaway RR thread could take.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ def configure(nice: int, rt: int = 0, reserved: list[int] | tuple = ()) -> None:
     the region holders' cores, which an elevated thread keeps off (it would preempt the
     holder there); what it starts is widened again by :func:`widen`."""
     _state["nice"], _state["rt"] = int(nice), int(rt)
-    _state["why"] = "" if nice or rt else "disabled by configuration (--nice 0)"
+    _state["why"] = "" if nice or rt else "disabled by configuration (--rt-priority 0 --nice 0)"
     every = sorted(os.sched_getaffinity(0))
     _cores["all"] = every
     _cores["rest"] = [c for c in every if c not in set(reserved)] if reserved else []
