@@ -81,30 +81,24 @@ def test_the_daemons_threads_run_in_sched_rr_and_its_children_do_not(runtime_dir
 
 
 @root
-def test_a_nice_value_instead_of_rr(runtime_dir):
-    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", "-10").start()
+@pytest.mark.parametrize("nice", [-10, 0], ids=["nice-instead-of-rr", "control-neither"])
+def test_a_nice_value_instead_of_rr_or_neither(runtime_dir, nice):
+    """``--rt-priority 0 --nice -10``: the threads at nice -10, children at 0.  Control:
+    with both off no thread is raised, and status says why."""
+    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", str(nice)).start()
     try:
         status, nices = _serve_one_region(d)
-        assert status["policy"] == "nice" and status["applied"] is True
-        assert nices.count(-10) >= 4, nices
         assert d.proc is not None
-        children = psutil.Process(d.proc.pid).children(recursive=True)
-        assert children and all(p.nice() == 0 for p in children)
-    finally:
-        d.stop()
-
-
-@root
-def test_rt_priority_and_nice_zero_leave_the_daemons_threads_as_started(runtime_dir):
-    """Control: with both off no thread is raised, and status says why."""
-    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", "0").start()
-    try:
-        status, nices = _serve_one_region(d)
-        assert status["applied"] is False and "disabled" in status["why"]
-        assert set(nices) == {0}, nices
-        assert d.proc is not None
-        assert {_policy(int(t)) for t in os.listdir(f"/proc/{d.proc.pid}/task")} \
-            == {os.SCHED_OTHER}
+        policies = {_policy(int(t)) for t in os.listdir(f"/proc/{d.proc.pid}/task")}
+        assert policies == {os.SCHED_OTHER}, policies
+        if nice:
+            assert status["policy"] == "nice" and status["applied"] is True
+            assert nices.count(nice) >= 4, nices
+            children = psutil.Process(d.proc.pid).children(recursive=True)
+            assert children and all(p.nice() == 0 for p in children)
+        else:
+            assert status["applied"] is False and "disabled" in status["why"]
+            assert set(nices) == {0}, nices
     finally:
         d.stop()
 
