@@ -41,8 +41,13 @@ class DaemonLauncher:
         job = self.daemon.new_worker_job(self.device, index)
         info = self.daemon.job_env(job)
         self._spawning.job_id = job.job_id
-        return merge_env(dict(os.environ), info["env"]), join_cgroups(info["cgroups"],
-                                                                       new_group=False)
+        join = join_cgroups(info["cgroups"], new_group=False)
+
+        def setup() -> None:  # the daemon thread that forks it may keep off some cores
+            priority.widen()
+            join()
+
+        return merge_env(dict(os.environ), info["env"]), setup
 
     def started(self, pid: int) -> None:
         self.daemon.worker_started(self._spawning.job_id, pid)
@@ -124,7 +129,6 @@ class Pools:
             self._in_flight.pop(session, None)
 
     def _run(self, session: Session, msg: m.Exec, device: str, tenant: str | None) -> None:
-        priority.widen()  # at nice 0 (reset on fork); the workers it may start: every core
         # The program stops counting against its connection before its reply is sent: a
         # client that sends its next program on the reply must not find the cap full.
         try:

@@ -20,8 +20,8 @@ fake device server, a thread of its own — begins at ``SCHED_OTHER``, nice 0:
 a benchmark never runs at the daemon's priority.  (The flag resets new
 threads too, which is why each daemon thread elevates itself.)  An elevated
 thread keeps off the holders' reserved cores (its affinity: the rest), where
-it would take the core from a holder the moment it wakes; a daemon thread
-that starts workers widens itself again first (:func:`widen`).
+it would take the core from a holder the moment it wakes; a worker it forks
+widens itself again before ``exec`` (:func:`widen`).
 
 Needs root (``CAP_SYS_NICE``) or ``RLIMIT_RTPRIO`` / ``RLIMIT_NICE``; where
 it is not permitted the daemon runs as started and ``krex status`` says why
@@ -85,11 +85,12 @@ def _keep_off_reserved(tid: int) -> None:
 
 
 def widen() -> None:
-    """The calling thread (started by an elevated one, so at nice 0 already) gets every
-    core again, and so does what it starts: a thread that starts workers calls this."""
+    """The calling thread (or a child between fork and exec) gets every core again: a
+    worker forked by a daemon thread that keeps off the reserved cores calls this in its
+    ``preexec_fn`` (its policy and nice were reset by the fork already)."""
     if _cores["rest"] and _cores["all"]:
         try:
-            os.sched_setaffinity(threading.get_native_id(), _cores["all"])
+            os.sched_setaffinity(0, _cores["all"])  # the calling thread
         except OSError:
             pass
 
