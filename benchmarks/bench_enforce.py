@@ -10,10 +10,10 @@ restore); for the cgroup backends also overlapped handoffs between two holders
 atomically) and prints a markdown table.
 
 The measuring thread runs at the daemon's priority (``--rt-priority``,
-``--nice``: the daemon's defaults, SCHED_RR 1: :mod:`krex.daemon.priority`), as
-the daemon's enforcement does (on any core: its holders sleep); the siblings
-and holders it starts run at SCHED_OTHER, nice 0.  ``--rt-priority 0`` measures
-the enforcer at the siblings' priority (as before issue 18's stream h18 round 2).
+``--nice``: the daemon's defaults, neither raised:
+:mod:`krex.daemon.priority`), as the daemon's enforcement does (on any core:
+its holders sleep); the siblings and holders it starts run at SCHED_OTHER,
+nice 0.  ``--rt-priority 1`` measures the enforcer in SCHED_RR.
 
 ``--migrations N`` measures instead what one handoff's cgroup moves cost in the
 kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy

@@ -51,7 +51,7 @@ def test_the_daemons_threads_run_in_sched_rr_and_its_children_do_not(runtime_dir
     """Elevated daemon threads keep off the holders' reserved core (there they would take
     it from a holder on waking); the guardian and a worker started for a program run at
     SCHED_OTHER, nice 0, on every core."""
-    d = Daemon(str(runtime_dir)).start()
+    d = Daemon(str(runtime_dir), "--rt-priority", "1").start()
     try:
         status, _ = _serve_one_region(d)
         assert status == {"nice": 0, "rt_priority": 1, "applied": True, "policy": "rr",
@@ -81,11 +81,12 @@ def test_the_daemons_threads_run_in_sched_rr_and_its_children_do_not(runtime_dir
 
 
 @root
-@pytest.mark.parametrize("nice", [-10, 0], ids=["nice-instead-of-rr", "control-neither"])
+@pytest.mark.parametrize("nice", [-10, 0], ids=["nice-instead-of-rr", "control-default"])
 def test_a_nice_value_instead_of_rr_or_neither(runtime_dir, nice):
-    """``--rt-priority 0 --nice -10``: the threads at nice -10, children at 0.  Control:
-    with both off no thread is raised, and status says why."""
-    d = Daemon(str(runtime_dir), "--rt-priority", "0", "--nice", str(nice)).start()
+    """``--nice -10``: the threads at nice -10, children at 0.  Control: the default
+    (both off) raises no thread, and status says why."""
+    flags = ("--nice", str(nice)) if nice else ()
+    d = Daemon(str(runtime_dir), *flags).start()
     try:
         status, nices = _serve_one_region(d)
         assert d.proc is not None

@@ -6,12 +6,15 @@ them waits for a CPU behind the contenders' own busy loops (and everything
 else the machine runs): measured under ``bench_regions.py``'s held run, the
 daemon's threads spent more time runnable-but-waiting than running
 (docs/benchmarks.md, "Where the enforced handoff's time goes").  So each
-daemon thread that serves requests or runs a device's enforcement puts
-itself in ``SCHED_RR`` (``krex serve --rt-priority``, default 1) when it
-starts: woken, it preempts a CFS task at once.  (A nice value, ``--nice``, is
-the fallback: under EEVDF a woken nice -10 thread may still wait for the
-running task's slice, and measured with the shield it made round trips
-slower, not faster.)
+daemon thread that serves requests or runs a device's enforcement can put
+itself in ``SCHED_RR`` (``krex serve --rt-priority N``) when it starts:
+woken, it preempts a CFS task at once.  (A nice value, ``--nice``, is the
+fallback: under EEVDF a woken nice -10 thread may still wait for the running
+task's slice, and measured with the shield it made round trips slower.)  Off
+by default: on the loaded 2-core development machine neither gave a gain
+that stood out of the noise, and with the shield (the daemon and every
+contender not holding the device share the other core) RR's daemon kept the
+thawed contenders waiting (docs/benchmarks.md).
 
 Policies are per thread on Linux and a new thread inherits its creator's, as
 does a child process.  Every elevated thread also sets
