@@ -71,7 +71,9 @@ def test_the_daemons_threads_run_in_sched_rr_and_its_children_do_not(runtime_dir
         every = sorted(os.sched_getaffinity(0))
         reserved = default_cores(every)
         assert all(not set(os.sched_getaffinity(t)) & set(reserved) for t in rr)
-        children = psutil.Process(d.proc.pid).children(recursive=True)
+        # (a child caught between fork and exec still reads as the daemon: left out)
+        children = [p for p in psutil.Process(d.proc.pid).children(recursive=True)
+                    if "serve" not in p.cmdline()]
         assert any("krex.workers" in " ".join(p.cmdline()) for p in children), children
         assert all(_policy(p.pid) == os.SCHED_OTHER and p.nice() == 0
                    and sorted(p.cpu_affinity()) == every for p in children), \
