@@ -9,6 +9,12 @@ restore); for the cgroup backends also overlapped handoffs between two holders
 ``results/enforce.json`` (format version 1, written
 atomically) and prints a markdown table.
 
+The measuring thread runs at the daemon's priority (``--rt-priority``,
+``--nice``: the daemon's defaults, neither raised:
+:mod:`krex.daemon.priority`), as the daemon's enforcement does (on any core:
+its holders sleep); the siblings and holders it starts run at SCHED_OTHER,
+nice 0.  ``--rt-priority 1`` measures the enforcer in SCHED_RR.
+
 ``--migrations N`` measures instead what one handoff's cgroup moves cost in the
 kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
 (freezer, cpuset, the unified one), and rewriting its v1 cpuset's ``cpuset.cpus``
@@ -29,6 +35,8 @@ import sys
 import time
 
 from krex import resultfile
+from krex.daemon import priority
+from krex.daemon.config import DaemonConfig
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, read, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
@@ -109,7 +117,8 @@ def _measure(layout, backend, holder, siblings, regions) -> dict:
 def _handoffs(layout, backend, holders, siblings, regions) -> dict | None:
     """Overlapped handoffs between two holders with ``siblings`` frozen throughout:
     the time to the next holder's grant (``Enforcer.hand_over``) and, after it, the
-    outgoing region's report (``exit``)."""
+    outgoing region's report (``exit``); then, as the daemon does for the job queued
+    next, the frozen outgoing holder's counters are read (``prefetch``)."""
     enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
     region = enforcer.enter(holders[0], siblings + [holders[1]], max_hold_s=10)
     grant_ms, report_ms, carried = [], [], 0
@@ -128,6 +137,7 @@ def _handoffs(layout, backend, holders, siblings, regions) -> dict | None:
         t2 = time.perf_counter()
         region.exit()
         report_ms.append((time.perf_counter() - t2) * 1e3)
+        new.prefetch(prev)  # as the daemon does after a grant for the job queued next
         region = new
     region.exit()
     if not grant_ms:
@@ -227,6 +237,10 @@ def main() -> int:
     parser.add_argument("--siblings", default=",".join(map(str, SIBLINGS)),
                         help="sibling counts, comma-separated")
     parser.add_argument("--backends", default="", help="freeze backends (default: all usable)")
+    parser.add_argument("--rt-priority", type=int, default=DaemonConfig.rt_priority,
+                        help="SCHED_RR priority of the measuring thread (the daemon's default)")
+    parser.add_argument("--nice", type=int, default=DaemonConfig.nice,
+                        help="its nice value with --rt-priority 0 (the daemon's default)")
     parser.add_argument("--migrations", type=int, default=0,
                         help="measure N cgroup moves and cpuset.cpus writes instead")
     args = parser.parse_args()
@@ -239,6 +253,11 @@ def main() -> int:
             print(f"{r['what']:28s} gap {r['gap_ms']:4.0f} ms: p50 {r['us']['p50']:8.0f} µs, "
                   f"p95 {r['us']['p95']:8.0f} µs")
         return 0
+    # Not kept off the reserved cores as the daemon's threads are: this thread starts the
+    # holders and siblings (which would inherit that affinity) and builds the enforcers
+    # (which read it); its holders sleep, so it takes no core from them.
+    priority.configure(args.nice, args.rt_priority)
+    elevated = priority.elevate()  # what it starts (siblings, holders) begins at nice 0
     layout = CgroupLayout.probe()
     counts = [int(x) for x in args.siblings.split(",")]
     chosen = args.backends.split(",") if args.backends else backends(layout)
@@ -249,6 +268,8 @@ def main() -> int:
         "kernel": platform.release(),
         "root": os.geteuid() == 0,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "priority": priority.describe() if elevated else None,
+        "loadavg": os.getloadavg(),
     }
     resultfile.write(args.out, {"benchmark": "enforce", "meta": meta, "results": rows}, format=1)
     print(table(rows))

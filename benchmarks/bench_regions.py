@@ -49,49 +49,138 @@ def round_trip(n: int) -> list[float]:
 
 
 # argv: regions (or 0: run for SECONDS), hold seconds, SECONDS
+# Each row: the client's grant and release times, the grant's step times, and for the
+# per-step breakdown ("x"): when the acquire was sent, the client thread's run delay
+# while it waited in acquire, and the daemon's times of the region from its report.
 CONTENDER = r"""
 import json, sys, time
 from krex.client.connection import Client
+
+def run_delay():
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1])
+
 n, hold_s, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 c = Client(autostart=False)
 job = c.register()["job_id"]
 rows = []
-print("ready", flush=True)
+print(json.dumps({"ready": c.conn.welcome.get("daemon_pid")}), flush=True)
 sys.stdin.readline()
 stop = time.monotonic() + seconds
 while (len(rows) < n) if n else (time.monotonic() < stop):
+    sent, rd0 = time.monotonic_ns(), run_delay()
     rid = c.acquire(job)["region"]
     granted = time.monotonic_ns()
+    rd = run_delay() - rd0
     end = time.perf_counter() + hold_s
     while time.perf_counter() < end:
         pass
     released = time.monotonic_ns()
-    host = (c.release(rid).get("report") or {}).get("host") or {}
+    rep = c.release(rid).get("report") or {}
+    host = rep.get("host") or {}
     steps = {st["name"]: st["apply_ms"] for st in host.get("steps", [])}
-    rows.append((granted, released, steps))
+    x = {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
+         "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
+         "en": rep.get("enforce_s"), "back": time.monotonic_ns(),
+         "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
+    rows.append((granted, released, steps, x))
 print(json.dumps(rows), flush=True)
+sys.stdin.readline()  # stay connected until the daemon's threads have been read
 """
 
 
 def contend(jobs: int, n: int, hold_s: float = 0.0005,
-            seconds: float = 0.0) -> list[tuple[int, int, int, dict]]:
-    """(granted ns, released ns, which process, {step: apply ms}) of every region,
-    in grant order."""
+            seconds: float = 0.0, threads: dict | None = None) -> list[tuple]:
+    """(granted ns, released ns, which process, {step: apply ms}, x) of every region,
+    in grant order (``x``: see CONTENDER).  ``threads``: filled with the daemon's
+    threads' CPU time and run delay over the run (see :func:`daemon_threads`)."""
     procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(n), str(hold_s),
                                str(seconds)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for _ in range(jobs)]
-    for p in procs:
-        assert p.stdout.readline().strip() == "ready"
+    pids = {json.loads(p.stdout.readline())["ready"] for p in procs}
+    daemon = pids.pop() if len(pids) == 1 else None
+    before = daemon_threads(daemon)
     for p in procs:
         p.stdin.write("go\n")
         p.stdin.flush()
     spans = []
     for who, p in enumerate(procs):
         rows = json.loads(p.stdout.readline())
-        spans += [(g, r, who, steps) for g, r, steps in rows]
+        spans += [(g, r, who, steps, x) for g, r, steps, x in rows]
+    if threads is not None:
+        threads.update(thread_delta(before, daemon_threads(daemon)))
+    for p in procs:
+        p.stdin.write("bye\n")
+        p.stdin.flush()
         p.wait()
-    spans.sort()
+    spans.sort(key=lambda s: s[0])
     return spans
+
+
+def daemon_threads(pid: int | None) -> dict:
+    """tid -> (name, CPU ns, run delay ns) of every thread of the daemon, now."""
+    out: dict = {}
+    if pid is None:
+        return out
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/{tid}/schedstat") as f:
+                cpu, delay = (int(v) for v in f.read().split()[:2])
+        except OSError:
+            continue
+        out[tid] = (name, cpu, delay)
+    return out
+
+
+def thread_delta(before: dict, after: dict) -> dict:
+    """Per daemon thread that ran (``name:tid``) and in total: ms of CPU and of run delay
+    (time runnable but waiting for a CPU) over a run."""
+    out: dict = {"total": {"cpu_ms": 0.0, "run_delay_ms": 0.0}}
+    for tid, (name, cpu, delay) in after.items():
+        _, cpu0, delay0 = before.get(tid, (name, 0, 0))
+        if cpu == cpu0:
+            continue
+        row = {"cpu_ms": round((cpu - cpu0) / 1e6, 2),
+               "run_delay_ms": round((delay - delay0) / 1e6, 2)}
+        out[f"{name}:{tid}"] = row
+        for k in row:
+            out["total"][k] = round(out["total"][k] + row[k], 2)
+    return out
+
+
+def gap_parts(a: tuple, b: tuple) -> dict | None:
+    """Where one release-to-next-grant gap went (µs), from the two contenders' clocks and
+    the daemon's times in the reports (all CLOCK_MONOTONIC of this host)."""
+    xa, xb = a[4], b[4]
+    if None in (xa["rl"], xb["g"], xb["en"], xb["rq"]):
+        return None
+    rl, g = xa["rl"] * 1e9, xb["g"] * 1e9
+    enter = g - xb["en"] * 1e9
+    parts = {"release_sent_to_handled": (rl - a[1]) / 1e3,
+             # the next holder's acquire reached the daemon this long after the release
+             # was handled (<= 0: it was queued already)
+             "next_asked_after_release": max(0.0, xb["rq"] * 1e9 - rl) / 1e3,
+             "to_set_up_start": (enter - max(rl, xb["rq"] * 1e9)) / 1e3,
+             "enforce_steps": xb["en"] * 1e6,
+             "grant_to_next_holder_returns": (b[0] - g) / 1e3,
+             "next_holder_run_delay_in_acquire": xb["rd"] / 1e3,
+             "outgoing_undo_revert_sum": xa["rv"] * 1e3,
+             "total": (b[0] - a[1]) / 1e3}
+    return parts
+
+
+def gap_breakdown(spans: list) -> dict:
+    """p50 of each part of the gap, for handed-over and set-up grants apart."""
+    out: dict = {}
+    pairs = [(a, b) for a, b in itertools.pairwise(spans) if a[2] != b[2]]
+    for kind, want in (("handed_over", True), ("set_up", False)):
+        rows = [p for a, b in pairs if carried(b[3]) is want and (p := gap_parts(a, b))]
+        out[kind] = {"gaps": len(rows), **{
+            k: round(quantiles([r[k] for r in rows])["p50"], 1) for k in (rows[0] if rows else {})}}
+    return out
 
 
 def handoff(n: int) -> list[float]:
@@ -119,7 +208,8 @@ def breakdown(spans: list) -> dict:
 
 def held_fraction(jobs: int, hold_ms: float, seconds: float) -> dict:
     """Back-to-back regions of ``jobs`` processes: how much of the time the device was held."""
-    spans = contend(jobs, 0, hold_ms / 1e3, seconds)
+    threads: dict = {}
+    spans = contend(jobs, 0, hold_ms / 1e3, seconds, threads)
     held = sum(s[1] - s[0] for s in spans)
     wall = spans[-1][1] - spans[0][0]
     overlaps = sum(b[0] < a[1] for a, b in itertools.pairwise(spans))
@@ -128,7 +218,8 @@ def held_fraction(jobs: int, hold_ms: float, seconds: float) -> dict:
     return {"jobs": jobs, "hold_ms": hold_ms, "seconds": round(wall / 1e9, 3),
             "regions": len(spans), "held_fraction": round(held / wall, 4),
             "regions_per_job": per_job, "overlaps": overlaps,
-            "gap_us": quantiles(gaps), **split_gaps(spans), "steps_p50_ms": breakdown(spans)}
+            "gap_us": quantiles(gaps), **split_gaps(spans), "steps_p50_ms": breakdown(spans),
+            "gap_parts_p50_us": gap_breakdown(spans), "daemon_threads": threads}
 
 
 def split_gaps(spans: list) -> dict:
@@ -146,7 +237,9 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
     if shield is not None:
         os.environ["KREX_SHIELD"] = shield
     try:
-        with private_daemon():
+        extra = ("--nice", str(args.daemon_nice)) if args.daemon_nice is not None else ()
+        extra += ("--rt-priority", str(args.daemon_rt)) if args.daemon_rt is not None else ()
+        with private_daemon(*extra):
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
             ho = [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
@@ -159,6 +252,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             os.environ["KREX_SHIELD"] = old
     return {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
             "handoffs_measured": len(ho), "handoff_steps_p50_ms": breakdown(spans),
+            "handoff_parts_p50_us": gap_breakdown(spans),
             "handoff_us_handed_over": ho_split["gap_us_handed_over"],
             "handoff_us_set_up": ho_split["gap_us_set_up"],
             "held": held}
@@ -171,6 +265,11 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default=None, help="results file (default results/regions.json)")
+    ap.add_argument("--daemon-rt", type=int, default=None,
+                    help="the enforced daemons' --rt-priority (default: not passed)")
+    ap.add_argument("--daemon-nice", type=int, default=None,
+                    help="the enforced daemons' --nice (default: theirs; a daemon without "
+                         "the flag refuses it)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     # The machine floor: the bare protocol (every mechanism off) in the same run.
@@ -181,7 +280,9 @@ def main() -> None:
     runs = {"shield default": enforced(args, None), "KREX_SHIELD=off": enforced(args, "off")}
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
              "handoffs_measured": len(ho), "held": held}
-    path = write_results("regions", {"n": args.n, "floor": floor, "enforced": runs,
+    path = write_results("regions", {"n": args.n, "daemon_nice": args.daemon_nice,
+                                     "daemon_rt": args.daemon_rt,
+                                     "floor": floor, "enforced": runs,
                                      "loadavg_before": load_before,
                                      "loadavg_after": os.getloadavg()}, path=args.out)
     rows = [["bare (floor)", floor]] + [[f"enforced, {k}", v] for k, v in runs.items()]
@@ -199,6 +300,10 @@ def main() -> None:
         print(f"{name}: handoff µs handed over {_q(r['handoff_us_handed_over'])}, set up "
               f"{_q(r['handoff_us_set_up'])}; held-run gap µs handed over "
               f"{_q(r['held']['gap_us_handed_over'])}, set up {_q(r['held']['gap_us_set_up'])}")
+        print(f"{name}: handoff gap parts p50 µs: {json.dumps(r['handoff_parts_p50_us'])}")
+        print(f"{name}: held-run gap parts p50 µs: {json.dumps(r['held']['gap_parts_p50_us'])}")
+        print(f"{name}: daemon threads over the held run: "
+              f"{json.dumps(r['held']['daemon_threads']['total'])}")
     print(f"\nload average before {load_before}, after {os.getloadavg()}; written {path}")
 
 

@@ -761,3 +761,86 @@ def test_lease_handed_sends_the_lease_and_the_end_in_one_write(backend, tmp_path
         guardian.stop()
         for s in jobs:
             s.kill()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+@pytest.mark.parametrize("prefetched", [True, False], ids=["prefetched", "control-at-handoff"])
+def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
+        backend, prefetched, tmp_path, instance, monkeypatch):
+    """B's counters, read after A's grant while B is frozen (``prefetch``), are B's
+    region's start: the handoff to B reads none of B's threads on the grant path, and
+    B's report still counts the CPU B used in its region.  Control: without the
+    prefetch the handoff reads them.  The holder itself is never prefetched."""
+    from krex.enforce import schedstat
+
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    a, b, c = jobs
+    reads: list[int] = []
+    real = schedstat.thread_counts
+    monkeypatch.setattr(schedstat, "thread_counts",
+                        lambda pid, tid: (reads.append(pid), real(pid, tid))[1])
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        assert not first.prefetch(a.target)
+        if prefetched:
+            assert first.prefetch(b.target)
+        time.sleep(0.1)
+        mark = len(reads)
+        used = psutil.Process(b.proc.pid).cpu_times()
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        on_path = reads[mark:]
+        lease_handed(second)
+        first.exit()
+        time.sleep(0.3)  # B, a busy loop, runs in its region
+        report = second.exit()
+        now = psutil.Process(b.proc.pid).cpu_times()
+        ran_ms = 1e3 * (now.user + now.system - used.user - used.system)
+        assert (b.proc.pid in on_path) is not prefetched, on_path
+        # the region's CPU is B's CPU since the handoff (/proc's in 10 ms ticks)
+        assert ran_ms > 20 and report.holder_cpu_ms is not None
+        assert abs(report.holder_cpu_ms - ran_ms) < 0.2 * ran_ms + 20, (report, ran_ms)
+    finally:
+        for s in jobs:
+            s.kill()
+
+
+class _PrefetchNoting(_ThreadNoting):
+    """Notes whose counters the daemon asks to read after each grant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefetched: list[int] = []
+
+    def prefetch(self, held, job) -> bool:
+        self.prefetched.append(job.job_id)
+        return True
+
+
+def test_after_a_grant_the_daemon_prefetches_the_next_holders_counters(tmp_path):
+    """After each grant the job the scheduler would grant next (here c, behind b) has
+    its counters read, off the grant path; nobody queued, nothing read (control)."""
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.protocol import messages as m
+
+    ex = _PrefetchNoting()
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0), exclusivity=ex)
+    try:
+        a, b, c = FakeSession(), FakeSession(), FakeSession()
+        ids = {s: core.handle(s, m.CreateJob(device="cpu", name=n, mode="region"))["job_id"]
+               for s, n in ((a, "a"), (b, "b"), (c, "c"))}
+        core.handle(a, m.Acquire(id=1, job_id=ids[a]))
+        region = a.reply(1).data["region"]
+        core.lanes.wait_idle(5)
+        assert ex.prefetched == []  # nobody queued at a's grant
+        core.handle(b, m.Acquire(id=2, job_id=ids[b]))
+        core.handle(c, m.Acquire(id=3, job_id=ids[c]))
+        core.handle(a, m.Release(id=4, region=region))
+        b.reply(2)  # b granted (handed over)
+        core.lanes.wait_idle(5)
+        assert ex.prefetched == [ids[c]]
+    finally:
+        core.shutdown()

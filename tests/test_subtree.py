@@ -474,3 +474,43 @@ def test_a_daemon_started_inside_a_krex_tree_puts_its_own_beside_it(tmp_path):
                 os.rmdir(d)
             except OSError:
                 pass
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+@pytest.mark.parametrize("first", [True, False], ids=["thaw-first", "control-stack-order"])
+def test_a_regions_end_thaws_the_device_before_the_rest_of_its_undo(backend, first, tmp_path,
+                                                                    instance, monkeypatch):
+    """The siblings (at a chain's end, the next holder among them) are thawed right
+    after the holder's counters are read, before the isolation and the slot are undone;
+    the report still counts them frozen.  Control: the plain stack order (isolation
+    first) is what a region without the early thaw does."""
+    from krex.enforce.enforcer import Enforcement
+    from krex.enforce.freeze import SubtreeFreeze
+    from krex.enforce.isolation import SlotIsolation
+    from krex.enforce.slot import HolderSlot
+
+    layout = layout_or_skip(backend)
+    if not first:
+        monkeypatch.setattr(Enforcement, "_thaw_first", lambda self: None)
+    order: list[str] = []
+    for cls in (SubtreeFreeze, SlotIsolation, HolderSlot):
+        real = cls.revert
+        monkeypatch.setattr(cls, "revert", lambda self, _r=real: (order.append(self.name),
+                                                                   _r(self))[1])
+    holder = sib = None
+    try:
+        holder, target, sib, region = _region_with_a_sibling(layout, backend, tmp_path, instance)
+        frozen_at, thawed_at = hold(0.2)
+        report = region.exit()
+        assert_frozen_then_resumes(sib, frozen_at, thawed_at)
+        assert report.processes_frozen == 1 and report.siblings_frozen == 1
+        assert all(s.ok for s in report.steps), report.steps
+        assert order.count("freeze") == 1, order
+        if "isolate" not in order:
+            pytest.skip("no slot isolation here (no writable v1 cpuset): nothing to order")
+        if first:
+            assert order[0] == "freeze", order
+        else:
+            assert order.index("freeze") > 0, order
+    finally:
+        _end([sib], holder)

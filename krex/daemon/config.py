@@ -127,6 +127,17 @@ class DaemonConfig:
     preload: list[str] = field(default_factory=lambda: ["numpy"], metadata=flag(
         "comma-separated modules each worker imports at start", parse=parse_list,
         metavar="MODULES", shown_default="numpy"))
+    rt_priority: int = field(default=0, metadata=flag(
+        "SCHED_RR priority of the daemon's threads (1-99; 0: off, the default), each set "
+        "by the thread itself, kept off the holders' reserved cores; whatever they start "
+        "begins at SCHED_OTHER, nice 0, on every core.  A woken daemon thread preempts the "
+        "contenders at once (and keeps them waiting while it runs: not a measured gain "
+        "on a loaded 2-core machine, docs/benchmarks.md).  Needs root (CAP_SYS_NICE) or "
+        "RLIMIT_RTPRIO, else --nice, else nothing (krex status: daemon.priority)",
+        metavar="N"))
+    nice: int = field(default=0, metadata=flag(
+        "nice value of the daemon's threads when --rt-priority is 0 or refused (0: as "
+        "started)", metavar="N"))
     worker_memory_cap_mb: float | None = field(default=None, metadata=flag(
         "device memory cap per warm worker (fakegpu: its driver; cuda: torch's allocator "
         "when torch is preloaded)"))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from krex.daemon import priority
 from krex.daemon.access import Access
 from krex.daemon.config import DaemonConfig
 from krex.daemon.eventlog import EventLog
@@ -567,7 +568,7 @@ class Daemon:
                        "uptime_s": time.monotonic() - self.started_mono_s,
                        "event_log": self.config.event_log, "accepting": self.accepting,
                        "node": self.config.node, "uid": os.getuid(),
-                       "lanes_busy": self.lanes.busy()},
+                       "lanes_busy": self.lanes.busy(), "priority": priority.describe()},
             "devices": [d.to_dict() for d in self.devices],
             "scheduler": holders,
             "jobs": jobs,

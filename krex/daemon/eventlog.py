@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from krex.daemon import priority
+
 FLUSH_INTERVAL_S = 0.02
 WARN_EVERY_S = 10.0
 log = logging.getLogger("krex.daemon")
@@ -68,7 +70,9 @@ class EventLog:
 
     def _write_loop(self) -> None:
         # Wake on a period rather than per event: a thread woken per event competes
-        # with the session threads for the GIL right on the grant path.
+        # with the session threads for the GIL right on the grant path.  At the daemon's
+        # priority: preempted while it holds the GIL, it would hold up the session threads.
+        priority.elevate()
         while True:
             time.sleep(FLUSH_INTERVAL_S)
             lines: list[str] = []

@@ -305,6 +305,13 @@ class Exclusivity:
                 "GPU work may run during the region", disabled=True))
         return _Region(enforcement, drain, None)
 
+    def prefetch(self, held: Held, job: Any) -> bool:
+        """After ``held``'s grant: read ``job``'s counters while it is frozen, for the
+        handoff that may grant it next (:meth:`Enforcement.prefetch`)."""
+        if not isinstance(held, _Region) or not held.can_hand_over():
+            return False
+        return held.enforcement.prefetch(self.target(job))
+
     def _all_off(self, device: str) -> bool:
         c = self.config
         return c.freeze == "off" and not c.isolate and not (c.gate and is_gpu(device))

@@ -261,13 +261,36 @@ class Holds:
         with self.d.locked():
             st.held = held
             st.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
-            if st.outcome is None:
+            granted = st.outcome is None
+            if granted:
                 st.phase = Phase.HELD
                 self._granted(st, time.monotonic())
-                return
-            st.phase = Phase.CLOSING  # abandoned while it was being set up
-            st.ending_mono_s = time.monotonic()
-        self._exit(st)
+            else:
+                st.phase = Phase.CLOSING  # abandoned while it was being set up
+                st.ending_mono_s = time.monotonic()
+        if granted:
+            self._prefetch(st)
+        else:
+            self._exit(st)
+
+    def _prefetch(self, st: RegionState) -> None:
+        """After a grant (sent), still in the lane's turn: the counters of the job the
+        scheduler would grant next on the device, frozen now, are read for its handoff
+        (:meth:`krex.enforce.enforcer.Enforcement.prefetch`) — one read less on the next
+        handed-over grant's path."""
+        prefetch = getattr(self.d.exclusivity, "prefetch", None)
+        if prefetch is None or st.held is None:
+            return
+        with self.d.locked():
+            job_id = self.d.scheduler.next_job(st.request.device)
+            job = self.d.jobs.get(job_id) if job_id is not None else None
+        if job is None or job.job_id == st.request.job_id:
+            return
+        try:
+            prefetch(st.held, job)
+        except Exception:  # a job that just ended, say: its handoff reads them itself
+            log.debug("region %d: prefetch for job %d failed", st.region, job.job_id,
+                      exc_info=True)
 
     def _exit(self, st: RegionState) -> None:
         nxt = self._next_holder(st)
@@ -340,6 +363,8 @@ class Holds:
         self._undo(st)  # the outgoing report: confirmation, counts, contention, after the grant
         if gone:
             self._exit(nxt)
+        else:
+            self._prefetch(nxt)
 
     def _undo(self, st: RegionState) -> None:
         evidence: Evidence | None = None

@@ -26,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from krex.daemon import priority
+
 log = logging.getLogger("krex.daemon")
 Task = Callable[[], None]
 
@@ -83,6 +85,7 @@ class Lane:
         self._tasks.put(None)
 
     def _run(self) -> None:
+        priority.elevate()
         while True:
             task = self._tasks.get()
             if task is None:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from krex.daemon import priority
 from krex.errors import KrexError, LimitExceeded, WorkerFailed
 from krex.protocol import messages as m
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
@@ -40,8 +41,13 @@ class DaemonLauncher:
         job = self.daemon.new_worker_job(self.device, index)
         info = self.daemon.job_env(job)
         self._spawning.job_id = job.job_id
-        return merge_env(dict(os.environ), info["env"]), join_cgroups(info["cgroups"],
-                                                                       new_group=False)
+        join = join_cgroups(info["cgroups"], new_group=False)
+
+        def setup() -> None:  # the daemon thread that forks it may keep off some cores
+            priority.widen()
+            join()
+
+        return merge_env(dict(os.environ), info["env"]), setup
 
     def started(self, pid: int) -> None:
         self.daemon.worker_started(self._spawning.job_id, pid)

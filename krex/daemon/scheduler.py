@@ -308,6 +308,15 @@ class Scheduler:
         first = min(dq.shares[best], key=lambda j: dq.served.get(j, 0))
         return dq.served.get(job_id, 0) <= dq.served.get(first, 0)
 
+    def next_job(self, device: str) -> int | None:
+        """The job whose request :meth:`_pick` would grant next on ``device`` if the
+        holder released now (no state changes; a prediction: requests may still come)."""
+        dq = self.devices.get(device)
+        if dq is None or not dq.shares:
+            return None
+        share = min(dq.shares, key=lambda t: dq.usage.get(t, 0.0))
+        return min(dq.shares[share], key=lambda j: dq.served.get(j, 0))
+
     def _pick(self, dq: DeviceQueue) -> Request:
         share = min(dq.shares, key=lambda t: dq.usage.get(t, 0.0))  # first of equals: RR
         jobs = dq.shares[share]

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from krex.daemon import priority
 from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
 from krex.enforce.process import ProcessRef
@@ -190,6 +191,7 @@ class Server:
         """Wake at the scheduler's next deadline (revocations, wait timeouts, fair
         windows); reap jobs and check the guardian every half second.  An exception is
         logged and the loop goes on; a deadline already past never makes it spin."""
+        priority.elevate()
         d = self.core
         next_chores = 0.0
         last = math.nan
@@ -264,6 +266,7 @@ class Server:
     # -- sessions -----------------------------------------------------------------
 
     def _serve_session(self, conn: socket.socket) -> None:
+        priority.elevate()  # its thread may run a release's handoff or a grant's set-up
         conn.settimeout(None)
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
         try:
@@ -363,6 +366,18 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
 
 
+def _reserved(config: DaemonConfig) -> list[int]:
+    """The holders' reserved cores (as the enforcer reserves them), for the daemon's
+    elevated threads to keep off."""
+    if not config.isolate:
+        return []
+    from krex.enforce.isolation import default_cores
+
+    if config.measure_cores is not None:
+        return sorted(config.measure_cores)
+    return default_cores(sorted(os.sched_getaffinity(0)))
+
+
 def serve(config: DaemonConfig) -> int:
     """Run a daemon in the foreground until stopped; returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="krexd: %(message)s", stream=sys.stderr)
@@ -378,7 +393,12 @@ def serve(config: DaemonConfig) -> int:
     except KrexError as exc:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
+    priority.configure(config.nice, config.rt_priority, _reserved(config))
     server.daemon = Daemon(config)
+    # the accepting thread, after what it started at start-up (the guardian, the event
+    # writer) began at nice 0 on every core (SCHED_RESET_ON_FORK; widened)
+    if (config.nice or config.rt_priority) and not priority.elevate():
+        log.info("daemon threads keep their priority: %s", priority.describe()["why"])
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()
     log.info("stopped")

@@ -220,6 +220,10 @@ class Enforcement:
         self.ended_ns: int | None = None  # set by a handoff: the region ended there
         self.handed_from: int | None = None  # the lease id it was handed over from
         self.pending_lease: tuple[Enforcement, float] | None = None  # handoff: see handoff.py
+        self._early: set[int] = set()  # ops reverted ahead of the stack (_thaw_first)
+        # job id -> its counters, read while it is frozen in a subtree this region holds
+        # frozen (prefetch): the next holder's handoff then reads none on the grant path
+        self.prefetched: dict[int, HolderCounters] = {}
 
     def start(self, ops: list, lease_s: float) -> None:
         usable = [op for op in ops if self._check(op)]
@@ -279,6 +283,8 @@ class Enforcement:
         self.stack.callback(self._revert, op, step)
 
     def _revert(self, op: Operation, step: Step) -> None:
+        if id(op) in self._early:  # reverted already (see _thaw_first)
+            return
         t0 = time.perf_counter()
         try:
             op.revert()
@@ -307,11 +313,12 @@ class Enforcement:
         if self.report is not None:
             return self.report
         self._judge()  # before anything is thawed or moved back
-        self._count_frozen()
         if self.pending_lease is not None:  # handed over, never leased: lease it first
             from krex.enforce.handoff import lease_handed
 
             lease_handed(self)
+        self._thaw_first()
+        self._count_frozen()
         self.stack.close()
         guardian = self.enforcer.guardian
         if guardian is not None and self.leased is not None:
@@ -320,6 +327,35 @@ class Enforcement:
             guardian.end(self.lease_id)
         self.report = self._report()
         return self.report
+
+    def prefetch(self, job: JobTarget) -> bool:
+        """Read ``job``'s counters now, after this region's grant, if it is frozen by a
+        device subtree this region holds frozen: they stand still until a handoff moves
+        it into the slot, so that handoff takes them (:func:`krex.enforce.handoff.hand_over`)
+        instead of reading them on the grant path.  Read earlier than needed, they can
+        only count more of the holder's run delay, never less (it is frozen meanwhile)."""
+        if job.job_id == self.holder.job_id or self.report is not None:
+            return False
+        cg = job.cgroups
+        dev = cg.device if cg is not None else None
+        frozen = [op for op in self.applied if isinstance(op, SubtreeFreeze) and op.frozen]
+        if dev is None or not any(dev.parent.get(op.kind) in op.frozen for op in frozen):
+            return False
+        if job.may_run_outside():
+            return False
+        self.prefetched[job.job_id] = HolderCounters.begin(job.processes())
+        return True
+
+    def _thaw_first(self) -> None:
+        """A device subtree this region froze is thawed as soon as the holder's counters
+        are read, before the rest of the undo (shield, isolation, the slot) and the count
+        of frozen processes: at a chain's end the next holder is among the frozen, and
+        must run to ask.  The holder's region is over (its counters are read); the
+        siblings run on the unreserved cores until the isolation is undone next."""
+        for op in self.applied:
+            if isinstance(op, SubtreeFreeze) and op.frozen and self.freeze_step is not None:
+                self._revert(op, self.freeze_step)
+                self._early.add(id(op))
 
     def _count_frozen(self) -> None:
         """Processes a subtree freeze stopped: counted at the end, off the grant path."""

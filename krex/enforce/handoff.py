@@ -112,8 +112,13 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
     refs = holder.processes()
     # Frozen (it waited in the frozen subtree), its counters stand still until the slot
-    # move below thaws it: this is its region's start.
-    new.counters = HolderCounters.begin(refs)
+    # move below thaws it: this is its region's start.  Read after the previous grant
+    # (Enforcement.prefetch) while it was frozen in this subtree, they are taken as they
+    # are when its processes are the same ones.
+    pre = old.prefetched.pop(holder.job_id, None)
+    same = pre is not None and set(pre.refs) == set(refs)
+    new.counters = pre if pre is not None and same else HolderCounters.begin(refs)
+    new.prefetched, old.prefetched = old.prefetched, {}  # the subtree stays frozen
     old.ended_ns = time.monotonic_ns()
     for was in old.applied:
         if isinstance(was, SubtreeFreeze):
