@@ -22,7 +22,6 @@ from pydantic import ValidationError
 from krex.errors import KrexError, RecordNotFound
 from krex.service import schemas
 from krex.service.app import Service
-from krex.service.tenants import Tenant
 
 INSTRUCTIONS = """krex times GPU (and CPU) kernels correctly on a shared node: each
 measurement holds the device exclusively only while it times. Use `evaluate` to ask
@@ -34,7 +33,7 @@ to see devices, holders and queues; `get_record` to read a stored evaluation."""
 
 def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MCPServer:
     server = MCPServer("krex", instructions=INSTRUCTIONS)
-    who = Tenant(tenant)
+    who = service.tokens.named(tenant)  # its quotas: its entry in tokens.json, if any
 
     async def run(kind: str, args: dict[str, Any]) -> dict[str, Any]:
         try:
