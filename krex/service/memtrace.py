@@ -97,7 +97,7 @@ def _snapshot() -> tracemalloc.Snapshot:
         return tracemalloc.Snapshot([], 1)
     return tracemalloc.take_snapshot().filter_traces((
         tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, __file__)))
+        tracemalloc.Filter(False, __file__, all_frames=True)))  # its own (a signal's stack)
 
 
 def _types() -> collections.Counter[str]:
