@@ -481,8 +481,8 @@ def report(res: dict[str, Any]) -> None:
                      v["slope_mib_per_min_after_1min"], v["slope_mib_per_min_minute_2"],
                      v["slope_mib_per_min_last_minute"]] for k, v in res["rss"].items()]))
     for k, v in res["rss"].items():
-        print(f"{k}: MiB at minutes {v['at_minutes_mib']}, slopes by thirds "
-              f"{[(t['from_min'], t['to_min'], t['slope']) for t in v['slopes_mib_per_min_thirds']]}")
+        cuts = [(t["from_min"], t["to_min"], t["slope"]) for t in v["slopes_mib_per_min_thirds"]]
+        print(f"{k}: MiB at minutes {v['at_minutes_mib']}, slopes by thirds {cuts}")
     print()
     print("HTTP jobs:", res["http_jobs"], "events:", res["events"],
           "MCP job ids unique:", res["mcp_cli_job_ids_unique"])
