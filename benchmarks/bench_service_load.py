@@ -334,7 +334,7 @@ def thirds(series: list[tuple[float, float]]) -> list[dict[str, float]]:
     """Slopes (MiB/min) over minute 1 to a third of the run, to two thirds, to the end
     (1-5, 5-10, 10-15 for 15 minutes)."""
     end_min = series[-1][0] / 60
-    cuts = [1.0, round(end_min / 3), round(2 * end_min / 3), end_min]
+    cuts = [1.0, round(end_min / 3, 2), round(2 * end_min / 3, 2), end_min]
     return [{"from_min": a, "to_min": round(b, 2), "slope": round(slope(
         [p for p in series if 60 * a <= p[0] <= 60 * b]), 2)}
         for a, b in zip(cuts, cuts[1:], strict=False)]
