@@ -58,7 +58,7 @@ def parse_without_string_cache() -> bool:
         return isinstance(getattr(streamable_http, "pydantic_core", None),
                           types.SimpleNamespace)
     names = {n: getattr(pydantic_core, n) for n in dir(pydantic_core) if not n.startswith("__")}
-    streamable_http.pydantic_core = types.SimpleNamespace(  # type: ignore[attr-defined]
+    streamable_http.pydantic_core = types.SimpleNamespace(  # type: ignore[assignment]
         **{**names, "from_json": _from_json_keys_cached})
     return True
 
