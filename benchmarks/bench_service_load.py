@@ -11,7 +11,9 @@ run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
   (a client retrying after a lost answer), and a 429 is retried with the
   same key after its ``Retry-After``.  The answer is long-polled.
 * **MCP**: one ``krex mcp --transport streamable-http``, 8 sessions of the
-  SDK's own client calling ``exec_program`` / ``evaluate``.
+  SDK's own client calling ``exec_program`` / ``evaluate``, for one tenant (``mcp``)
+  whose quotas (its ``tokens.json`` entry) are an HTTP tenant's.  A call the
+  tenant's quota refuses is counted as *refused*, not failed.
 * **CLI**: ``krex exec PROG TOKEN`` and ``krex evaluate ... --json``, one fresh
   process per command.
 
@@ -60,6 +62,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GALLERY = os.path.join(REPO, "tests", "evaluate_gallery")
 HTTP_AGENTS, MCP_AGENTS, CLI_AGENTS, TENANTS = 16, 8, 8, 4
 RETRY_SHARE = 0.2  # submits sent twice with the same key
+QUOTA, REFUSED = "quota_exceeded", "refused: "  # a quota refusal is not a failed job
 PROGRAM = ("import sys\nimport krex\nwith krex.region(label='load'):\n"
            "    total = sum(i * i for i in range(20000))\nprint(sys.argv[1])\n")
 
@@ -223,6 +226,8 @@ def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log
                     data = _structured(res)
                     ok, why = judged(kind, not res.is_error and data.get("state") == "succeeded",
                                      data, mark, None if not res.is_error else res.content)
+                    if res.is_error and QUOTA in str(res.content):
+                        why = f"{REFUSED}{why}"  # the tenant's quota: counted apart
                     log.add("mcp", kind, ok, time.monotonic() - t0, why, data.get("job_id"))
                 except Exception as exc:  # noqa: BLE001
                     log.add("mcp", kind, False, time.monotonic() - t0,
@@ -317,7 +322,22 @@ def rss_summary(series: list[tuple[float, float]]) -> dict[str, Any]:
                 slope([p for p in series if 60 <= p[0] <= 120]), 2),
             "slope_mib_per_min_last_minute": round(
                 slope([p for p in series if p[0] >= end - 60]), 2),
+            "at_minutes_mib": {m: round(min(series, key=lambda p: abs(p[0] - 60 * m))[1], 1)
+                               for m in (1, 3, 5, 10, 15, 30) if m * 60 <= end + 30},
+            "slopes_mib_per_min_thirds": thirds(series),
+            "slope_mib_per_min_5min_to_end": round(
+                slope([p for p in series if p[0] >= 300]), 2) if end > 360 else None,
             "samples": len(series)}
+
+
+def thirds(series: list[tuple[float, float]]) -> list[dict[str, float]]:
+    """Slopes (MiB/min) over minute 1 to a third of the run, to two thirds, to the end
+    (1-5, 5-10, 10-15 for 15 minutes)."""
+    end_min = series[-1][0] / 60
+    cuts = [1.0, round(end_min / 3, 2), round(2 * end_min / 3, 2), end_min]
+    return [{"from_min": a, "to_min": round(b, 2), "slope": round(slope(
+        [p for p in series if 60 * a <= p[0] <= 60 * b]), 2)}
+        for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -358,6 +378,9 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     service = start(krex_cmd("service", "--http", f"127.0.0.1:{port}", "--state-dir", state,
                              "--records", records, "--runners", "16"),
                     os.path.join(tmp, "service.log"))
+    subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", mcp_state,
+                            "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
+                   capture_output=True, check=True)  # the MCP tenant's quotas: as each HTTP one's
     mcp = start(krex_cmd("mcp", "--transport", "streamable-http", "--http",
                          f"127.0.0.1:{mport}", "--state-dir", mcp_state, "--records", records,
                          "--runners", "8", "--tenant", "mcp"), os.path.join(tmp, "mcp.log"))
@@ -437,15 +460,19 @@ def table(rows: list[dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
         lat = [r["latency_s"] for r in mine if r["ok"]]
         q = stats.quantiles(lat, (0.5, 0.95)) if lat else {"p50": float("nan"),
                                                             "p95": float("nan")}
-        out[f"{key[0]} {key[1]}"] = {"done": len(lat), "failed": len(mine) - len(lat),
+        refused = sum(r["why"].startswith(REFUSED) for r in mine)
+        out[f"{key[0]} {key[1]}"] = {"done": len(lat), "refused": refused,
+                                     "failed": len(mine) - len(lat) - refused,
                                      "per_min": round(60 * len(lat) / elapsed_s, 1),
                                      "p50_s": round(q["p50"], 3), "p95_s": round(q["p95"], 3)}
     return out
 
 
 def report(res: dict[str, Any]) -> None:
-    print(md_table(["interface, kind", "done", "failed", "per min", "p50 s", "p95 s"],
-                   [[k, v["done"], v["failed"], v["per_min"], v["p50_s"], v["p95_s"]]
+    print(md_table(["interface, kind", "done", "failed", "refused (quota)", "per min", "p50 s",
+                    "p95 s"],
+                   [[k, v["done"], v["failed"], v["refused"], v["per_min"], v["p50_s"],
+                     v["p95_s"]]
                     for k, v in res["interfaces"].items()]))
     print()
     print(md_table(["process", "first MiB", "1 min MiB", "last MiB", "peak MiB",
@@ -453,6 +480,9 @@ def report(res: dict[str, Any]) -> None:
                    [[k, v["first_mib"], v["at_1min_mib"], v["last_mib"], v["peak_mib"],
                      v["slope_mib_per_min_after_1min"], v["slope_mib_per_min_minute_2"],
                      v["slope_mib_per_min_last_minute"]] for k, v in res["rss"].items()]))
+    for k, v in res["rss"].items():
+        cuts = [(t["from_min"], t["to_min"], t["slope"]) for t in v["slopes_mib_per_min_thirds"]]
+        print(f"{k}: MiB at minutes {v['at_minutes_mib']}, slopes by thirds {cuts}")
     print()
     print("HTTP jobs:", res["http_jobs"], "events:", res["events"],
           "MCP job ids unique:", res["mcp_cli_job_ids_unique"])

@@ -200,3 +200,163 @@ def test_the_daemons_finished_regions_stay_compact_and_bounded(daemon):
     last_job = second[-1] // 3
     mine, _ = store.page(visible["all"], [last_job], 500, None, 1 << 19)
     assert [r["region"] for r in mine] == [i for i in second if i // 3 == last_job]
+
+
+class QuietDaemon(FakeDaemon):
+    """No new jobs or regions: only the watcher's own trimming acts."""
+
+    def status(self) -> dict:
+        return {"jobs": []}
+
+    def regions(self, limit: int) -> list[dict]:
+        return []
+
+
+def _exec_runs(watcher: node.NodeWatcher, n: int, ended_ago_s: float) -> None:
+    now = time.monotonic()
+    for i in range(n):
+        watcher.job_finished(Job(f"e{i}", "alice", "exec", {}), {
+            "worker_pid": 4000 + i % 8, "started_mono_s": now - ended_ago_s - 0.01,
+            "ended_mono_s": now - ended_ago_s})
+
+
+@pytest.mark.parametrize("keep_s", [node.RUN_KEEP_S, 1e9], ids=["bounded", "control"])
+def test_exec_runs_are_let_go_once_no_region_can_need_them(monkeypatch, keep_s):
+    """The exec runs the watcher keeps to attribute regions (a 5000-run ring that took
+    a quarter hour of MCP load to fill) are let go ``RUN_KEEP_S`` after they end;
+    recent ones stay (they attribute their regions).  Control: without the time bound
+    every run stays until the ring is full."""
+    old_s = node.RUN_KEEP_S + 5.0  # no region can need a run that ended this long ago
+    monkeypatch.setattr(node, "RUN_KEEP_S", keep_s)
+    watcher = node.NodeWatcher(lambda: QuietDaemon(), poll_s=1.0)
+    _exec_runs(watcher, 3000, ended_ago_s=old_s)
+    _exec_runs(watcher, 40, ended_ago_s=1.0)  # recent
+    watcher.poll_once()
+    if keep_s < old_s:
+        assert len(watcher._runs) == 40
+    else:  # the control: kept
+        assert len(watcher._runs) == 3040
+    recent = watcher._runs[-1]
+    region = {"region": 1, "job_id": 7, "requested_mono_s": (recent[1] + recent[2]) / 2}
+    watcher._job_pids[7] = recent[0]
+    assert watcher._tenant_locked(region) == "alice"  # a recent run still attributes
+
+
+# -- a real krex mcp: what it keeps per call ------------------------------------------------
+
+STRINGS_PER_CALL = 6  # unique short strings in each call's arguments (an agent's tokens)
+SDK_FILE = os.path.join("mcp", "server", "streamable_http.py")
+
+
+async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4) -> int:
+    """Over ``sessions`` sessions open throughout (agents' long-lived sessions), for each
+    count in ``phases`` that many exec_program calls, then ``between()`` (in a thread);
+    the number of calls that failed."""
+    import contextlib
+
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    failed, first = [0], [0]
+
+    async def calls(session, ids: range) -> None:
+        for i in ids:
+            args = [f"c{i}-{k}" for k in range(STRINGS_PER_CALL)]
+            res = await session.call_tool("exec_program", {
+                "program": "import sys\nprint(len(sys.argv))\n", "args": args})
+            failed[0] += bool(res.is_error)
+
+    async with contextlib.AsyncExitStack() as stack:
+        open_ = []
+        for _ in range(sessions):
+            read, write = await stack.enter_async_context(streamable_http_client(url))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            open_.append(session)
+        for n in phases:
+            async with anyio.create_task_group() as tg:
+                for k, session in enumerate(open_):
+                    tg.start_soon(calls, session, range(first[0] + k, first[0] + n, sessions))
+            first[0] += n
+            await anyio.to_thread.run_sync(between)
+    return failed[0]
+
+
+def _dump(proc, path: str, seq: int) -> dict:
+    import signal
+
+    from helpers import wait_for
+
+    proc.send_signal(signal.SIGUSR1)
+
+    def written() -> dict | None:
+        try:
+            with open(path) as f:
+                out = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return out if out.get("seq", 0) >= seq else None
+
+    return wait_for(written, timeout_s=60, interval_s=0.1)
+
+
+def _sdk_bytes(report: dict) -> int:
+    """Traced growth since the mark allocated under the SDK's streamable-HTTP transport."""
+    return sum(s["size_diff"] for s in report["top"]
+               if any(SDK_FILE in frame for frame in s["traceback"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("string_cache", ["0", "1"], ids=["fixed", "control"])
+def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, tmp_path,
+                                                                        string_cache):
+    """Many tool calls through a real ``krex mcp`` (streamable HTTP, the SDK's client),
+    memory read inside the server (``KREX_TRACEMALLOC``): after a warm-up, the calls of
+    a second phase leave nothing per call under the SDK's transport.  Control
+    (``KREX_MCP_JSON_STRING_CACHE=1``, the SDK as it is): pydantic-core's JSON string
+    cache keeps each call's unique strings, and the same measurement sees it."""
+    pytest.importorskip("mcp", reason="the `server` extra is not installed")
+    import socket
+
+    import anyio
+    from helpers import krex, reap, run_krex, wait_for
+    from test_service_http import free_port
+
+    state, trace, port = tmp_path / "state", str(tmp_path / "trace.json"), free_port()
+    assert run_krex("service", "token", "add", "mcp", "--state-dir", str(state),
+                    "--max-active-jobs", "64", "--max-jobs-per-minute", "100000"
+                    ).returncode == 0
+    env = {**os.environ, "KREX_TRACEMALLOC": trace, "KREX_TRACEMALLOC_FRAMES": "8",
+           "KREX_MCP_JSON_STRING_CACHE": string_cache}
+    with open(tmp_path / "mcp.log", "w") as log:
+        proc = krex("mcp", "--transport", "streamable-http", "--http", f"127.0.0.1:{port}",
+                    "--tenant", "mcp", "--state-dir", str(state), "--records",
+                    str(tmp_path / "records.sqlite3"), env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def listening() -> bool:
+        assert proc.poll() is None, (tmp_path / "mcp.log").read_text()[-2000:]
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    calls, reports = 100, []
+    try:
+        wait_for(listening, timeout_s=60, interval_s=0.1)
+        # A warm-up (imports, caches, pools), the mark, then the calls measured.
+        assert anyio.run(_mcp_phases, url, [24, calls], lambda: reports.append(
+            _dump(proc, trace, len(reports) + 1))) == 0
+        report = reports[-1]
+    finally:
+        reap(proc, timeout_s=15)
+    per_call = _sdk_bytes(report) / calls
+    print(f"string cache {string_cache}: under the SDK's transport {per_call:.1f} B/call, "
+          f"in all {report['size_diff'] / calls:.1f} B/call")
+    strings = STRINGS_PER_CALL * 50  # bytes the control keeps per call (~50 B a string)
+    if string_cache == "0":
+        assert per_call < 0.1 * strings, (per_call, report["top"][:3])
+        # Everything the process keeps, per call: the exec runs it still needs (for
+        # ``RUN_KEEP_S``), nothing that grows with every call.
+        assert report["size_diff"] / calls < 2 * strings, report["top"][:3]
+    else:
+        assert per_call > 0.5 * strings, (per_call, report["top"][:3])

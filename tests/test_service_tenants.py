@@ -65,3 +65,16 @@ def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon,
         assert set(seen["tenant:bob"]) == {"bob"}, seen
     finally:
         s.stop()
+
+
+def test_an_mcp_tenant_takes_its_quotas_from_its_token_entry(tmp_path):
+    """``krex mcp --tenant NAME`` serves one tenant: its quotas are NAME's entry in the
+    state directory's tokens.json (the load benchmark gives it an HTTP tenant's), the
+    defaults without one (control)."""
+    from krex.service.tenants import Quotas, TokenStore
+
+    store = TokenStore(str(tmp_path / "tokens.json"))
+    store.add("mcp", Quotas(max_active_jobs=64, max_jobs_per_minute=6000))
+    assert store.named("mcp").quotas == Quotas(64, 6000)
+    assert store.named("other").quotas == Quotas()
+    assert TokenStore(str(tmp_path / "none.json")).named("mcp").quotas == Quotas()

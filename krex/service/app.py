@@ -62,6 +62,9 @@ class Service:
     def __init__(self, config: ServiceConfig, jobs_name: str = "jobs.sqlite3") -> None:
         import os
 
+        from krex.service import memtrace
+
+        memtrace.install()  # KREX_TRACEMALLOC=PATH: what this process keeps (off: nothing)
         self.config = config
         self.tokens = TokenStore(config.tokens_path)
         self.node = NodeWatcher(daemon_client, config.node_poll_s,
@@ -79,9 +82,12 @@ class Service:
             self.metrics.evaluation(result.get("verdict"), job.tenant)
 
     def close(self) -> None:
+        from krex.service import memtrace
+
         self.work.close()
         self.jobs.close()
         self.node.stop()
+        memtrace.dump()
 
 
 def create_app(service: Service) -> FastAPI:

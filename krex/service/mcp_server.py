@@ -8,13 +8,25 @@ can read (``summary``): verdict, speedup and interval, findings with their
 next action, p50/p95, noise, record id.  A job that fails answers with its
 error (code, what, hint) as the tool's error.  A call the client cancels
 (MCP's cancel notification) cancels its job: a running program is stopped.
+
+Memory: the SDK's streamable-HTTP transport parses each POST body with
+``pydantic_core.from_json``, whose default keeps every short string it meets in
+a process-wide cache of 16384 slots (≈ 0.9 MiB once full): each call's unique
+strings (a program's arguments, ids) filled it over ~16k calls, which a
+long-lived ``krex mcp`` showed as RSS growing for its first quarter hour
+(docs/benchmarks.md).  :func:`parse_without_string_cache` makes the transport
+keep only the bodies' keys (few, repeated); ``KREX_MCP_JSON_STRING_CACHE=1``
+leaves the SDK as it is (the control of ``tests/test_service_memory.py``).
 """
 
 from __future__ import annotations
 
+import os
+import types
 from typing import Any
 
 import anyio
+import pydantic_core
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
@@ -22,7 +34,6 @@ from pydantic import ValidationError
 from krex.errors import KrexError, RecordNotFound
 from krex.service import schemas
 from krex.service.app import Service
-from krex.service.tenants import Tenant
 
 INSTRUCTIONS = """krex times GPU (and CPU) kernels correctly on a shared node: each
 measurement holds the device exclusively only while it times. Use `evaluate` to ask
@@ -32,9 +43,34 @@ whole command; `exec_program` to run a Python program in a warm worker; `node_st
 to see devices, holders and queues; `get_record` to read a stored evaluation."""
 
 
+STRING_CACHE_ENV = "KREX_MCP_JSON_STRING_CACHE"  # 1: leave the SDK's body parsing as it is
+
+
+def parse_without_string_cache() -> bool:
+    """Make the SDK's streamable-HTTP transport parse bodies caching only their keys;
+    True if it does now (False: ``KREX_MCP_JSON_STRING_CACHE=1``, or an SDK without
+    that module attribute)."""
+    from mcp.server import streamable_http
+
+    if os.environ.get(STRING_CACHE_ENV) == "1":
+        return False
+    if getattr(streamable_http, "pydantic_core", None) is not pydantic_core:
+        return isinstance(getattr(streamable_http, "pydantic_core", None),
+                          types.SimpleNamespace)
+    names = {n: getattr(pydantic_core, n) for n in dir(pydantic_core) if not n.startswith("__")}
+    streamable_http.pydantic_core = types.SimpleNamespace(  # type: ignore[assignment]
+        **{**names, "from_json": _from_json_keys_cached})
+    return True
+
+
+def _from_json_keys_cached(data: Any, **kw: Any) -> Any:
+    return pydantic_core.from_json(data, **{"cache_strings": "keys", **kw})
+
+
 def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MCPServer:
+    parse_without_string_cache()
     server = MCPServer("krex", instructions=INSTRUCTIONS)
-    who = Tenant(tenant)
+    who = service.tokens.named(tenant)  # its quotas: its entry in tokens.json, if any
 
     async def run(kind: str, args: dict[str, Any]) -> dict[str, Any]:
         try:

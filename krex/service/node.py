@@ -8,8 +8,8 @@ at most :data:`MAX_REGIONS` of them, each as a tuple of the fields the page show
 the watcher remembers is bounded by count, not only by time: at a few hundred
 regions a minute a 10-minute timeline alone grew the service by ~1 MiB/min
 (``benchmarks/bench_service_load.py``); the daemon's job → pid map and the
-region → tenant map keep their newest :data:`MAX_REMEMBERED` entries
-(``tests/test_service_memory.py``).
+region → tenant map keep their newest :data:`MAX_REMEMBERED` entries, and exec
+runs are kept :data:`RUN_KEEP_S` after they end (``tests/test_service_memory.py``).
 
 Attribution: a region belongs to a tenant when the service knows it — an
 evaluation's regions by their ids, an exec's by its worker's pid and the
@@ -43,6 +43,10 @@ KEPT = ("region", "device", "job", "tenant", "requested_mono_s", "requested_wall
         "waited_s", "held_s", "frozen_s", "clean", "reasons", "label")
 _WALL = KEPT.index("requested_wall_s")
 MAX_REMEMBERED = 5000  # daemon job -> pid, region -> tenant: newest entries kept
+# An exec's run is looked up only by regions that end before it and are read within
+# ATTRIBUTION_S after their end: older runs are let go (at ~400 execs a minute a 5000-run
+# ring held ~0.7 MiB and took 13 minutes to fill; docs/benchmarks.md).
+RUN_KEEP_S = 3 * ATTRIBUTION_S
 
 
 class NodeWatcher:
@@ -164,6 +168,9 @@ class NodeWatcher:
         horizon = time.time() - self.timeline_s
         while self.regions and (self.regions[0][_WALL] or 0) < horizon:
             self.regions.popleft()
+        ended = time.monotonic() - RUN_KEEP_S
+        while self._runs and self._runs[0][2] < ended:
+            self._runs.popleft()
         for memo in (self._job_pids, self._by_region):
             _keep_newest(memo, MAX_REMEMBERED)
 

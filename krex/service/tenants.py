@@ -93,6 +93,13 @@ class TokenStore:
     def tenants(self) -> list[Tenant]:
         return [self._tenant(n) for n in sorted(self._tenants)]
 
+    def named(self, name: str) -> Tenant:
+        """Tenant ``name`` with the quotas of its entry here (default quotas without one):
+        ``krex mcp --tenant NAME`` serves one tenant, whose quotas are set with
+        ``krex service token add NAME --max-jobs-per-minute ...`` in the same state dir."""
+        with self._lock:
+            return self._tenant(name) if name in self._tenants else Tenant(name)
+
     def __len__(self) -> int:
         return len(self._tenants)
 
