@@ -263,8 +263,9 @@ async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4) -
     async def calls(session, ids: range) -> None:
         for i in ids:
             args = [f"c{i}-{k}" for k in range(STRINGS_PER_CALL)]
-            res = await session.call_tool("exec_program", {
-                "program": "import sys\nprint(len(sys.argv))\n", "args": args})
+            # node_status is cheap; the transport parses the whole body (unknown arguments
+            # too) before the tool sees it, so the strings reach its JSON parser all the same
+            res = await session.call_tool("node_status", {"pad": args})
             failed[0] += bool(res.is_error)
 
     async with contextlib.AsyncExitStack() as stack:
