@@ -354,10 +354,13 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
     print(f"string cache {string_cache}: under the SDK's transport {per_call:.1f} B/call, "
           f"in all {report['size_diff'] / calls:.1f} B/call")
     strings = STRINGS_PER_CALL * 50  # bytes the control keeps per call (~50 B a string)
+    sdk_top = [t for t in report["top"] if any(SDK_FILE in f for f in t["traceback"])][:3]
     if string_cache == "0":
-        assert per_call < 0.1 * strings, (per_call, report["top"][:3])
+        # Measured with the fix: -55 to +37 B/call (a few kB of the transport's buffers and
+        # maps, either way, over 100 calls); the control keeps 280-375 B/call.
+        assert per_call < 0.3 * strings, (per_call, sdk_top)
         # Everything the process keeps, per call: the exec runs it still needs (for
         # ``RUN_KEEP_S``), nothing that grows with every call.
         assert report["size_diff"] / calls < 2 * strings, report["top"][:3]
     else:
-        assert per_call > 0.5 * strings, (per_call, report["top"][:3])
+        assert per_call > 0.5 * strings, (per_call, sdk_top)
