@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,33 @@ def test_no_launch_gets_through_a_closed_gate(launcher, gpu, gate, api, mode):
     assert inside == [], f"{len(inside)} launches accepted while the gate was closed"
     assert len(log) == report["launches"] > CYCLES  # the log saw every launch
     assert report["parked"] > 0  # threads really met the closed gate
+
+
+def test_a_launch_parked_after_the_drain_ack_is_counted_at_once(gpu, gate):
+    # The drain thread acknowledges a close while the process is idle, publishing its
+    # counters then; a launch that parks afterwards must show in the slot's "parked"
+    # counter while the gate is still closed (it once showed only at the next drain:
+    # gpu_check's "held" check read 0 and failed whenever the ack won that race).
+    probe = Path(REPO) / "benchmarks" / "programs" / "held_probe.py"
+    env = native.preload_env(gate.path, slot=0, base=gpu.env())
+    proc = spawn([sys.executable, str(probe), "ctypes", "fakegpu:0"], env=env,
+                 stdin=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        generation = gate.close(0)
+        assert set(gate.wait_drained(0, generation, timeout_s=10)) == {proc.pid}
+        parked = lambda: sum(s.counters["parked"] for s in gate.slots(0))  # noqa: E731
+        assert parked() == 0  # acknowledged while idle: nothing parked yet
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        wait_for(lambda: parked() > 0, timeout_s=10)
+        assert proc.poll() is None  # held by the closed gate
+    finally:
+        gate.open(0)
+    try:
+        assert proc.stdout.readline().startswith("done")
+    finally:
+        reap(proc)
 
 
 def test_drain_acks_only_after_queued_work_ran(launcher, gpu, gate):

@@ -276,6 +276,9 @@ static void park(struct krex_gate_proc *p)
 {
     atomic_fetch_add_explicit(&p->parked, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_counters[KREX_C_parked], 1, memory_order_relaxed);
+    /* Cold path: publish now.  The drain thread may have acknowledged this close before
+     * the launch arrived, and the next publication would come only at the next drain. */
+    publish(p, KREX_C_parked);
     do {
         atomic_fetch_sub(&p->in_flight, 1);
         futex(&p->in_flight, FUTEX_WAKE, INT32_MAX, NULL);
