@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass"
 SPEED_VERDICTS = {"faster", "slower", "same"}
-LONG = [[1024, 1024], [96, 200]]  # a call of several ms: longer than the loop's slices
+LONG = [[4096, 2048], [96, 200]]  # calls of 6 and 12 ms: longer than a scheduler slice
 
 
 @pytest.fixture(scope="module")
@@ -71,17 +71,30 @@ def _untrusted(ev):
 
 
 def test_long_calls_beside_a_hog_on_the_holders_core_are_unclear_not_faster(daemon_m):
+    """Every run either abstains (``unclear``, TIMING_UNTRUSTED for the holder's
+    preemption) or answers from pairs the loop left alone (a CPU loop beside the suite
+    changes the scheduler's slices, and a few pairs then fit between them: once a run
+    said ``faster``, rightly, from those).  Up to 4 runs, until one abstains where the
+    disturbed samples alone would have claimed ``faster``."""
+    def shown(ev) -> bool:  # abstained, where the disturbed samples alone claimed a speed
+        return ev.verdict == "unclear" and judge.timing_verdict(ev.timing, 0.03) == "faster"
+
+    runs = []
     with _hog_on_the_holders_core():
-        runs = [_evaluate(shapes=LONG) for _ in range(2)]
+        while len(runs) < 4 and not any(shown(ev) for ev in runs):
+            runs.append(_evaluate(shapes=LONG))
     for ev in runs:
-        found = _untrusted(ev)
-        assert ev.verdict == "unclear" and ev.correct and found is not None, ev.summary()
+        found, t = _untrusted(ev), ev.timing
+        if ev.verdict != "unclear":  # from undisturbed pairs only, never with untrusted timing
+            assert ev.verdict == "faster" and ev.correct and found is None, ev.summary()
+            assert t["screened"] and t["discarded_pairs"] > 0, ev.summary()
+            continue
+        assert ev.correct and found is not None, ev.summary()
         assert "holder_preempted" in found.evidence["disturbed_by"], found.evidence
-        assert ev.timing["attempts"] == 2 and len(ev.timing["rejected_regions"]) == 1
+        assert t["attempts"] == 2 and len(t["rejected_regions"]) == 1
         assert abstained_for_contention(ev)
     # the disturbed samples alone would have claimed a speed (what the old judge said)
-    raw = [judge.timing_verdict(ev.timing, 0.03) for ev in runs]
-    assert "faster" in raw, [ev.summary() for ev in runs]
+    assert shown(runs[-1]), [ev.summary() for ev in runs]
 
 
 def test_control_the_same_evaluation_without_the_hog_is_faster(daemon_m):

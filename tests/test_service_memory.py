@@ -350,8 +350,14 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
     finally:
         reap(proc, timeout_s=15)
     per_call = _sdk_bytes(report) / calls
+    # Everything kept, less single objects of the moment (a daemon reply being decoded
+    # when the dump came: 64 KiB in 2 objects once made 1180 B/call "in all"); what
+    # grows with the calls has at least one object per few calls.
+    one_off = sum(t["size_diff"] for t in report["top"] if abs(t["count_diff"]) <= 4)
+    kept = (report["size_diff"] - one_off) / calls
     print(f"string cache {string_cache}: under the SDK's transport {per_call:.1f} B/call, "
-          f"in all {report['size_diff'] / calls:.1f} B/call")
+          f"in all {report['size_diff'] / calls:.1f} B/call, less one-off objects "
+          f"{kept:.1f} B/call")
     strings = STRINGS_PER_CALL * 50  # bytes the control keeps per call (~50 B a string)
     sdk_top = [t for t in report["top"] if any(SDK_FILE in f for f in t["traceback"])][:3]
     if string_cache == "0":
@@ -360,6 +366,7 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
         assert per_call < 0.45 * strings, (per_call, sdk_top)
         # Everything the process keeps, per call: the exec runs it still needs (for
         # ``RUN_KEEP_S``), nothing that grows with every call.
-        assert report["size_diff"] / calls < 2 * strings, report["top"][:3]
+        assert kept < 2 * strings, (kept, report["top"][:3])
     else:
         assert per_call > 0.5 * strings, (per_call, sdk_top)
+        assert kept > 0.5 * strings, (kept, report["top"][:3])  # the same reading sees it
