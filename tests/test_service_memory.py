@@ -238,8 +238,44 @@ def test_exec_runs_are_let_go_once_no_region_can_need_them(monkeypatch, keep_s):
         assert len(watcher._runs) == 3040
     recent = watcher._runs[-1]
     region = {"region": 1, "job_id": 7, "requested_mono_s": (recent[1] + recent[2]) / 2}
-    watcher._job_pids[7] = recent[0]
+    watcher._job_pids[7] = (recent[0], time.monotonic())
     assert watcher._tenant_locked(region) == "alice"  # a recent run still attributes
+
+
+class JobsDaemon(FakeDaemon):
+    """A daemon whose status lists the jobs ``ids`` (no regions)."""
+
+    def __init__(self, ids: range) -> None:
+        super().__init__()
+        self.ids = ids
+
+    def status(self) -> dict:
+        return {"jobs": [{"job_id": i, "kind": "region", "owner_pid": 100000 + i}
+                         for i in self.ids]}
+
+    def regions(self, limit: int) -> list[dict]:
+        return []
+
+
+@pytest.mark.parametrize("keep_s", [0.2, 1e9], ids=["bounded", "control"])
+def test_ended_daemon_jobs_are_let_go_once_no_region_can_need_them(monkeypatch, keep_s):
+    """The daemon job -> pid map forgets a job no status has listed for ``RUN_KEEP_S``
+    (by count alone, a few hundred ad-hoc exec jobs a minute filled it over a quarter
+    hour); the jobs still listed stay.  Control: without the time bound the ended jobs
+    stay until the count bound."""
+    monkeypatch.setattr(node, "RUN_KEEP_S", keep_s)
+    daemon = JobsDaemon(range(1, 3001))
+    watcher = node.NodeWatcher(lambda: daemon, poll_s=1.0)
+    watcher.poll_once()
+    assert len(watcher._job_pids) == 3000
+    time.sleep(0.3)
+    daemon.ids = range(2961, 3041)  # 40 of them still live, 40 new
+    watcher.poll_once()
+    if keep_s < 0.3:
+        assert sorted(watcher._job_pids) == list(range(2961, 3041))
+    else:
+        assert len(watcher._job_pids) == 3040
+    assert watcher._job_pids[2961][0] == 102961
 
 
 # -- a real krex mcp: what it keeps per call ------------------------------------------------

@@ -9,7 +9,8 @@ the watcher remembers is bounded by count, not only by time: at a few hundred
 regions a minute a 10-minute timeline alone grew the service by ~1 MiB/min
 (``benchmarks/bench_service_load.py``); the daemon's job → pid map and the
 region → tenant map keep their newest :data:`MAX_REMEMBERED` entries, and exec
-runs are kept :data:`RUN_KEEP_S` after they end (``tests/test_service_memory.py``).
+runs, like daemon jobs no status lists any more, are kept :data:`RUN_KEEP_S` after
+they end (``tests/test_service_memory.py``).
 
 Attribution: a region belongs to a tenant when the service knows it — an
 evaluation's regions by their ids, an exec's by its worker's pid and the
@@ -63,7 +64,8 @@ class NodeWatcher:
         self.regions: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_REGIONS)
         self._pending: list[dict[str, Any]] = []
         self._last_region = 0
-        self._job_pids: dict[int, int] = {}  # daemon job id -> its process (a worker's pid)
+        # daemon job id -> (its process: a worker's pid, when a status last listed it)
+        self._job_pids: dict[int, tuple[int, float]] = {}
         self._by_region: dict[int, str] = {}
         self._runs: collections.deque[tuple[int, float, float, str]] = collections.deque(
             maxlen=5000)  # (worker pid, started, ended, tenant) of exec jobs
@@ -113,11 +115,11 @@ class NodeWatcher:
                 self.error = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
             return
         with self._lock:
-            self.status, self.error = status, None
+            self.status, self.error, seen = status, None, time.monotonic()
             for j in status.get("jobs", []):
                 jid = int(j["job_id"])
                 self._job_pids.pop(jid, None)  # a live job stays among the newest
-                self._job_pids[jid] = int(j.get("root_pid") or j.get("owner_pid") or 0)
+                self._job_pids[jid] = (int(j.get("root_pid") or j.get("owner_pid") or 0), seen)
             if fresh:
                 self._last_region = max(int(r.get("region") or 0) for r in fresh)
             self._pending.extend(fresh)
@@ -151,7 +153,7 @@ class NodeWatcher:
         found = self._by_region.pop(int(r.get("region") or 0), None)
         if found:
             return found
-        pid = self._job_pids.get(int(r.get("job_id") or 0))
+        pid = self._job_pids.get(int(r.get("job_id") or 0), (0, 0.0))[0]
         at = r.get("requested_mono_s")
         if pid and at is not None:
             for wpid, start, end, tenant in reversed(self._runs):
@@ -171,6 +173,11 @@ class NodeWatcher:
         ended = time.monotonic() - RUN_KEEP_S
         while self._runs and self._runs[0][2] < ended:
             self._runs.popleft()
+        # A job no status has listed for RUN_KEEP_S has no region left to attribute (the
+        # dict is in last-seen order).  By count alone, the ad-hoc jobs of a few hundred
+        # execs a minute took the map to its limit only after a quarter hour.
+        while self._job_pids and next(iter(self._job_pids.values()))[1] < ended:
+            del self._job_pids[next(iter(self._job_pids))]
         for memo in (self._job_pids, self._by_region):
             _keep_newest(memo, MAX_REMEMBERED)
 
