@@ -13,6 +13,8 @@ stores fill during the warm-up when ``--warmup`` is large enough).
 ``--churn N`` closes each session after N calls and opens a new one (agents
 that come and go), to tell per-session state from per-call state.
 ``--tools`` picks the mix (``exec_program``, ``node_status``, ``evaluate``).
+``--daemon`` traces the private daemon too (``KREX_DAEMON_TRACEMALLOC``) and dumps
+it at the same points: what the daemon keeps per call.
 
 Writes the dumps and the per-call growth to ``--out`` (JSON) and prints the
 top growing tracebacks and types of the last phase.
@@ -101,6 +103,22 @@ def _server(proc: subprocess.Popen[bytes]) -> Any:
     raise RuntimeError("no krex mcp process under the wrapper")
 
 
+def _daemon() -> Any:
+    """The private daemon this process started (``krex serve``)."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        if "serve" in p.cmdline():
+            return p
+    raise RuntimeError("no krex serve process under this benchmark")
+
+
+def _per_call(first: dict[str, Any], last: dict[str, Any], n: int) -> dict[str, float]:
+    return {"bytes_per_call": round((last["size_diff"] - first["size_diff"]) / n, 1),
+            "objects_per_call": round((last["objects_diff"] - first["objects_diff"]) / n, 3),
+            "rss_kib_per_call": round((last["rss_bytes"] - first["rss_bytes"]) / 1024 / n, 3)}
+
+
 def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     import anyio
 
@@ -119,12 +137,17 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                                 stdin=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}/mcp"
     counter = [0, 0]
+    daemon_trace = os.environ.get("KREX_DAEMON_TRACEMALLOC", "")
+    daemon_dumps: list[dict[str, Any]] = []
     try:
         wait_http(url, proc)
         server = _server(proc) if args.wrap else proc
+        daemon = _daemon() if daemon_trace else None
         anyio.run(drive, url, args.sessions, args.warmup, args.tools, args.device, args.churn,
                   counter)
         dumps = [dump(server, trace, 1)]
+        if daemon is not None:
+            daemon_dumps.append(dump(daemon, daemon_trace, 1))
         for phase in range(args.phases):
             t0 = time.monotonic()
             anyio.run(drive, url, args.sessions, args.calls, args.tools, args.device,
@@ -132,6 +155,12 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             out = dump(server, trace, phase + 2)
             out["calls_s"] = round(time.monotonic() - t0, 1)
             dumps.append(out)
+            if daemon is not None:
+                d = dump(daemon, daemon_trace, phase + 2)
+                daemon_dumps.append(d)
+                print(f"  daemon: traced +{d['size_diff'] / 1024:.1f} KiB since the mark, "
+                      f"objects {d['objects_diff']:+d}, rss {d['rss_bytes'] / 2**20:.1f} MiB, "
+                      f"threads {d['threads']}", flush=True)
             print(f"phase {phase + 1}: {counter[0]} calls ({counter[1]} errors), traced "
                   f"+{out['size_diff'] / 1024:.1f} KiB since the mark, objects "
                   f"{out['objects_diff']:+d}, rss {out['rss_bytes'] / 2**20:.1f} MiB "
@@ -143,18 +172,18 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 _server(proc).terminate()  # the wrapper writes its data once it ends
         stop_process(proc, 120)
-    first, last = dumps[1], dumps[-1]
     n = args.calls * (args.phases - 1) or 1
-    return {"sessions": args.sessions, "calls_per_phase": args.calls, "warmup": args.warmup,
-            "tools": args.tools, "churn": args.churn, "env": args.env, "errors": counter[1],
-            "bytes_per_call": round((last["size_diff"] - first["size_diff"]) / n, 1),
-            "objects_per_call": round((last["objects_diff"] - first["objects_diff"]) / n, 3),
-            "rss_kib_per_call": round((last["rss_bytes"] - first["rss_bytes"]) / 1024 / n, 3),
-            "dumps": dumps}
+    res = {"sessions": args.sessions, "calls_per_phase": args.calls, "warmup": args.warmup,
+           "tools": args.tools, "churn": args.churn, "env": args.env, "errors": counter[1],
+           **_per_call(dumps[1], dumps[-1], n), "dumps": dumps}
+    if daemon_dumps:
+        res["daemon"] = {**_per_call(daemon_dumps[1], daemon_dumps[-1], n),
+                         "dumps": daemon_dumps}
+    return res
 
 
-def report(res: dict[str, Any]) -> None:
-    print(f"per call between phase 1 and phase {len(res['dumps']) - 1}: traced "
+def report(res: dict[str, Any], who: str = "server") -> None:
+    print(f"{who}, per call between phase 1 and phase {len(res['dumps']) - 1}: traced "
           f"{res['bytes_per_call']} B, objects {res['objects_per_call']}, RSS "
           f"{res['rss_kib_per_call']} KiB")
     last = res["dumps"][-1]
@@ -162,6 +191,8 @@ def report(res: dict[str, Any]) -> None:
         print(f"{s['size_diff']:>9} B {s['count_diff']:>6}  " + " <- ".join(
             t.split("site-packages/")[-1] for t in s["traceback"][-4:][::-1]))
     print({k: v for k, v in list(last["types"].items())[:20]})
+    if "daemon" in res:
+        report(res["daemon"], "daemon")
 
 
 def main() -> int:
@@ -177,10 +208,15 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="for the server (e.g. KREX_TRACEMALLOC_FRAMES=20)")
     ap.add_argument("--wrap", default="", help="a command the server runs under (heaptrack)")
+    ap.add_argument("--daemon", action="store_true",
+                    help="trace the private daemon too (KREX_DAEMON_TRACEMALLOC)")
     ap.add_argument("--out", help="results file (default results/bench_service_memory.json)")
     args = ap.parse_args()
-    with private_daemon() as _sock, tempfile.TemporaryDirectory() as tmp:
-        res = run(args, tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.daemon:
+            os.environ["KREX_DAEMON_TRACEMALLOC"] = os.path.join(tmp, "daemon-trace.json")
+        with private_daemon() as _sock:
+            res = run(args, tmp)
     report(res)
     print("wrote", write_results("bench_service_memory", res, args.out))
     return 0

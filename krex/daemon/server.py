@@ -394,6 +394,10 @@ def serve(config: DaemonConfig) -> int:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
     priority.configure(config.nice, config.rt_priority, _reserved(config))
+    if os.environ.get("KREX_DAEMON_TRACEMALLOC"):  # what the daemon keeps (docs/service.md)
+        from krex import memtrace
+
+        memtrace.install(memtrace.DAEMON_ENV)
     server.daemon = Daemon(config)
     # the accepting thread, after what it started at start-up (the guardian, the event
     # writer) began at nice 0 on every core (SCHED_RESET_ON_FORK; widened)

@@ -62,7 +62,7 @@ class Service:
     def __init__(self, config: ServiceConfig, jobs_name: str = "jobs.sqlite3") -> None:
         import os
 
-        from krex.service import memtrace
+        from krex import memtrace
 
         memtrace.install()  # KREX_TRACEMALLOC=PATH: what this process keeps (off: nothing)
         self.config = config
@@ -82,7 +82,7 @@ class Service:
             self.metrics.evaluation(result.get("verdict"), job.tenant)
 
     def close(self) -> None:
-        from krex.service import memtrace
+        from krex import memtrace
 
         self.work.close()
         self.jobs.close()

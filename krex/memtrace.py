@@ -1,7 +1,9 @@
-"""Memory tracing of a service process (``KREX_TRACEMALLOC=PATH``): what it keeps, by traceback.
+"""Memory tracing of a long-lived process: what it keeps, by traceback.
 
-Off (the default) it costs nothing: :func:`install` returns at once.  With
-``KREX_TRACEMALLOC=PATH`` set, the process starts :mod:`tracemalloc` (frames:
+The services read ``KREX_TRACEMALLOC=PATH``, the daemon ``KREX_DAEMON_TRACEMALLOC=PATH``
+(two names: a daemon the service starts inherits its environment).  Off (the
+default) it costs nothing: :func:`install` returns at once.  With the variable
+set, the process starts :mod:`tracemalloc` (frames:
 ``KREX_TRACEMALLOC_FRAMES``, default 12) and, on each ``SIGUSR1``, takes a
 snapshot: the first one is the *mark*; each later one writes ``PATH``
 (atomically, JSON) with what grew since the mark — the top allocations by
@@ -13,7 +15,7 @@ The process writes it once more at :func:`dump` (the service's close).
 The reason it exists: a long-lived ``krex mcp`` grew ≈ 0.45 MiB/min under
 load while the HTTP service levelled off; ``benchmarks/bench_service_memory.py``
 drives calls and reads these dumps to tell what fills and stops from what
-grows per call.
+grows per call, for the daemon too (``--daemon``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import tracemalloc
 from typing import Any
 
 ENV = "KREX_TRACEMALLOC"
+DAEMON_ENV = "KREX_DAEMON_TRACEMALLOC"
 FRAMES_ENV = "KREX_TRACEMALLOC_FRAMES"
 TRIM_ENV = "KREX_TRACEMALLOC_TRIM"  # set: each dump also returns free heap memory (malloc_trim)
 TOP = 40  # tracebacks reported
@@ -71,10 +74,10 @@ class _Tracer:
 _tracer: _Tracer | None = None
 
 
-def install() -> bool:
-    """Start tracing if ``KREX_TRACEMALLOC`` names a path; True if it does."""
+def install(env: str = ENV) -> bool:
+    """Start tracing if the variable ``env`` names a path; True if it does."""
     global _tracer
-    path = os.environ.get(ENV)
+    path = os.environ.get(env)
     if not path or _tracer is not None:
         return _tracer is not None
     frames = int(os.environ.get(FRAMES_ENV) or 12)
