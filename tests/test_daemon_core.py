@@ -433,3 +433,28 @@ def test_a_regions_request_sees_a_region_not_yet_encoded(core):
         assert len(core.finished) == 0
         rows = core._on_regions(s, m.Regions())["regions"]
     assert [r["region"] for r in rows] == [77]
+
+
+def test_the_tenant_ledger_keeps_the_last_minute_and_nothing_older():
+    """A daemon without quotas (the default) ends regions for hours: the ledger keeps
+    exactly the spans that end inside the window — all of them (a quota or a status
+    still sees the whole minute), none older (before, one span per region stayed for
+    ever unless a quota check or the same tenant's status trimmed it).  A tenant that
+    stops asking is let go within a window too."""
+    from krex.daemon.tenants import WINDOW_S, Ledger
+
+    ledger, step = Ledger(), 0.02  # 50 regions a second, fake clock
+    ends: list[float] = []
+    region = 0
+    for i in range(int(10 * WINDOW_S / step)):  # ten minutes
+        now = i * step
+        for tenant in ("http:a", "mcp:b") if now < 5 * WINDOW_S else ("http:a",):
+            region += 1
+            ledger.start(tenant, region, now)
+            ledger.end(region, now + step / 2)
+            ends.append(now + step / 2)
+    last = ends[-1]
+    in_window = int(WINDOW_S / step)  # http:a's spans ending after last - WINDOW_S
+    assert ledger.spans() == in_window, (ledger.spans(), in_window)  # not fewer, not more
+    assert abs(ledger.used("http:a", last) - in_window * step / 2) < 1e-6
+    assert ledger.used("mcp:b", last) == 0.0 and "mcp:b" not in ledger._done
