@@ -347,11 +347,16 @@ def check_http_jobs(base: str, tokens: dict[str, str], log: Log) -> dict[str, in
     """Every acknowledged key has exactly one job in the service, and it ended."""
     lost = dup = unfinished = 0
     for tenant, token in tokens.items():
-        _, listing, _ = http(base, "GET", "/v1/jobs?limit=1000",
-                             headers={"Authorization": f"Bearer {token}"})
         per_key: dict[str, list[dict]] = {}
-        for job in listing.get("jobs", []):
-            per_key.setdefault(str(job.get("idempotency_key")), []).append(job)
+        before = ""
+        while True:  # every page: a long run has more jobs a tenant than one page holds
+            _, listing, _ = http(base, "GET", f"/v1/jobs?limit=1000{before}",
+                                 headers={"Authorization": f"Bearer {token}"})
+            for job in listing.get("jobs", []):
+                per_key.setdefault(str(job.get("idempotency_key")), []).append(job)
+            if not listing.get("next"):
+                break
+            before = f"&before={listing['next']}"
         for key in log.keys.get(tenant, set()):
             jobs = per_key.get(key, [])
             lost += not jobs

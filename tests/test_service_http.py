@@ -215,6 +215,13 @@ def test_tenants_see_only_their_own_jobs(daemon, tmp_path):
         assert a["id"] != b["id"] and b["tenant"] == "other"
         s.wait(a["id"])
         s.wait(b["id"], headers=auth)
+        # Listing pages through the tenant's jobs, newest first, by the `next` cursor.
+        _, page1 = s.call("GET", "/v1/jobs?limit=1")
+        assert [j["id"] for j in page1["jobs"]] == [a["id"]] and page1["next"] == a["id"]
+        _, page2 = s.call("GET", f"/v1/jobs?limit=1&before={page1['next']}")
+        assert [j["id"] for j in page2["jobs"]] == [mine["id"]] and page2["next"] is None
+        status, err = s.call("GET", f"/v1/jobs?before={b['id']}")  # the other tenant's
+        assert status == 404 and err["error"]["code"] == "job_not_found", err
     finally:
         s.stop()
 

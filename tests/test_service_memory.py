@@ -407,3 +407,34 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
         assert kept < 4 * strings, (kept, report["top"][:3])
     else:
         assert per_call > 0.5 * strings, (per_call, sdk_top)
+
+
+def test_paging_reaches_every_job_the_store_keeps(tmp_path):
+    """``list`` pages through all of a tenant's jobs (newest first, none twice, none
+    missed), not only the newest ``limit``: a long run's check of every key acknowledged
+    (``benchmarks/bench_service_load.py``) read 1000 jobs a tenant and called the
+    rest lost.  A cursor from another tenant is not found."""
+    from krex.errors import JobNotFound
+
+    store = JobStore(str(tmp_path / "jobs.sqlite3"), {"noop": lambda job: {"ok": True}},
+                     runners=2)
+    quotas = Quotas(max_active_jobs=10_000, max_jobs_per_minute=100_000)
+    alice, bob = Tenant("alice", quotas), Tenant("bob", quotas)
+    try:
+        made = [store.submit(alice, "noop", {"n": i})[0].id for i in range(230)]
+        theirs = store.submit(bob, "noop", {"n": 0})[0].id
+        first, cursor = store.list("alice", limit=50)
+        assert len(first) == 50 and cursor == first[-1].id  # control: one page is not all
+        seen, before = [], None
+        while True:
+            page, before = store.list("alice", limit=50, before=before)
+            seen += [j.id for j in page]
+            if before is None:
+                break
+        assert sorted(seen) == sorted(made) and len(seen) == len(set(seen))
+        created = [store.get("alice", j).created_s for j in seen]
+        assert created == sorted(created, reverse=True)  # newest first
+        with pytest.raises(JobNotFound):
+            store.list("alice", before=theirs)
+    finally:
+        store.close()

@@ -225,9 +225,12 @@ def _job_routes(app: FastAPI, service: Service) -> None:
     @app.get("/v1/jobs", tags=["jobs"])
     def list_jobs(tenant: who_t, state: Annotated[str | None, Query(
             pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
-            limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict[str, Any]:
-        """The tenant's jobs, newest first."""
-        return {"jobs": [j.to_dict() for j in service.jobs.list(tenant.name, state, limit)]}
+            limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+            before: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
+        """The tenant's jobs, newest first; ``next`` (when not null) is the ``before`` of
+        the next page."""
+        jobs, nxt = service.jobs.list(tenant.name, state, limit, before)
+        return {"jobs": [j.to_dict() for j in jobs], "next": nxt}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     async def get_job(job_id: str, tenant: who_t, wait_s: Annotated[float, Query(

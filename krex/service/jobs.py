@@ -188,17 +188,32 @@ class JobStore:
             with self._cond:
                 self._cond.wait_for(lambda: job.done or self._closed, timeout=STOP_RETRY_S)
 
-    def list(self, tenant: str, state: str | None = None, limit: int = 50) -> list[Job]:
+    def list(self, tenant: str, state: str | None = None, limit: int = 50,
+             before: str | None = None) -> tuple[list[Job], str | None]:
+        """The tenant's jobs, newest first, at most ``limit`` of them, older than the job
+        ``before`` (a cursor: the ``next`` of the page before); and the next page's
+        cursor (None: no more).  Every job the store keeps is reached by paging."""
         sql = "SELECT * FROM jobs WHERE tenant=?"
         args: list[Any] = [tenant]
         if state:
             sql += " AND state=?"
             args.append(state)
-        sql += " ORDER BY created_s DESC LIMIT ?"
-        args.append(limit)
         with self._cond:
+            if before is not None:
+                row = self.db.execute("SELECT created_s FROM jobs WHERE tenant=? AND id=?",
+                                      (tenant, before)).fetchone()
+                if row is None:
+                    raise JobNotFound(f"no job {before!r} to list jobs before",
+                                      hint="pass the `next` of the page before, or no "
+                                           "`before` for the newest jobs")
+                sql += " AND (created_s < ? OR (created_s = ? AND id < ?))"
+                args += [row[0], row[0], before]
+            sql += " ORDER BY created_s DESC, id DESC LIMIT ?"
+            args.append(limit + 1)
             rows = self.db.execute(sql, args).fetchall()
-            return [self._live.get(r[0]) or _from_row(r) for r in rows]
+            more = len(rows) > limit
+            jobs = [self._live.get(r[0]) or _from_row(r) for r in rows[:limit]]
+        return jobs, jobs[-1].id if more else None
 
     def stats(self) -> dict[str, Any]:
         """Jobs by tenant and state (active ones, and counts since start)."""
