@@ -176,7 +176,7 @@ def test_tokens_are_stored_hashed_and_checked(daemon, tmp_path):
         assert status == 401
         auth = {"Authorization": f"Bearer {token}"}
         status, listing = s.call("GET", "/v1/jobs", headers=auth)
-        assert status == 200 and listing == {"jobs": []}
+        assert status == 200 and listing == {"jobs": [], "next": None}
         # Quota: one active job for this tenant; the second submit is refused with 429.
         flag = tmp_path / "go"
         slow = {"program": f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
