@@ -115,8 +115,15 @@ def test_control_the_same_evaluation_without_the_hog_is_faster(daemon_m):
 
 
 def test_short_calls_beside_a_hog_answer_from_the_undisturbed_pairs_only(daemon_m):
+    """Short calls: a run's pairs may all fit inside the holder's scheduler slices (a
+    CI run beside a CPU loop once saw no pair disturbed in 2 runs), so up to 6 runs,
+    until the loop was in the way of one -- each must answer from undisturbed pairs
+    only, or abstain."""
+    runs = []
     with _hog_on_the_holders_core():
-        runs = [_evaluate() for _ in range(2)]
+        while len(runs) < 6 and not any(ev.timing["discarded_pairs"] for ev in runs):
+            runs.append(_evaluate())
+    print("discarded pairs per run:", [ev.timing["discarded_pairs"] for ev in runs])
     for ev in runs:
         t = ev.timing
         assert t["screened"], ev.summary()
