@@ -17,6 +17,10 @@ run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
 * **CLI**: ``krex exec PROG TOKEN`` and ``krex evaluate ... --json``, one fresh
   process per command.
 
+``--keep-regions`` / ``--keep-jobs`` pass the daemon smaller bounds on what it
+remembers of ended work, so that its stores fill within minutes and what its
+memory does after that shows (issue 14's "RSS flat").
+
 ``--agents HTTP,MCP,CLI`` changes the counts (``0,24,0``: all of the load on the
 MCP server, to see its memory over as many jobs as the HTTP service gets).
 
@@ -506,10 +510,15 @@ def main() -> int:
                     metavar="HTTP,MCP,CLI",
                     help=f"agents per interface (default {HTTP_AGENTS},{MCP_AGENTS},{CLI_AGENTS}; "
                          "e.g. 0,24,0 puts the whole load on the MCP server)")
+    ap.add_argument("--keep-regions", type=int, help="the daemon's --keep-regions")
+    ap.add_argument("--keep-jobs", type=int, help="the daemon's --keep-jobs")
     ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
     args = ap.parse_args()
-    with private_daemon() as _sock, tempfile.TemporaryDirectory() as tmp:
+    daemon_flags = [f for name in ("keep_regions", "keep_jobs") if getattr(args, name)
+                    for f in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
+    with private_daemon(*daemon_flags) as _sock, tempfile.TemporaryDirectory() as tmp:
         res = run(args, tmp)
+    res["daemon_flags"] = daemon_flags
     report(res)
     name = f"bench_service_load_{args.device.replace(':', '')}"
     print("wrote", write_results(name, res, args.out))

@@ -185,6 +185,18 @@ def test_serve_flags_come_from_the_daemon_configuration():
         parser.parse_args(["serve", "--freeze", "sometimes"])  # choices from the config
 
 
+def test_serve_refuses_impossible_numbers_with_a_usage_error(tmp_path):
+    """Exit 2 and the flag named, no traceback; control: the same command with a valid
+    number gets past the check (and fails later, on a runtime dir that is a file)."""
+    for flags in (["--keep-jobs", "0"], ["--workers-min", "-1"]):
+        out = run_krex("serve", "--runtime-dir", str(tmp_path / "rt"), *flags)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert "krex serve:" in out.stderr and flags[0].strip("-").split("-")[0] in out.stderr
+    (tmp_path / "file").write_text("")
+    out = run_krex("serve", "--runtime-dir", str(tmp_path / "file"), "--keep-jobs", "1")
+    assert out.returncode == 1 and "krex serve:" not in out.stderr, out.stderr
+
+
 def test_flags_follow_a_changed_default():
     """Negative control: the flags restate nothing, so another default shows at once."""
     import argparse

@@ -18,6 +18,7 @@ import pytest
 from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
 from krex.daemon.exclusivity import Evidence
+from krex.daemon.finished import BLOCK
 from krex.enforce.process import ProcessRef
 from krex.errors import AccessDenied, BadRequest, LimitExceeded, QuotaExceeded
 from krex.protocol import messages as m
@@ -458,3 +459,39 @@ def test_the_tenant_ledger_keeps_the_last_minute_and_nothing_older():
     assert ledger.spans() == in_window, (ledger.spans(), in_window)  # not fewer, not more
     assert abs(ledger.used("http:a", last) - in_window * step / 2) < 1e-6
     assert ledger.used("mcp:b", last) == 0.0 and "mcp:b" not in ledger._done
+
+
+def test_the_daemon_keeps_as_many_ended_jobs_and_regions_as_configured(tmp_path):
+    """``--keep-jobs`` / ``--keep-regions`` bound what the daemon remembers of ended work
+    (the load benchmark runs with small bounds to see its memory level off).  Control: the
+    same ended jobs are all listed under the default bound."""
+    def ended(config: DaemonConfig) -> tuple[list[int], list[int]]:
+        os.makedirs(config.runtime_dir)
+        d = Daemon(config, exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
+        try:
+            s = FakeSession()
+            ids = [job(d, s, "cpu") for _ in range(7)]
+            for j in ids:
+                d.handle(s, m.EndJob(job_id=j))
+            for i in range(600):
+                d.finished.append((i + 1, os.getuid(), {"region": i + 1, "job_id": 1}))
+            listed = [j["job_id"] for j in d.handle(s, m.Jobs())["jobs"]]
+            regions, before = [], None
+            while True:
+                reply = d.handle(s, m.Regions(limit=m.PAGE_MAX, before=before))
+                regions += [r["region"] for r in reply["regions"]]
+                if (before := reply["next_before"]) is None:
+                    return listed, regions
+        finally:
+            d.shutdown()
+
+    listed, regions = ended(DaemonConfig(runtime_dir=str(tmp_path / "a"), keep_jobs=3,
+                                         keep_regions=256))
+    assert sorted(listed) == [5, 6, 7]  # the newest 3
+    # the newest regions, at least 256 (whole compressed blocks: less than a block more)
+    assert sorted(regions) == list(range(601 - len(regions), 601))
+    assert 256 <= len(regions) < 256 + BLOCK
+    listed, regions = ended(DaemonConfig(runtime_dir=str(tmp_path / "b")))
+    assert sorted(listed) == list(range(1, 8)) and len(regions) == 600
+    with pytest.raises(ValueError, match="--keep-jobs"):
+        DaemonConfig(runtime_dir=str(tmp_path / "c"), keep_jobs=0)

@@ -76,8 +76,14 @@ def config_from_args(args: argparse.Namespace, config: type) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from krex.daemon.config import DaemonConfig
     from krex.daemon.server import serve
+    from krex.errors import UsageError
 
-    return serve(config_from_args(args, DaemonConfig))
+    try:
+        config = config_from_args(args, DaemonConfig)
+        config.pool_spec()  # the workers' flags checked before anything starts
+    except ValueError as exc:
+        raise UsageError(f"krex serve: {exc}") from None
+    return serve(config)
 
 
 def add_stop(sub: argparse._SubParsersAction) -> None:

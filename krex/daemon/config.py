@@ -87,6 +87,11 @@ class DaemonConfig:
         "programs one connection may run in warm workers at once"))
     event_log_queue: int = field(default=10000, metadata=flag(
         "events waiting to be written at most; more are dropped and counted"))
+    keep_regions: int = field(default=20000, metadata=flag(
+        "finished regions' records kept for `krex regions` and the service's node page "
+        "(compressed, about 63 B each); older ones are in the event log only"))
+    keep_jobs: int = field(default=5000, metadata=flag(
+        "ended jobs' records kept for `krex jobs` (about 0.6 KB each)"))
     idle_exit_s: float | None = field(default=None, metadata=flag(
         "exit after this long with nothing to do"))
     group_access: bool = field(default=False, metadata=flag(
@@ -147,6 +152,8 @@ class DaemonConfig:
             self.runtime_dir = node_dir() if self.node else runtime_dir()
         if self.node and self.group is None:
             self.group = "krex"
+        if self.keep_regions < 1 or self.keep_jobs < 1:
+            raise ValueError("--keep-regions and --keep-jobs must be at least 1")
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 

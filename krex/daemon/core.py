@@ -92,9 +92,9 @@ class Daemon:
         self.holds = Holds(self)
         self.lanes = Lanes()
         self._seq = itertools.count(1)
-        self.finished = FinishedRegions(max_records=20000)
+        self.finished = FinishedRegions(max_records=config.keep_regions)
         self._unrecorded: list[tuple[int, int, RegionReport]] = []  # see record_region
-        self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=5000)
+        self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=config.keep_jobs)
         self.devices = discover()
         self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
         self.exclusivity = exclusivity or Exclusivity(config)
