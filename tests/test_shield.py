@@ -606,3 +606,75 @@ def test_a_lingering_shield_is_taken_over_only_while_the_guardian_has_not_undone
         assert s.park(other)  # type: ignore[arg-type]
     wait_for(lambda: other.widened == 1, 5)
     assert s.parked is None and not guardian.leases
+
+
+class _Holder:
+    """A holder with no processes of its own (the shield step needs only its PIDs)."""
+
+    cgroups = None
+
+    def processes(self):
+        return []
+
+
+@needs_v1
+@pytest.mark.parametrize("path", ["handed over", "taken over"])
+def test_a_carried_narrowing_finds_cpusets_made_since_it_was_planned(monkeypatch, path):
+    """A narrowing carried from region to region (a handoff chain, a linger taken over)
+    reads the cpuset tree again at most once a second (RECHECK_S): a cpuset made since,
+    with a task that may run on the reserved core, is narrowed once the region's lease
+    holds its undo record, named in ``narrowed_late``, and given its cores back after.
+    Control: before RECHECK_S has passed it is not looked for (and keeps the core)."""
+    from krex.enforce import shield as shield_mod
+
+    core = _core()
+    monkeypatch.setenv("KREX_SHIELD_LOCK", f"/tmp/krex-test-shield-{os.getpid()}.lock")
+    guardian = _Guardian()
+    shield = shield_mod.Shield(LAYOUT, guardian, "on")
+    assert LAYOUT.cpuset is not None
+    everything = read_cpus(LAYOUT.cpuset)
+    late = os.path.join(LAYOUT.cpuset, f"shieldtest-late-{os.getpid()}")
+    task = subprocess.Popen(["sleep", "60"])
+    first = second = None
+    try:
+        [first] = shield.ops(_Holder(), [core], set())
+        first.undo_records()  # as the enforcer leases before apply: the plan is read here
+        first.apply()
+        os.mkdir(late)  # made after the plan: a container started during the chain
+        _write(late, "cpuset.mems", _read(LAYOUT.cpuset, "cpuset.mems"))
+        _write(late, "cpuset.cpus", everything)
+        _write(late, "cgroup.procs", str(task.pid))
+        if path == "handed over":
+            [second] = shield.ops(_Holder(), [core], set())
+            first.hand_over(second, set())
+            first.revert()  # handed: nothing widened
+        else:
+            shield.linger_s = 30.0
+            first.revert()  # parks: the next region on the same cores takes it over
+            [second] = shield.ops(_Holder(), [core], set())
+        assert second.recheck() is False  # control: planned less than RECHECK_S ago
+        assert read_cpus(late) == everything
+        monkeypatch.setattr(shield_mod, "RECHECK_S", 0.0)
+        if path == "handed over":
+            assert second.recheck() is True
+            records = second.undo_records()
+            second.after_lease()
+        else:
+            second.undo_records()
+            second.apply()  # takes the parked narrowing over, rechecks
+            records = second.undo_records()
+            second.after_lease()
+            assert second.evidence["lingered"] is True
+        assert {"kind": "cpuset", "path": late, "cpus": everything} in records
+        assert core not in parse_cpulist(read_cpus(late))
+        assert os.path.basename(late) in [n["cpuset"] for n in second.evidence["narrowed_late"]]
+        shield.linger_s = 0.0
+        second.revert()  # widens: every cpuset gets its cores back
+        assert read_cpus(late) == everything
+    finally:
+        shield.close()
+        with contextlib.suppress(OSError):
+            _write(LAYOUT.cpuset, "cgroup.procs", str(task.pid))
+        with contextlib.suppress(OSError):
+            os.rmdir(late)
+        reap(task)

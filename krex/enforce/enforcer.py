@@ -240,6 +240,10 @@ class Enforcement:
             err.host = self.report
             raise err from e
         self._lease(usable, lease_s)  # now with what apply found (late forks)
+        for op in usable:  # what needed those records leased first (the shield's recheck)
+            after = getattr(op, "after_lease", None)
+            if after is not None:
+                after()
 
     def _check(self, op: Operation) -> bool:
         ok, why = op.available()
@@ -394,6 +398,7 @@ class Enforcement:
             run_delay_threshold_ms=ns_to_ms(c.threshold_ns) if c is not None else None,
             holder_cores=list(c.cores) if c is not None else None,
             shield=shield_evidence(self.applied, self.enforcer.shield),
+            handed_over=self.handed_from is not None,
         )
 
 

@@ -178,6 +178,8 @@ def lease_handed(new: Enforcement) -> None:
     for op in old.applied:  # the outgoing holder's other hierarchies (v1 cpuset)
         if isinstance(op, HolderSlot):
             old._revert(op, _step(old, op))
+    # a carried shield looks for cpusets made since it was planned (at most once a second)
+    late = [op for op in new.applied if isinstance(op, ShieldRegion) and op.recheck()]
     guardian = old.enforcer.guardian
     # one write: the guardian wakes and journals once, and reads the new lease before
     # the old one's end — never a moment unleased
@@ -186,6 +188,8 @@ def lease_handed(new: Enforcement) -> None:
         if guardian is not None and old.leased is not None:
             guardian.end(old.lease_id)
             old.leased = None
+    for op in late:  # their cores back are in the lease just sent: narrow them now
+        op.after_lease()
 
 
 def _step(enf: Enforcement, op: object) -> Step:

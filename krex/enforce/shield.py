@@ -66,6 +66,10 @@ _LISTED = 32  # names in ``exempt`` / ``unshielded`` at most
 KTHREADS_FRESH_S = 1.0  # known kernel threads trusted for this long after a scan (below)
 LINGER_ENV = "KREX_SHIELD_LINGER_MS"
 LINGER_MS = 50.0  # the shield stays narrowed this long after a region nobody follows
+# A narrowing carried from region to region (handed over, or taken over from a linger)
+# looks for cpusets made since it was planned at most this often: a walk of the cpuset
+# tree is not for every grant, and one made meanwhile is the contention judge's until then.
+RECHECK_S = 1.0
 PARK_LEASE_BASE = 1 << 40  # lease ids of a lingering shield: above every region's
 PARK_LEASE_MARGIN_S = 5.0  # the guardian widens a lingering shield the daemon forgot
 _park_ids = itertools.count(1)
@@ -440,7 +444,7 @@ class Shield:
         region._pids = set(pids or ())
         parked = self.peek_parked(cores)
         if parked is not None:  # its plan, so the lease before apply needs no cpuset walk
-            region._foreign = parked._foreign
+            region._foreign, region._planned = parked._foreign, parked._planned
         return [region]
 
     def foreign(self, cores: list[int], managed: set[str]) -> list[tuple[str, str, int]]:
@@ -477,6 +481,8 @@ class ShieldRegion:
                                          "why": ""}
         self._pids: set[int] = set()
         self._foreign: list[tuple[str, str, str, int]] | None = None  # dir, old, new, tasks
+        self._planned = 0.0  # when _foreign was read from the cpuset tree (monotonic)
+        self._due: list[tuple[str, str, str, int]] = []  # found by recheck(), not narrowed yet
         self.narrowed: list[tuple[str, str, str]] = []  # dir, old, new: as written
         self.handed = False  # the next holder's region took the narrowed shield over
 
@@ -506,7 +512,29 @@ class ShieldRegion:
             self._foreign = [
                 (d, old, _cpulist([c for c in parse_cpulist(old) if c not in self.cores]), n)
                 for d, old, n in self.shield.foreign(self.cores, managed)]
+            self._planned = time.monotonic()
         return self._foreign
+
+    def recheck(self) -> bool:
+        """A carried narrowing: cpusets made (or widened onto the reserved cores) since it
+        was planned, when that was :data:`RECHECK_S` ago or more.  True when some were
+        found: they are in the undo records now, and :meth:`after_lease` narrows them once
+        the lease that holds those records is with the guardian."""
+        if self._foreign is None or time.monotonic() - self._planned < RECHECK_S:
+            return False
+        carried, self._foreign = self._foreign, None
+        fresh = self._plan()
+        known = {d for d, _, _, _ in carried}
+        self._due = [e for e in fresh if e[0] not in known]
+        self._foreign = carried + self._due
+        return bool(self._due)
+
+    def after_lease(self) -> None:
+        """Narrow what :meth:`recheck` found (their undo records are leased now)."""
+        due, self._due = self._due, []
+        if due:
+            with self.shield.lock:
+                self._narrow_foreign(due, key="narrowed_late")
 
     def _holder_pids(self) -> set[int]:
         if not self._pids:
@@ -529,7 +557,7 @@ class ShieldRegion:
                 return
             rest = [c for c in parse_cpulist(shield.all_cpus) if c not in self.cores]
             shield.narrow(rest)
-            self._narrow_foreign()
+            self._narrow_foreign(self._plan())
         self.evidence.update(cpuset=shield.path, moved=moved, refused=refused[:_LISTED],
                              shielded=len(_procs(shield.path)), cores=self.cores,
                              apply_ms=round((time.perf_counter() - t0) * 1e3, 3))
@@ -537,11 +565,14 @@ class ShieldRegion:
 
     def _take_from(self, parked: ShieldRegion, moved: int, refused: list[int]) -> None:
         """A lingering narrowing (:meth:`Shield.park`) becomes this region's: no writes
-        but the stragglers' moves; it widens it at its end (or lets it linger again)."""
-        self._foreign, self.narrowed, parked.narrowed = parked._foreign, parked.narrowed, []
+        but the stragglers' moves (and, once its lease has their records, the cpusets
+        :meth:`recheck` finds); it widens it at its end (or lets it linger again)."""
+        self._foreign, self._planned = parked._foreign, parked._planned
+        self.narrowed, parked.narrowed = parked.narrowed, []
         self.evidence = {**parked.evidence, "moved": moved, "refused": refused[:_LISTED],
                          "carried": True, "lingered": True, "late": [], "parked_ms": 0.0,
-                         "apply_ms": 0.0}
+                         "apply_ms": 0.0, "narrowed_late": [], "unshielded_late": []}
+        self.recheck()
 
     def _holder_out_of_rest(self) -> None:
         """A process moved in while it was unmanaged and since became the holder."""
@@ -553,12 +584,15 @@ class ShieldRegion:
                 with contextlib.suppress(OSError):
                     write(os.path.join(shield.root, "cgroup.procs"), str(pid))
 
-    def _narrow_foreign(self) -> None:
+    def _narrow_foreign(self, plan: list[tuple[str, str, str, int]],
+                        key: str = "narrowed") -> None:
         """Other cpusets (another daemon's jobs, a container's) lose the reserved cores;
-        one left with none, or that refuses, is named in ``unshielded``."""
+        one left with none, or that refuses, is named in ``unshielded`` (``key``:
+        ``narrowed`` at a region's set-up; ``narrowed_late`` for cpusets found by a
+        carried narrowing, with ``unshielded_late``)."""
         root = self.shield.root or ""
         narrowed, unshielded = [], []
-        for d, old, new, tasks in self._plan():
+        for d, old, new, tasks in plan:
             name = {"cpuset": os.path.relpath(d, root), "tasks": tasks}
             if not new:
                 unshielded.append({**name, "why": f"has only reserved cores ({old})"})
@@ -570,7 +604,12 @@ class ShieldRegion:
                 continue
             self.narrowed.append((d, old, new))
             narrowed.append(name)
-        self.evidence.update(narrowed=narrowed[:_LISTED], unshielded=unshielded[:_LISTED])
+        if key == "narrowed":
+            self.evidence.update(narrowed=narrowed[:_LISTED], unshielded=unshielded[:_LISTED])
+        else:
+            self.evidence[key] = (self.evidence.get(key, []) + narrowed)[:_LISTED]
+            self.evidence["unshielded_late"] = (self.evidence.get("unshielded_late", [])
+                                                + unshielded)[:_LISTED]
 
     def _name_what_stays(self) -> None:
         shield = self.shield
@@ -585,8 +624,9 @@ class ShieldRegion:
         """``fresh`` (the next holder's region) keeps the shield narrowed as it is:
         no sweep, no writes; it widens it at its end (or hands it on)."""
         fresh._foreign, fresh.narrowed, self.narrowed = self._foreign, self.narrowed, []
+        fresh._planned = self._planned
         fresh.evidence = {**self.evidence, "moved": 0, "refused": [], "carried": True,
-                          "apply_ms": 0.0}
+                          "apply_ms": 0.0, "narrowed_late": [], "unshielded_late": []}
         fresh._pids = set(holder_pids)  # it is in the slot now: its job cgroup is empty
         self.handed = True
 

@@ -138,6 +138,8 @@ class HostEvidence:
     lock_skipped_pids: list[int] = field(default_factory=list)  # ... no CUDA context: not locked
     lock_acks_ms: dict[int, float] = field(default_factory=dict)  # pid -> lock latency
     shield: dict[str, Any] | None = None  # unmanaged tasks kept off the cores (shield.py)
+    # taken over from the previous region on the device (a handoff: nothing set up anew)
+    handed_over: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
