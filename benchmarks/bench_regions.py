@@ -5,7 +5,10 @@
   the waiter returning from ``acquire`` (both on CLOCK_MONOTONIC);
 * held fraction: JOBS processes take back-to-back HOLD_MS regions for
   SECONDS; the share of that time the device was held (sum of grant → release
-  spans over first grant → last release).
+  spans over first grant → last release); again with each release asking for
+  the job's next region too (``krex.regions``: the job is queued again before
+  the device is handed on, so a chain of handoffs never ends with the device
+  waiting for a frozen job to ask).
 
 Bare (every mechanism off: the machine floor, measured in the same run) and
 enforced (the default daemon, with the shield as configured by default and
@@ -48,7 +51,8 @@ def round_trip(n: int) -> list[float]:
     return samples
 
 
-# argv: regions (or 0: run for SECONDS), hold seconds, SECONDS
+# argv: regions (or 0: run for SECONDS), hold seconds, SECONDS, pipelined (0/1: each
+# release asks for the job's next region too, as krex.regions does)
 # Each row: the client's grant and release times, the grant's step times, and for the
 # per-step breakdown ("x"): when the acquire was sent, the client thread's run delay
 # while it waited in acquire, and the daemon's times of the region from its report.
@@ -61,25 +65,38 @@ def run_delay():
         return int(f.read().split()[1])
 
 n, hold_s, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+pipelined = sys.argv[4] == "1"
 c = Client(autostart=False)
 job = c.register()["job_id"]
 rows = []
 print(json.dumps({"ready": c.conn.welcome.get("daemon_pid")}), flush=True)
 sys.stdin.readline()
 stop = time.monotonic() + seconds
-while (len(rows) < n) if n else (time.monotonic() < stop):
+pending = None
+more = lambda: (len(rows) < n) if n else (time.monotonic() < stop)
+while more():
     sent, rd0 = time.monotonic_ns(), run_delay()
-    rid = c.acquire(job)["region"]
+    if pending is None:
+        rid = c.acquire(job)["region"]
+    else:
+        sent, rid = pending[0], c.conn.await_grant(pending[1])["region"]
+    pending = None
     granted = time.monotonic_ns()
     rd = run_delay() - rd0
     end = time.perf_counter() + hold_s
     while time.perf_counter() < end:
         pass
     released = time.monotonic_ns()
-    rep = c.release(rid).get("report") or {}
+    if pipelined and ((len(rows) + 1 < n) if n else (time.monotonic() < stop)):
+        rel, nxt = c.conn.release_again(rid)
+        pending = (time.monotonic_ns(), nxt)
+        rep = c.conn.wait_reply(rel).get("report") or {}
+    else:
+        rep = c.release(rid).get("report") or {}
     host = rep.get("host") or {}
     steps = {st["name"]: st["apply_ms"] for st in host.get("steps", [])}
     x = {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
+         "handed": bool(host.get("handed_over")),
          "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
          "en": rep.get("enforce_s"), "back": time.monotonic_ns(),
          "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
@@ -89,13 +106,13 @@ sys.stdin.readline()  # stay connected until the daemon's threads have been read
 """
 
 
-def contend(jobs: int, n: int, hold_s: float = 0.0005,
-            seconds: float = 0.0, threads: dict | None = None) -> list[tuple]:
+def contend(jobs: int, n: int, hold_s: float = 0.0005, seconds: float = 0.0,
+            threads: dict | None = None, pipelined: bool = False) -> list[tuple]:
     """(granted ns, released ns, which process, {step: apply ms}, x) of every region,
     in grant order (``x``: see CONTENDER).  ``threads``: filled with the daemon's
     threads' CPU time and run delay over the run (see :func:`daemon_threads`)."""
     procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(n), str(hold_s),
-                               str(seconds)], stdin=subprocess.PIPE,
+                               str(seconds), "1" if pipelined else "0"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for _ in range(jobs)]
     pids = {json.loads(p.stdout.readline())["ready"] for p in procs}
     daemon = pids.pop() if len(pids) == 1 else None
@@ -177,7 +194,7 @@ def gap_breakdown(spans: list) -> dict:
     out: dict = {}
     pairs = [(a, b) for a, b in itertools.pairwise(spans) if a[2] != b[2]]
     for kind, want in (("handed_over", True), ("set_up", False)):
-        rows = [p for a, b in pairs if carried(b[3]) is want and (p := gap_parts(a, b))]
+        rows = [p for a, b in pairs if carried(b) is want and (p := gap_parts(a, b))]
         out[kind] = {"gaps": len(rows), **{
             k: round(quantiles([r[k] for r in rows])["p50"], 1) for k in (rows[0] if rows else {})}}
     return out
@@ -189,16 +206,16 @@ def handoff(n: int) -> list[float]:
     return [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
 
 
-def carried(steps: dict) -> bool:
-    """A grant handed over without a freeze write (its freeze step took ~nothing)."""
-    return "freeze" in steps and steps["freeze"] is not None and steps["freeze"] < 0.02
+def carried(span: tuple) -> bool:
+    """A grant handed over (its report's ``host.handed_over``: nothing set up anew)."""
+    return bool(span[4].get("handed"))
 
 
 def breakdown(spans: list) -> dict:
     """Per enforcement step, p50 apply ms, for handed-over and set-up grants apart."""
     out: dict = {}
-    for kind, rows in (("handed_over", [s[3] for s in spans if carried(s[3])]),
-                       ("set_up", [s[3] for s in spans if s[3] and not carried(s[3])])):
+    for kind, rows in (("handed_over", [s[3] for s in spans if carried(s)]),
+                       ("set_up", [s[3] for s in spans if s[3] and not carried(s)])):
         names = sorted({k for r in rows for k in r})
         out[kind] = {"regions": len(rows), **{
             k: round(quantiles([r[k] for r in rows if r.get(k) is not None])["p50"], 3)
@@ -206,10 +223,10 @@ def breakdown(spans: list) -> dict:
     return out
 
 
-def held_fraction(jobs: int, hold_ms: float, seconds: float) -> dict:
+def held_fraction(jobs: int, hold_ms: float, seconds: float, pipelined: bool = False) -> dict:
     """Back-to-back regions of ``jobs`` processes: how much of the time the device was held."""
     threads: dict = {}
-    spans = contend(jobs, 0, hold_ms / 1e3, seconds, threads)
+    spans = contend(jobs, 0, hold_ms / 1e3, seconds, threads, pipelined)
     held = sum(s[1] - s[0] for s in spans)
     wall = spans[-1][1] - spans[0][0]
     overlaps = sum(b[0] < a[1] for a, b in itertools.pairwise(spans))
@@ -226,9 +243,9 @@ def split_gaps(spans: list) -> dict:
     """Release-to-next-grant gaps (µs) before handed-over grants and set-up grants."""
     pairs = list(itertools.pairwise(spans))
     return {"gap_us_handed_over": quantiles([(b[0] - a[1]) / 1e3 for a, b in pairs
-                                             if carried(b[3])]),
+                                             if carried(b)]),
             "gap_us_set_up": quantiles([(b[0] - a[1]) / 1e3 for a, b in pairs
-                                        if not carried(b[3])])}
+                                        if not carried(b)])}
 
 
 def enforced(args: argparse.Namespace, shield: str | None) -> dict:
@@ -245,6 +262,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             ho = [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
             ho_split = split_gaps(spans)
             held = held_fraction(args.jobs, args.hold_ms, args.seconds)
+            held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
     finally:
         if old is None:
             os.environ.pop("KREX_SHIELD", None)
@@ -255,7 +273,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             "handoff_parts_p50_us": gap_breakdown(spans),
             "handoff_us_handed_over": ho_split["gap_us_handed_over"],
             "handoff_us_set_up": ho_split["gap_us_set_up"],
-            "held": held}
+            "held": held, "held_pipelined": held_p}
 
 
 def main() -> None:
@@ -277,9 +295,10 @@ def main() -> None:
         rt = round_trip(args.n)
         ho = handoff(args.n // 2)
         held = held_fraction(args.jobs, args.hold_ms, args.seconds)
+        held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
     runs = {"shield default": enforced(args, None), "KREX_SHIELD=off": enforced(args, "off")}
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
-             "handoffs_measured": len(ho), "held": held}
+             "handoffs_measured": len(ho), "held": held, "held_pipelined": held_p}
     path = write_results("regions", {"n": args.n, "daemon_nice": args.daemon_nice,
                                      "daemon_rt": args.daemon_rt,
                                      "floor": floor, "enforced": runs,
@@ -287,13 +306,17 @@ def main() -> None:
                                      "loadavg_after": os.getloadavg()}, path=args.out)
     rows = [["bare (floor)", floor]] + [[f"enforced, {k}", v] for k, v in runs.items()]
     print(md_table(["daemon", "round trip p50/p95 µs", "handoff p50/p95/p99 µs",
-                    "held % (jobs x hold)", "gap p50/p95 µs", "handed over"],
+                    "held % (jobs x hold)", "gap p50/p95 µs", "handed over",
+                    "pipelined: held %", "gap p50/p95 µs", "handed over"],
                    [[name, f"{r['round_trip_us']['p50']:.0f} / {r['round_trip_us']['p95']:.0f}",
                      "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**r["handoff_us"]),
                      f"{100 * r['held']['held_fraction']:.1f} "
                      f"({r['held']['jobs']} x {r['held']['hold_ms']:g} ms)",
                      f"{r['held']['gap_us']['p50']:.0f} / {r['held']['gap_us']['p95']:.0f}",
-                     _handed(r["held"])]
+                     _handed(r["held"]),
+                     f"{100 * r['held_pipelined']['held_fraction']:.1f}",
+                     "{p50:.0f} / {p95:.0f}".format(**r["held_pipelined"]["gap_us"]),
+                     _handed(r["held_pipelined"])]
                     for name, r in rows]))
     for name, r in runs.items():
         print(f"\n{name}: step p50 ms (held runs): {json.dumps(r['held']['steps_p50_ms'])}")

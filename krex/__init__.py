@@ -14,7 +14,7 @@ from krex.version import __version__
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (CLI start-up)
 if TYPE_CHECKING:  # imported on first use: `import krex` (and the CLI) stays cheap
     from krex import measure
-    from krex.client import Client, Region, region
+    from krex.client import Client, Region, region, regions
     from krex.errors import KrexError
     from krex.evaluate import Evaluation, evaluate
     from krex.measure import (
@@ -32,7 +32,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     # From their modules, not the krex.client package: once the submodule
     # krex.client.region is imported, the package's attribute `region` is that module.
     "Client": "krex.client.connection:Client",
-    **{n: f"krex.client.region:{n}" for n in ("Region", "region")},
+    **{n: f"krex.client.region:{n}" for n in ("Region", "region", "regions")},
     "KrexError": "krex.errors:KrexError",
     **{n: f"krex.evaluate:{n}" for n in ("evaluate", "Evaluation")},
     **{n: f"krex.measure:{n}" for n in ("BenchWarning", "Comparison", "Measurement",
@@ -56,4 +56,5 @@ __all__ = [
     "evaluate",
     "measure",
     "region",
+    "regions",
 ]

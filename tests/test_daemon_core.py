@@ -495,3 +495,30 @@ def test_the_daemon_keeps_as_many_ended_jobs_and_regions_as_configured(tmp_path)
     assert sorted(listed) == list(range(1, 8)) and len(regions) == 600
     with pytest.raises(ValueError, match="--keep-jobs"):
         DaemonConfig(runtime_dir=str(tmp_path / "c"), keep_jobs=0)
+
+
+@pytest.mark.parametrize("again", [True, False])
+def test_a_release_with_again_queues_the_jobs_next_region_before_the_device_moves_on(
+        core, again):
+    """``release`` with ``again``: the job's next region (the released one's parameters,
+    the given request id) is queued before the device is handed on, so the job that
+    was waiting gets the device and this one is next in line.  Control: a plain release
+    leaves the job out of the queue."""
+    a, b, c = FakeSession(), FakeSession(), FakeSession()
+    ja, jb = job(core, a, "cpu"), job(core, b, "cpu")
+    ra = a.reply(request(core, a, m.Acquire, job_id=ja, label="mine")).data["region"]
+    rb_acq = request(core, b, m.Acquire, job_id=jb)  # queued behind a's region
+    nxt = next(_ids)
+    rel = request(core, a, m.Release, region=ra, **({"again": nxt} if again else {}))
+    assert a.reply(rel).data["report"]["region"] == ra
+    rb = b.reply(rb_acq).data["region"]
+    queue_ = core.handle(c, m.Status())["scheduler"]["cpu"]["queue"]
+    if not again:
+        assert queue_ == []
+        return
+    assert [(q["job_id"], q["label"]) for q in queue_] == [(ja, "mine")]
+    request(core, b, m.Release, region=rb)
+    grant = a.reply(nxt).data
+    assert grant["region"] not in (ra, rb)
+    request(core, a, m.Release, region=grant["region"])
+    assert core.handle(c, m.Status())["scheduler"]["cpu"]["holder"] is None

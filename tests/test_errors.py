@@ -113,6 +113,7 @@ def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives(
     conn.path, conn.sock, conn.reader, conn.revoked = "", ours, FrameReader(ours), {}
     conn._ids = iter(range(1, 100))
     conn.reply_timeout_s, conn._patient = 10.0, set()
+    conn._pipelined, conn._early = set(), {}
     from krex.protocol import messages as m
 
     conn.call(m.Hello(version=m.VERSION))

@@ -8,6 +8,11 @@ with ``cancel``, so the daemon never grants it to nobody; where even that
 fails the connection is closed (the daemon then ends everything it held) and
 marked ``broken``.  ``regions`` and ``jobs`` come in pages.
 
+Requests may be pipelined (``send(..., pipelined=True)``; ``release_again``:
+a release that also asks for the job's next region, as ``krex.regions`` does);
+a reply to a pipelined request that arrives while another is waited for is
+kept for its own :meth:`~Connection.wait_reply`, never dropped.
+
 No call waits forever on a daemon that stopped answering (SIGSTOP, a wedge):
 a request the daemon answers at once (``status``, ``release``, the
 handshake, ...) must be answered within ``reply_timeout_s``; a wait that may
@@ -74,6 +79,8 @@ class Connection:
             node = _connect(self.path, self.reply_timeout_s)
         self.sock: socket.socket = node
         self._patient: set[int] = set()
+        self._pipelined: set[int] = set()  # sent ahead: their replies are kept, not skipped
+        self._early: dict[int, dict[str, Any]] = {}  # such replies, read while waiting
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
         self.revoked: dict[int, str] = {}
@@ -106,8 +113,10 @@ class Connection:
         """
         return self.wait_reply(self.send(message), on_output)
 
-    def send(self, message: m.Message) -> int:
-        """Send a request; return its id (for :meth:`wait_reply`)."""
+    def send(self, message: m.Message, *, pipelined: bool = False) -> int:
+        """Send a request; return its id (for :meth:`wait_reply`).  ``pipelined``: sent
+        before the reply to an earlier request is read; its own reply is kept until
+        :meth:`wait_reply` asks for it (the caller must ask, or :meth:`cancel` it)."""
         rid = next(self._ids)
         payload = message.to_dict()
         payload["id"] = rid
@@ -124,11 +133,32 @@ class Connection:
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
         if message.type in PATIENT:
             self._patient.add(rid)
+        if pipelined:
+            self._pipelined.add(rid)
         return rid
+
+    def release_again(self, region: int) -> tuple[int, int]:
+        """Send ``release`` for ``region`` with ``again``: the job's next region is asked
+        for (with the released one's parameters) before the device is handed on.  Returns
+        the release's request id and the new acquire's, whose grant is waited for with
+        :meth:`await_grant` (or withdrawn with :meth:`cancel`)."""
+        again = next(self._ids)
+        self._patient.add(again)  # an acquire: it may wait long for its grant
+        self._pipelined.add(again)  # its grant may come before the release's reply
+        try:
+            return self.send(m.Release(region=region, again=again)), again
+        except BaseException:
+            self._patient.discard(again)
+            self._pipelined.discard(again)
+            raise
 
     def acquire(self, message: m.Acquire) -> dict[str, Any]:
         """Acquire a region; if waiting for the grant is interrupted, withdraw it."""
-        rid = self.send(message)
+        return self.await_grant(self.send(message))
+
+    def await_grant(self, rid: int) -> dict[str, Any]:
+        """The grant of the acquire sent as request ``rid``; withdrawn if the wait is
+        interrupted."""
         try:
             return self.wait_reply(rid)
         except KrexError as exc:
@@ -142,6 +172,8 @@ class Connection:
     def cancel(self, acquire: int, timeout_s: float = CANCEL_TIMEOUT_S) -> None:
         """Withdraw the acquire ``acquire`` (a region granted meanwhile is released).
         If that cannot be done, close the connection: the daemon ends its regions."""
+        self._pipelined.discard(acquire)
+        self._early.pop(acquire, None)  # granted meanwhile: the cancel releases it
         try:
             self.wait_reply(self.send(m.Cancel(acquire=acquire)), timeout_s=timeout_s)
         except (KrexError, OSError):  # the caller's own exception is the one to see
@@ -170,6 +202,12 @@ class Connection:
         ``timeout_s`` (default ``reply_timeout_s``) bounds the silence: see the module."""
         patient = rid in self._patient
         self._patient.discard(rid)
+        self._pipelined.discard(rid)
+        early = self._early.pop(rid, None)
+        if early is not None:
+            if early.get("type") == "error":
+                raise from_wire(early)
+            return early.get("data") or {}
         watch = Watch(timeout_s or self.reply_timeout_s, patient)
         while True:
             data = self._read(watch)
@@ -181,6 +219,8 @@ class Connection:
                 self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
                 continue
             if data.get("re") not in (rid, None):
+                if data.get("re") in self._pipelined and kind != "output":
+                    self._early[int(data["re"])] = data  # its own wait_reply takes it
                 continue
             if kind == "output":
                 if on_output is not None:

@@ -9,6 +9,12 @@ queue at the daemon and are serialised there.  A process not started by
 ``krex run`` registers itself as an ad-hoc job on first use.  Entering that
 is interrupted (Ctrl-C, a signal handler's exception) withdraws the request
 (the protocol's ``cancel``): nothing is left queued or granted behind it.
+
+``krex.regions(n)`` takes ``n`` regions back to back: each release also asks
+for the job's next region (the protocol's ``release`` with ``again``), so the
+job is queued again before the daemon hands the device on and freezes it.  With several jobs doing
+that, every handoff goes straight to a queued job; a chain of handoffs does not
+end with the device idle until a frozen job is thawed and asks again.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from krex.client.connection import Connection
@@ -105,6 +111,11 @@ class Region:
         return self.grant["region"] if self.grant else None
 
     def __enter__(self) -> Region:
+        return self._enter(None)
+
+    def _enter(self, pending: tuple[Connection, int] | None) -> Region:
+        """Enter; ``pending``: this job's acquire already sent on that connection (by the
+        previous region's release, :func:`regions`): its grant is waited for instead."""
         conn = _connection()
         depth = _state.depth.get(self.device, 0)
         _state.depth[self.device] = depth + 1
@@ -115,7 +126,10 @@ class Region:
             return self
         try:
             try:
-                self.grant = self._acquire(conn)
+                if pending is not None and pending[0] is conn and not self._nested:
+                    self.grant = conn.await_grant(pending[1])
+                else:
+                    self.grant = self._acquire(conn)
             except DaemonNotRunning:  # the daemon restarted since this thread last used it
                 self.grant = self._acquire(_connection(fresh=True))
         except BaseException:
@@ -127,29 +141,49 @@ class Region:
         return self
 
     def _acquire(self, conn: Connection) -> dict[str, Any]:
+        return conn.acquire(self._request(conn))
+
+    def _request(self, conn: Connection) -> m.Acquire:
         job = _job_id(conn, self.device)
         # A program a service runs for a tenant (an ``exec`` with ``tenant``) gets
         # KREX_TENANT: its regions use that tenant's share (only operators may name one).
-        return conn.acquire(m.Acquire(job_id=job, device=self.device, label=self.label,
-                                      max_hold_s=self.max_hold_s, timeout_s=self.timeout_s,
-                                      tenant=os.environ.get("KREX_TENANT") or None))
+        return m.Acquire(job_id=job, device=self.device, label=self.label,
+                         max_hold_s=self.max_hold_s, timeout_s=self.timeout_s,
+                         tenant=os.environ.get("KREX_TENANT") or None)
 
     def __exit__(self, *exc: object) -> None:
+        self._leave(again=False)
+
+    def _leave(self, again: bool) -> tuple[Connection, int] | None:
+        """Release; ``again``: ask for the job's next region with the release (returned:
+        the connection and that acquire's request id, for the next region's ``_enter``)."""
         _state.depth[self.device] -= 1
         if self._nested:
             self.report = self._judged(self._nested_report())
-            return
+            return None
         _state.outer.pop(self.device, None)
         conn = _connection()
         assert self.grant is not None
         rid = self.grant["region"]
-        self.report = self._judged(
-            RegionReport.from_dict(conn.call(m.Release(region=rid))["report"]))
+        pending = None
+        if not again:
+            released = conn.send(m.Release(region=rid))
+        else:  # the daemon asks for the next region before it hands the device on
+            released, nxt = conn.release_again(rid)
+            pending = (conn, nxt)
+        try:
+            reply = conn.wait_reply(released)
+        except BaseException:
+            if pending is not None:
+                conn.cancel(pending[1])
+            raise
+        self.report = self._judged(RegionReport.from_dict(reply["report"]))
         pushed = conn.revoked.pop(rid, None)
         if self.report.revoked:
             reason = pushed or self.report.why_not_clean()
             warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
-                          stacklevel=2)
+                          stacklevel=3)
+        return pending
 
     def _judged(self, report: RegionReport) -> RegionReport:
         """A nested region judged by its own holder's evidence, like a daemon region."""
@@ -193,3 +227,32 @@ def region(device: str | None = None, *, max_hold_s: float | None = None,
            label: str | None = None, timeout_s: float | None = None) -> Region:
     """A critical region on ``device`` (default: ``$KREX_DEVICE`` or ``cpu``)."""
     return Region(device, max_hold_s=max_hold_s, label=label, timeout_s=timeout_s)
+
+
+def regions(count: int, device: str | None = None, *, max_hold_s: float | None = None,
+            label: str | None = None, timeout_s: float | None = None) -> Iterator[Region]:
+    """``count`` regions on ``device``, back to back: ``for r in krex.regions(100): ...``
+    (the body runs inside each; ``r.report`` is set once the next one begins).
+
+    Each release also asks for the job's next region (module docstring): the job stays
+    in the device's queue between its regions.  Leaving the loop early (``break``, an
+    exception) releases the region and sends no further request; keep the loop's
+    iterator in no variable of its own, or close it (``contextlib.closing``), so that
+    it is let go at once.  Inside an outer region of the same device the regions are
+    nested ones, as with :func:`region`."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, not {count}")
+    def make() -> Region:
+        return Region(device, max_hold_s=max_hold_s, label=label, timeout_s=timeout_s)
+
+    pending: tuple[Connection, int] | None = None
+    r = make()
+    for i in range(count):
+        r._enter(pending)
+        try:
+            yield r
+        except BaseException:
+            r._leave(again=False)
+            raise
+        pending = r._leave(again=i + 1 < count)
+        r = make()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -44,6 +45,7 @@ from krex.enforce.process import ProcessRef, is_descendant, process_group
 from krex.errors import (
     AccessDenied,
     BadRequest,
+    KrexError,
     LimitExceeded,
     ProcessGone,
     ShuttingDown,
@@ -240,6 +242,13 @@ class Daemon:
         return None
 
     def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
+        st = self.holds.releasable(session, msg.region)
+        if msg.again is not None and st.asked is not None:
+            again = dataclasses.replace(st.asked, id=msg.again)
+            try:  # queued before the release hands the device on (and freezes this job)
+                self._on_acquire(session, again)
+            except KrexError as exc:  # the release goes ahead; the new acquire is answered
+                self.push(session, m.ErrorReply.of(exc, msg.again))
         return self.holds.release(session, msg)
 
     def _on_cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class RegionState:
     frozen_jobs: list[int] = field(default_factory=list)  # siblings it stopped
     handed_mono_s: float | None = None  # its enforcement passed to the next holder then
     chain: tuple[int, ...] = ()  # jobs that held the device before it, handed over to it
+    asked: m.Acquire | None = None  # its request, as sent (a release's ``again`` repeats it)
 
     @property
     def region(self) -> int:
@@ -96,7 +97,7 @@ class Holds:
     # -- requests ------------------------------------------------------------------
 
     def acquire(self, session: Session, msg: m.Acquire, req: Request, uid: int) -> None:
-        st = RegionState(req, session, msg.id, uid, time.time())
+        st = RegionState(req, session, msg.id, uid, time.time(), asked=msg)
         self.regions[req.region] = st
         self.by_session.setdefault(session, set()).add(req.region)
         self.d.events.emit("requested", region=req.region, job_id=req.job_id,
@@ -106,14 +107,18 @@ class Holds:
     def of_session(self, session: Session) -> list[RegionState]:
         return [self.regions[r] for r in self.by_session.get(session, ()) if r in self.regions]
 
-    def release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
-        st = self.regions.get(msg.region)
+    def releasable(self, session: Session, region: int) -> RegionState:
+        """The region ``session`` may release now (else :class:`UnknownRegion`)."""
+        st = self.regions.get(region)
         if st is None or st.session is not session or st.gone:
-            raise UnknownRegion(f"region {msg.region} is not held by this connection",
-                                region=msg.region)
+            raise UnknownRegion(f"region {region} is not held by this connection",
+                                region=region)
         if st.phase in (Phase.QUEUED, Phase.ENTERING):
-            raise UnknownRegion(f"region {msg.region} has not been granted yet",
-                                region=msg.region)
+            raise UnknownRegion(f"region {region} has not been granted yet", region=region)
+        return st
+
+    def release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
+        st = self.releasable(session, msg.region)
         if st.phase is Phase.CLOSED:
             self._forget(st)
             assert st.report is not None

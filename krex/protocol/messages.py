@@ -118,8 +118,14 @@ class Acquire(Message):
 
 @dataclass(frozen=True)
 class Release(Message):
+    """End a held region.  ``again``: a request id; the job's next region is asked for
+    first, as an ``acquire`` with that id and the released region's own parameters (its
+    grant or error comes as that acquire's reply), so the job is queued again before the
+    device is handed on (``krex.regions``)."""
+
     type: ClassVar[str] = "release"
     region: int
+    again: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,188 @@
+"""``krex.regions(n)``: back-to-back regions whose next request goes with each release.
+
+Through a real daemon (freezing on: a job is frozen while another holds the device):
+two jobs taking back-to-back regions the plain way leave the device waiting at every
+chain's end (the outgoing holder is frozen before it can ask again, so when the other
+releases nobody is queued); pipelined, the job is still queued and every handoff goes
+straight to it.  Also: leaving the loop early leaves nothing held or queued, and a reply
+to a pipelined request read while another is waited for is kept, not dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from helpers import PY, REPO, reap
+
+import krex
+from krex.client.connection import Client, Connection
+from krex.protocol import messages as m
+from krex.protocol.framing import FrameReader, encode_frame
+
+JOB = os.path.join(REPO, "tests", "jobs", "regions_loop.py")
+N, HOLD_MS = 40, 3.0
+
+
+def _two_jobs(how: str) -> list[dict]:
+    start = time.monotonic() + 1.5  # both registered and warm before the first region
+    procs = [subprocess.Popen([PY, JOB, how, str(N), str(HOLD_MS), str(start)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        rows = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0
+            rows += json.loads(out)
+    finally:
+        for p in procs:
+            reap(p)
+    return sorted(rows, key=lambda r: r["granted"])
+
+
+def _chain_ends(rows: list[dict]) -> int:
+    """Handoffs to the other job where it was not queued when the device was released:
+    the device waited for it to ask."""
+    return sum(1 for a, b in zip(rows, rows[1:], strict=False)
+               if a["job"] != b["job"] and b["requested"] > a["released"])
+
+
+def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon):
+    if daemon_freeze(daemon) == "off":
+        pytest.skip("no freeze backend here: a job is not frozen while another holds")
+    plain, pipelined = _two_jobs("plain"), _two_jobs("pipelined")
+    for rows in (plain, pipelined):
+        assert len(rows) == 2 * N
+        assert all(b["granted"] >= a["released"] for a, b in zip(rows, rows[1:], strict=False))
+    switches = sum(1 for a, b in zip(pipelined, pipelined[1:], strict=False)
+                   if a["job"] != b["job"])
+    # pipelined: the other job asked before the release (its request went with its own
+    # last release), so the device was handed straight on, alternating between the jobs
+    assert switches >= N and _chain_ends(pipelined) <= 2, pipelined
+    # ... taken over, not set up anew (the report says so); the first region is set up
+    assert sum(not r["handed_over"] for r in pipelined) <= 3, pipelined
+    # control: the plain loop's outgoing holder is frozen before it asks again
+    assert _chain_ends(plain) >= N // 4, plain
+    assert sum(not r["handed_over"] for r in plain) >= N // 4, plain
+
+
+def daemon_freeze(daemon) -> str:
+    with Client(daemon.socket, autostart=False) as c:
+        return str((c.status().get("enforcement") or {}).get("freeze", "off"))
+
+
+@pytest.mark.parametrize("leave", ["break", "raise"])
+def test_leaving_the_loop_early_leaves_nothing_held_or_queued(daemon, leave):
+    """The region in hand is released and no further request is left behind: another
+    region is granted at once.  Control: the loop ran (the regions were granted)."""
+    seen = []
+    with pytest.raises(RuntimeError) if leave == "raise" else contextlib.nullcontext():
+        for r in krex.regions(5, "cpu"):
+            seen.append(r.region_id)
+            if len(seen) == 2:
+                if leave == "raise":
+                    raise RuntimeError("the candidate failed")
+                break
+    assert len(seen) == 2 and all(seen)
+    with Client(daemon.socket, autostart=False) as c:
+        status = c.status()
+    assert not _held_or_queued(status), status
+    t0 = time.monotonic()
+    with krex.region("cpu", timeout_s=5):
+        pass
+    assert time.monotonic() - t0 < 5
+
+
+def _held_or_queued(status: dict) -> list:
+    return [x for dev in status["scheduler"].values()
+            for x in ([dev["holder"]] if dev["holder"] else []) + dev["queue"]]
+
+
+def test_a_pipelined_reply_read_early_is_kept_for_its_own_wait():
+    """The daemon may answer a pipelined acquire before the release sent ahead of it;
+    the release's wait keeps that grant for the acquire's.  Control: a request not sent
+    as pipelined has its stray reply skipped, as before."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = Connection.__new__(Connection)
+    conn.path, conn.sock, conn.reader, conn.revoked = "", ours, FrameReader(ours), {}
+    conn._ids = iter(range(1, 100))
+    conn.reply_timeout_s, conn._patient = 5.0, set()
+    conn._pipelined, conn._early = set(), {}
+
+    def answer(order: list[int], data: dict[int, dict]) -> None:
+        reader = FrameReader(theirs)
+        for _ in order:
+            reader.read()
+        for rid in order:
+            theirs.sendall(encode_frame({"type": "ok", "re": rid, "data": data[rid]}))
+
+    try:
+        for pipelined in (True, False):
+            order = [2, 1] if pipelined else [4, 3, 5]
+            t = threading.Thread(target=answer, args=(order, {
+                1: {"report": "r1"}, 2: {"region": 7}, 3: {"report": "r3"}, 4: {"region": 8},
+                5: {"fine": True}}))
+            t.start()
+            rel = conn.send(m.Release(region=6))
+            acq = conn.send(m.Acquire(job_id=1, device="cpu"), pipelined=pipelined)
+            if not pipelined:
+                conn.send(m.Status())
+            assert conn.wait_reply(rel) == {"report": "r1" if pipelined else "r3"}
+            if pipelined:
+                assert conn.wait_reply(acq) == {"region": 7}
+            else:  # skipped: the next reply read is the status's
+                assert conn.wait_reply(5) == {"fine": True} and not conn._early
+            t.join(5)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_one_job_alone_takes_its_regions_one_after_another(daemon):
+    """Nobody else on the device: each pipelined request is the next grant (the job's own
+    region handed to itself); every region is released with a report, none overlaps."""
+    reports = []
+    for r in krex.regions(20, "cpu"):
+        assert r.region_id is not None
+        reports.append(r)
+    rows = [r.report for r in reports]
+    assert len({r.region for r in rows}) == 20
+    assert all(r.outcome.value == "released" for r in rows), [r.outcome for r in rows]
+    assert all(b.granted_mono_s >= a.released_mono_s for a, b in zip(rows, rows[1:],
+                                                                      strict=False))
+    with Client(daemon.socket, autostart=False) as c:
+        assert not _held_or_queued(c.status())
+
+
+def test_a_refused_next_request_still_releases_and_says_why(runtime_dir, monkeypatch):
+    """The daemon answers ``again`` like any acquire: refused (here: one region per
+    connection), the error is that request's reply, the release goes ahead with its
+    report, and nothing is left held.  Control: the same daemon serves plain regions."""
+    from helpers import Daemon
+
+    from krex.errors import LimitExceeded
+
+    d = Daemon(str(runtime_dir), "--max-acquires-per-connection", "1")
+    d.start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    try:
+        seen = []
+        with pytest.raises(LimitExceeded, match="max-acquires-per-connection"):
+            for r in krex.regions(3, "cpu"):
+                seen.append(r)
+        assert len(seen) == 1 and seen[0].report is not None
+        assert seen[0].report.outcome.value == "released"
+        for _ in range(2):  # control: plain regions, one at a time, are fine
+            with krex.region("cpu") as plain:
+                pass
+            assert plain.report is not None
+        with Client(d.socket, autostart=False) as c:
+            assert not _held_or_queued(c.status())
+    finally:
+        d.stop()
