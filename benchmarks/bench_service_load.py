@@ -327,7 +327,8 @@ def rss_summary(series: list[tuple[float, float]]) -> dict[str, Any]:
             "slope_mib_per_min_last_minute": round(
                 slope([p for p in series if p[0] >= end - 60]), 2),
             "at_minutes_mib": {m: round(min(series, key=lambda p: abs(p[0] - 60 * m))[1], 1)
-                               for m in (1, 3, 5, 10, 15, 20, 30, 40, 60, 90) if m * 60 <= end + 30},
+                               for m in (1, 3, 5, 10, 15, 20, 30, 40, 60, 90)
+                               if m * 60 <= end + 30},
             "slopes_mib_per_min_thirds": thirds(series),
             "slope_mib_per_min_5min_to_end": round(
                 slope([p for p in series if p[0] >= 300]), 2) if end > 360 else None,
