@@ -464,3 +464,39 @@ def test_after_a_crash_the_next_program_finds_a_spare_worker_ready(tmp_path, spa
     assert (out[0].status, out[0].exit_code) == ("crashed", 3)  # as `python crash.py` exits
     assert nxt.status == "ok"
     assert (started[nxt.worker_pid] < crashed_wall_s) is bool(spare), (started, crashed_wall_s)
+
+
+@pytest.mark.parametrize("wait_s", [0.05, None])
+def test_output_that_comes_late_is_waited_for_or_said_to_be_missing(tmp_path, monkeypatch,
+                                                                    wait_s):
+    """The worker's IO thread may reach the program's last output after the pool has its
+    ``done`` (a starved thread on a loaded machine; here: its output events held back
+    0.3 s, with the sentinel).  The pool waits for the end-of-output sentinels; when
+    they do not come in time, the result says its output may be incomplete (on
+    stderr), never silently short.  Control: with the default wait the whole output
+    arrives."""
+    from krex.workers import execution
+    from krex.workers.process import WorkerProcess
+
+    if wait_s is not None:
+        monkeypatch.setattr(execution, "_SYNC_WAIT_S", wait_s)
+    emit = WorkerProcess._emit
+
+    def late(self, events):  # the IO thread goes on (the ``done`` message is not held)
+        if any(e[0] == "sync" for e in events):
+            threading.Timer(0.3, emit, (self, events)).start()
+        else:
+            emit(self, events)
+
+    monkeypatch.setattr(WorkerProcess, "_emit", late)
+    p = WorkerPool(PoolSpec("cpu", min_workers=1, max_workers=1))
+    try:
+        prog = write(tmp_path, "token.py", 'print("token-42")\n')
+        result, out = run(p, prog)
+    finally:
+        p.shutdown()
+    assert result.ok
+    if wait_s is None:
+        assert out["stdout"].strip() == "token-42" and execution.INCOMPLETE not in out["stderr"]
+    else:  # the output came after this wait: the result says so
+        assert execution.INCOMPLETE in out["stderr"], out

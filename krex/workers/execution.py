@@ -19,7 +19,11 @@ from typing import Any
 from krex.workers.process import WorkerProcess
 from krex.workers.spec import EXIT_TIMEOUT, ExecRequest, ExecResult
 
-_SYNC_WAIT_S = 2.0  # for the end-of-output sentinel once the program is done
+# For the end-of-output sentinels once the program is done: normally milliseconds, but the
+# worker's IO thread can wait seconds for a CPU on a loaded machine (a 2 s wait once lost
+# an exec's output in a 25-minute load run).  Past it, the output is said to be incomplete.
+_SYNC_WAIT_S = 15.0
+INCOMPLETE = "krex: the program's output may be incomplete: its end did not arrive within"
 _DRAIN_WAIT_S = 1.0  # for the rest of a dead worker's output
 _seq = iter(range(1, 1 << 62))
 
@@ -90,7 +94,10 @@ def run_on(worker: WorkerProcess, req: ExecRequest, on_output: Callable[[str, st
     finished = run.pump(lambda: run.done is not None or "control" in run.closed or closing(),
                         deadline)
     if run.done is not None:
-        run.pump(lambda: run.synced >= {"stdout", "stderr"}, time.monotonic() + _SYNC_WAIT_S)
+        streams = {"stdout", "stderr"}
+        if not run.pump(lambda: run.synced >= streams or streams <= run.closed,
+                        time.monotonic() + _SYNC_WAIT_S):  # never lost silently
+            run.deliver(("out", "stderr", f"\n{INCOMPLETE} {_SYNC_WAIT_S:g} s\n"))
         return _from_done(run, submitted)
     if not finished:
         return _timed_out(run, timeout_s or 0.0)
