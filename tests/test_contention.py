@@ -128,8 +128,11 @@ def _run_holder(tmp_path, n: int, work_ms: float, mode: str, *run_args: str) -> 
 @pytest.mark.parametrize("mode", ["plain", "thread-nested", "command"])
 def test_an_unmanaged_hog_on_the_holders_core_makes_regions_not_clean(daemon, tmp_path,
                                                                        mode):
-    """A plain busy loop started outside krex, pinned on the reserved core: each region
-    of 40 ms of work loses about half of it, and says so, naming the hog."""
+    """A plain busy loop started outside krex, pinned on the reserved core: the regions it
+    took the CPU from say so, naming the hog.  One it did not take it from (the
+    scheduler may run a just-woken holder for a whole short region first: seen on Linux
+    6.18, run delay 0 with the hog pinned beside it) may say clean, and then the holder
+    really had its CPU for the whole region."""
     hog = subprocess.Popen([PY, "-c", HOG, str(_reserved_core())])
     try:
         wait_for(lambda: psutil.Process(hog.pid).cpu_times().user > 0.05, 10)
@@ -140,14 +143,22 @@ def test_an_unmanaged_hog_on_the_holders_core_makes_regions_not_clean(daemon, tm
         reap(hog)
     reports = [RegionReport.from_dict(r["report"]) for r in rows]
     assert all(r.nested for r in reports) is (mode != "plain")
-    for report in reports:
-        assert report.clean is False, report.to_dict()
+    caught = []
+    for report, row in zip(reports, rows, strict=True):
+        if report.clean is not False:  # a clean region's holder was not kept waiting ...
+            host = report.host
+            assert host is not None and host.holder_run_delay_ms is not None
+            assert host.holder_run_delay_ms <= (host.run_delay_threshold_ms or 0)
+            assert (host.holder_cpu_ms or 0) >= 0.9 * row["elapsed_ms"], report.to_dict()
+            continue  # ... it ran the whole region: its timing is the work's own
         preempted = report.reason(ReasonCode.HOLDER_PREEMPTED)
         assert preempted is not None, report.to_dict()
         assert preempted.evidence["run_delay_ms"] > preempted.evidence["threshold_ms"]
-    named = [r for r in reports if (f := r.reason(ReasonCode.FOREIGN_TASK))
+        caught.append(report)
+    assert len(caught) >= 2, [r.to_dict()["host"] for r in reports]  # the hog is seen
+    named = [r for r in caught if (f := r.reason(ReasonCode.FOREIGN_TASK))
              and hog.pid in {t["pid"] for t in f.evidence["tasks"]}]
-    assert len(named) >= 4, [r.why_not_clean() for r in reports]  # visible at region end
+    assert len(named) >= len(caught) - 1, [r.why_not_clean() for r in reports]
 
 
 def test_quiet_regions_are_not_flagged(daemon, tmp_path):

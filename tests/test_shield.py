@@ -373,10 +373,7 @@ def test_a_task_in_another_cpuset_is_kept_off_too_and_its_cpuset_given_back(
         assert [u for u in ev["unshielded"] if u["cpuset"] == os.path.basename(pinned)], ev
     finally:
         for d, pid in ((foreign, hog.proc.pid), (pinned, other.pid)):
-            with contextlib.suppress(OSError):
-                _write(LAYOUT.cpuset, "cgroup.procs", str(pid))
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
+            _remove_cpuset(d, pid)
         reap(other)
         if hog.proc.poll() is None:
             hog.samples()
@@ -395,6 +392,14 @@ def _write(d: str, name: str, value: str) -> None:
 
 def read_cpus(d: str) -> str:
     return _read(d, "cpuset.cpus")
+
+
+def _remove_cpuset(d: str, pid: int) -> None:
+    """A test's cpuset gone: its task back in the root cpuset, the directory removed."""
+    with contextlib.suppress(OSError):
+        _write(LAYOUT.cpuset or "/nonexistent", "cgroup.procs", str(pid))
+    with contextlib.suppress(OSError):
+        os.rmdir(d)
 
 
 @needs_v1
@@ -436,10 +441,7 @@ def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
         if holder is not None:
             reap(holder)
         d.stop()
-        with contextlib.suppress(OSError):
-            _write(LAYOUT.cpuset, "cgroup.procs", str(sleeper.pid))
-        with contextlib.suppress(OSError):
-            os.rmdir(foreign)
+        _remove_cpuset(foreign, sleeper.pid)
         reap(sleeper)
 
 
@@ -673,8 +675,5 @@ def test_a_carried_narrowing_finds_cpusets_made_since_it_was_planned(monkeypatch
         assert read_cpus(late) == everything
     finally:
         shield.close()
-        with contextlib.suppress(OSError):
-            _write(LAYOUT.cpuset, "cgroup.procs", str(task.pid))
-        with contextlib.suppress(OSError):
-            os.rmdir(late)
+        _remove_cpuset(late, task.pid)
         reap(task)

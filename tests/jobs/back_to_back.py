@@ -6,21 +6,13 @@ import json
 import sys
 import time
 
+from b2b_common import busy, warm_up_then_wait
+
 import krex
 
 start, seconds, hold_ms, gap_ms = (float(a) for a in sys.argv[1:5])
 
-
-def busy(ms: float) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < ms / 1e3:
-        pass
-
-
-with krex.region("cpu", label="warm-up"):
-    pass
-while time.monotonic() < start:
-    time.sleep(0.001)
+warm_up_then_wait(start)
 held = 0.0
 regions = 0
 while time.monotonic() < start + seconds:

@@ -4,23 +4,14 @@ krex.region()`` in a loop) or pipelined (``krex.regions(n)``); wait for ``start`
 
 import json
 import sys
-import time
+
+from b2b_common import busy, warm_up_then_wait
 
 import krex
 
 how, n, hold_ms, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 
-
-def busy(ms: float) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < ms / 1e3:
-        pass
-
-
-with krex.region("cpu", label="warm-up"):
-    pass
-while time.monotonic() < start:
-    time.sleep(0.001)
+warm_up_then_wait(start)
 done = []
 if how == "pipelined":
     for r in krex.regions(n, "cpu"):
