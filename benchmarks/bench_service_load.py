@@ -21,6 +21,10 @@ run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
 remembers of ended work, so that its stores fill within minutes and what its
 memory does after that shows (issue 14's "RSS flat").
 
+``--trace-service PATH`` traces the HTTP service's memory alone (``krex.memtrace``:
+a mark at ``--trace-mark-minute``, then, every 5 minutes and at the end, what grew
+since, by traceback and by object type, into PATH).
+
 ``--agents HTTP,MCP,CLI`` changes the counts (``0,24,0``: all of the load on the
 MCP server, to see its memory over as many jobs as the HTTP service gets).
 
@@ -43,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -372,9 +377,25 @@ def check_http_jobs(base: str, tokens: dict[str, str], log: Log) -> dict[str, in
             "duplicated": dup, "unfinished": unfinished}
 
 
-def start(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
+def start(argv: list[str], log_path: str,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as f:
-        return subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
+
+
+def signal_dumps(pid: int, mark_s: float, every_s: float, stop: threading.Event) -> None:
+    """SIGUSR1 to a traced process (krex.memtrace) at ``mark_s`` (the mark), then every
+    ``every_s``: each later dump rewrites its file with what grew since the mark."""
+    if stop.wait(mark_s):
+        return
+    while True:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            return
+        if stop.wait(every_s):
+            return
 
 
 def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
@@ -387,7 +408,8 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     port, mport = free_port(), free_port()
     service = start(krex_cmd("service", "--http", f"127.0.0.1:{port}", "--state-dir", state,
                              "--records", records, "--runners", "16"),
-                    os.path.join(tmp, "service.log"))
+                    os.path.join(tmp, "service.log"),
+                    {"KREX_TRACEMALLOC": args.trace_service} if args.trace_service else None)
     subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", mcp_state,
                             "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
                    capture_output=True, check=True)  # the MCP tenant's quotas: as each HTTP one's
@@ -429,6 +451,10 @@ def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, s
     stop = threading.Event()
     sampler = threading.Thread(target=sample_rss, args=(pids, args.rss_every_s, stop, rss))
     sampler.start()
+    if args.trace_service:
+        threading.Thread(target=signal_dumps, daemon=True,
+                         args=(pids["http service"], 60 * args.trace_mark_minute, 300.0,
+                               stop)).start()
     t0 = time.monotonic()
     threads = [threading.Thread(target=a, daemon=True) for a in agents]
     for t in threads:
@@ -513,6 +539,10 @@ def main() -> int:
                          "e.g. 0,24,0 puts the whole load on the MCP server)")
     ap.add_argument("--keep-regions", type=int, help="the daemon's --keep-regions")
     ap.add_argument("--keep-jobs", type=int, help="the daemon's --keep-jobs")
+    ap.add_argument("--trace-service", metavar="PATH",
+                    help="trace the HTTP service's memory (KREX_TRACEMALLOC=PATH, krex.memtrace): "
+                         "a mark at --trace-mark-minute, then what grew since, every 5 minutes")
+    ap.add_argument("--trace-mark-minute", type=float, default=10.0)
     ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
     args = ap.parse_args()
     daemon_flags = [f for name in ("keep_regions", "keep_jobs") if getattr(args, name)

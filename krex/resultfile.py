@@ -32,8 +32,8 @@ def write(path: str | os.PathLike[str], doc: dict[str, Any], *, format: int | No
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({**head, **doc}, f, indent=indent, default=default)
-            f.write("\n")
+            # dumps, not dump: one C-encoded string instead of Python-iterated chunks
+            f.write(json.dumps({**head, **doc}, indent=indent, default=default) + "\n")
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -147,3 +147,37 @@ def test_guardian_ignores_sighup_and_journal_sweep_undoes_after_double_crash(tmp
     finally:
         guardian.stop()
         sib.kill()
+
+
+def test_the_journal_is_rewritten_only_when_what_a_sweep_replays_changes(tmp_path):
+    """A handoff (a new lease with the old one's undo records, the old one ended) leaves
+    the journal as it is: a sweep of it replays exactly the same records.  Control: a
+    lease with other records rewrites it (a new file, renamed in) within seconds; and
+    the guardian runs at SCHED_BATCH (no wake-up preemption of the daemon)."""
+    journal = tmp_path / "j.json"
+    guardian = GuardianClient()
+    same, other = [{"op": "noop", "n": 1}], [{"op": "noop", "n": 2}]
+
+    def replayed() -> list:
+        return [v["undo"] for v in json.loads(journal.read_text())["leases"].values()]
+
+    try:
+        guardian.start("t", str(journal))
+        assert os.sched_getscheduler(guardian.pid) == os.SCHED_BATCH
+        guardian.lease(1, 60.0, same)
+        wait_for(lambda: journal.exists(), timeout_s=5)
+        first = journal.stat().st_ino
+        with guardian.batch():  # what lease_handed sends at a handoff
+            guardian.lease(2, 60.0, same)
+            guardian.end(1)
+        time.sleep(0.5)
+        assert journal.stat().st_ino == first and replayed() == [same]
+        guardian.lease(3, 60.0, other)  # control: other records are journaled
+        wait_for(lambda: journal.stat().st_ino != first, timeout_s=5)
+        assert replayed() == [same, other]
+        assert set(json.loads(journal.read_text())["leases"]) == {"2", "3"}
+        guardian.end(2)
+        guardian.end(3)
+        wait_for(lambda: not journal.exists(), timeout_s=5)
+    finally:
+        guardian.stop()

@@ -26,7 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from krex.enforce.process import ProcessRef, may_touch, start_time
+from krex.enforce.process import ProcessRef, may_touch, read_bytes, start_time
 
 _PREFIX = "krex-"
 
@@ -46,8 +46,7 @@ def _instance_alive(instance: str) -> bool:
 
 
 def read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
+    return read_bytes(path).decode().strip()
 
 
 def write(path: str, value: str) -> None:

@@ -110,14 +110,18 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     if fresh is None:
         return None
     new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
-    refs = holder.processes()
     # Frozen (it waited in the frozen subtree), its counters stand still until the slot
     # move below thaws it: this is its region's start.  Read after the previous grant
     # (Enforcement.prefetch) while it was frozen in this subtree, they are taken as they
     # are when its processes are the same ones.
     pre = old.prefetched.pop(holder.job_id, None)
-    same = pre is not None and set(pre.refs) == set(refs)
-    new.counters = pre if pre is not None and same else HolderCounters.begin(refs)
+    refs = _same_processes(holder, pre)
+    if refs is None:
+        refs = holder.processes()
+        same = pre is not None and set(pre.refs) == set(refs)
+        new.counters = pre if pre is not None and same else HolderCounters.begin(refs)
+    else:
+        new.counters = pre
     new.prefetched, old.prefetched = old.prefetched, {}  # the subtree stays frozen
     old.ended_ns = time.monotonic_ns()
     for was in old.applied:
@@ -135,6 +139,20 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     return new
 
 
+def _same_processes(holder: JobTarget, pre: HolderCounters | None) -> list | None:
+    """The prefetched processes, when the job's cgroup holds exactly their PIDs now: one
+    read instead of one per process.  Frozen since the prefetch, its processes could not
+    fork; a PID can only have been reused if its process died and another one was put
+    into this cgroup meanwhile (by the daemon, which would have changed the job), so
+    the same PIDs are the same processes.  None: look them up as usual."""
+    if pre is None or holder.cgroups is None:
+        return None
+    pids = holder.cgroups.pids()
+    if not pids or pids != sorted(r.pid for r in pre.refs):
+        return None
+    return list(pre.refs)
+
+
 def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarget,
                refs: list, incoming: set[int]) -> None:
     for was, op in zip(old.applied, fresh, strict=True):
@@ -143,7 +161,7 @@ def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarge
             was.hand_over(op, holder.job_id)
         elif isinstance(op, HolderSlot):
             was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
-            op.apply()  # the incoming holder out of it, onto the reserved cores
+            op.apply(source_frozen=True)  # the incoming holder out of it, onto the reserved cores
             incoming |= set(op.pids())
         elif isinstance(op, SubtreeFreeze):
             was.hand_over(op, incoming)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from krex.enforce.process import ProcessRef, ThreadRef, threads_of
+from krex.enforce.process import ProcessRef, ThreadRef, read_bytes, threads_of
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,7 @@ def _field(path: str, key: str) -> int | None:
 def _sched(path: str) -> tuple[int, int] | None:
     """(involuntary switches, migrations) from one read of a ``sched`` file."""
     try:
-        with open(path) as f:
-            text = f.read()
+        text = read_bytes(path).decode()
     except OSError:
         return None
     values = {}
@@ -59,8 +58,7 @@ def _sched(path: str) -> tuple[int, int] | None:
 def _schedstat(path: str) -> tuple[int, int] | None:
     """(CPU ns, run-delay ns): fields 1 and 2 of a ``schedstat`` file."""
     try:
-        with open(path) as f:
-            cpu, delay = f.read().split()[:2]
+        cpu, delay = read_bytes(path).split()[:2]
         return int(cpu), int(delay)
     except (OSError, ValueError):
         return None

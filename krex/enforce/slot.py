@@ -50,11 +50,13 @@ class HolderSlot:
     def undo_records(self) -> list[dict]:
         return []  # see the module docstring
 
-    def apply(self) -> None:
+    def apply(self, source_frozen: bool = False) -> None:
+        """``source_frozen``: the job cgroup is under a frozen parent (a handoff), so no
+        process of it can fork meanwhile and one read of its members finds them all."""
         self.applied = True
         lead = next((k for k in ("v2", "freezer") if k in self.moves), None)
         if lead is not None:
-            self.moved = move_all(*self.moves[lead])
+            self.moved = move_all(*self.moves[lead], rounds=1 if source_frozen else 4)
         else:  # only the cpuset moves, and a v1 one is shared: the job's PIDs, no more
             assert self.holder.cgroups is not None
             self.moved = self.holder.cgroups.pids()
