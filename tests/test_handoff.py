@@ -857,3 +857,26 @@ def test_after_a_grant_the_daemon_prefetches_the_next_holders_counters(tmp_path)
         assert ex.prefetched == [ids[c]]
     finally:
         core.shutdown()
+
+
+def test_a_handoff_takes_the_prefetched_processes_only_when_the_cgroup_holds_the_same_pids():
+    """``_same_processes``: the prefetched refs (read while the job was frozen) stand for
+    the job's processes only when its cgroup holds exactly their PIDs now; a process
+    more, one fewer, an empty cgroup or no prefetch make the handoff look them up."""
+    from krex.enforce.handoff import _same_processes
+    from krex.enforce.job import JobTarget
+    from krex.enforce.schedstat import HolderCounters
+
+    class Cgroups:
+        def __init__(self, pids: list[int]) -> None:
+            self._pids = pids
+
+        def pids(self) -> list[int]:
+            return sorted(self._pids)
+
+    pre = HolderCounters([ProcessRef(300, 7), ProcessRef(200, 5)])
+    same = JobTarget(1, cgroups=Cgroups([200, 300]))  # type: ignore[arg-type]
+    assert _same_processes(same, pre) == pre.refs
+    for pids in ([200, 300, 400], [200], []):  # controls
+        assert _same_processes(JobTarget(1, cgroups=Cgroups(pids)), pre) is None  # type: ignore[arg-type]
+    assert _same_processes(same, None) is None
