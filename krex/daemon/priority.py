@@ -20,7 +20,8 @@ Policies are per thread on Linux and a new thread inherits its creator's, as
 does a child process.  Every elevated thread also sets
 ``SCHED_RESET_ON_FORK``, so whatever it starts — a worker, the guardian, the
 fake device server, a thread of its own — begins at ``SCHED_OTHER``, nice 0:
-a benchmark never runs at the daemon's priority.  (The flag resets new
+a benchmark never runs at the daemon's priority (the guardian then lowers itself to
+``SCHED_BATCH``: krex.enforce.guardian).  (The flag resets new
 threads too, which is why each daemon thread elevates itself.)  An elevated
 thread keeps off the holders' reserved cores (its affinity: the rest), where
 it would take the core from a holder the moment it wakes; a worker it forks
