@@ -3,13 +3,16 @@
 The machine drifts by up to ±30 % between minutes, so the pyperf run is
 bracketed by two krex measurements and the tolerance is built from what the
 runs themselves report: 3 x (krex noise + pyperf noise) plus the drift seen
-between the two krex runs, never less than 5 %.
+between the two krex runs, never less than 5 %.  When the machine's CPU pressure
+(PSI) shows tasks waiting for a CPU during pyperf's run, an unprotected pyperf is
+no reference: a disagreement then skips, with the pressure, instead of failing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import types
 
 import pytest
@@ -58,6 +61,16 @@ pyperf.Runner().bench_func("kernel", kernel)
 """
 
 
+def _cpu_stall_s() -> float | None:
+    """Seconds some task of this machine has waited for a CPU (PSI), or None without PSI."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    return int(some[-1].partition("=")[2]) / 1e6
+
+
 def _pyperf(tmp_path):
     """pyperf's own runner on the same function (calls through a function, like krex)."""
     out = tmp_path / "pyperf.json"
@@ -78,7 +91,10 @@ def _pyperf(tmp_path):
 @pytest.mark.slow
 def test_bench_agrees_with_pyperf_within_the_noise_both_report(tmp_path):
     before = _krex_once()
+    stall, wall = _cpu_stall_s(), time.monotonic()
     pyperf_runs = _pyperf(tmp_path)
+    wall = time.monotonic() - wall
+    stall = None if stall is None else (_cpu_stall_s() - stall) / wall
     after = _krex_once()
     krex_ms = (before.median_ms + after.median_ms) / 2
     pyperf_ms = [v for run in pyperf_runs for v in run]
@@ -91,6 +107,13 @@ def test_bench_agrees_with_pyperf_within_the_noise_both_report(tmp_path):
     noise = max(before.noise_rel, after.noise_rel) + stats.relative_noise(pyperf_ms)
     tolerance = max(0.05, 3 * noise + drift + between)
     gap = abs(pyperf_median / krex_ms - 1)
+    if gap > tolerance and stall is not None and stall > 0.05:
+        # pyperf is the unprotected reference: each of its values is the mean of 100 calls
+        # (~30 ms), so a task sharing its core slows every value alike and its spread
+        # stays small (seen: pyperf 0.57 ms against krex 0.31 ms beside a CPU loop).
+        pytest.skip(f"the reference is not trustworthy: tasks waited for a CPU {stall:.0%}"
+                    f" of pyperf's run (PSI); pyperf {pyperf_median:.4f} ms, krex"
+                    f" {krex_ms:.4f} ms")
     assert gap <= tolerance, (
         f"krex {before.median_ms:.4f}/{after.median_ms:.4f} ms vs pyperf {pyperf_median:.4f} ms:"
         f" gap {gap:.1%} > tolerance {tolerance:.1%}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import queue
 import sys
 import textwrap
 import threading
@@ -466,13 +467,41 @@ def test_after_a_crash_the_next_program_finds_a_spare_worker_ready(tmp_path, spa
     assert (started[nxt.worker_pid] < crashed_wall_s) is bool(spare), (started, crashed_wall_s)
 
 
+class _LateEvents(queue.Queue):
+    """A worker's event queue as a starved IO thread fills it: control messages (the
+    ``done``) come at once, everything read from the program's pipes ``hold_s`` late and
+    in order (an ``eof`` never overtakes the output before it, as with the real thread)."""
+
+    def __init__(self, hold_s: float) -> None:
+        super().__init__()
+        self.hold_s, self.held, self.timer = hold_s, [], None
+        self.lock = threading.Lock()
+
+    def put(self, item, block=True, timeout=None):
+        if item[0] == "msg":
+            return super().put(item, block, timeout)
+        with self.lock:
+            self.held.append(item)
+            if self.timer is None:
+                self.timer = threading.Timer(self.hold_s, self._release)
+                self.timer.daemon = True
+                self.timer.start()
+        return None
+
+    def _release(self) -> None:
+        with self.lock:  # puts wait: a later batch cannot overtake this one
+            for item in self.held:
+                super().put(item)
+            self.held, self.timer = [], None
+
+
 @pytest.mark.parametrize("wait_s", [0.05, None])
 def test_output_that_comes_late_is_waited_for_or_said_to_be_missing(tmp_path, monkeypatch,
                                                                     wait_s):
     """The worker's IO thread may reach the program's last output after the pool has its
-    ``done`` (a starved thread on a loaded machine; here: its output events held back
-    0.3 s, with the sentinel).  The pool waits for the end-of-output sentinels; when
-    they do not come in time, the result says its output may be incomplete (on
+    ``done`` (a starved thread on a loaded machine; here: everything from the program's
+    pipes comes 0.3 s late, in order).  The pool waits for the end-of-output sentinels;
+    when they do not come in time, the result says its output may be incomplete (on
     stderr), never silently short.  Control: with the default wait the whole output
     arrives."""
     from krex.workers import execution
@@ -480,23 +509,24 @@ def test_output_that_comes_late_is_waited_for_or_said_to_be_missing(tmp_path, mo
 
     if wait_s is not None:
         monkeypatch.setattr(execution, "_SYNC_WAIT_S", wait_s)
-    emit = WorkerProcess._emit
+    init = WorkerProcess.__init__
 
-    def late(self, events):  # the IO thread goes on (the ``done`` message is not held)
-        if any(e[0] == "sync" for e in events):
-            threading.Timer(0.3, emit, (self, events)).start()
-        else:
-            emit(self, events)
+    def late_events(self, *args, **kw):  # the worker writes nothing before its init message
+        init(self, *args, **kw)
+        early, self.events = self.events, _LateEvents(0.3)
+        while not early.empty():
+            self.events.put(early.get_nowait())
 
-    monkeypatch.setattr(WorkerProcess, "_emit", late)
+    monkeypatch.setattr(WorkerProcess, "__init__", late_events)
     p = WorkerPool(PoolSpec("cpu", min_workers=1, max_workers=1))
     try:
         prog = write(tmp_path, "token.py", 'print("token-42")\n')
         result, out = run(p, prog)
     finally:
         p.shutdown()
-    assert result.ok
+    assert result.ok, result
     if wait_s is None:
-        assert out["stdout"].strip() == "token-42" and execution.INCOMPLETE not in out["stderr"]
+        assert out["stdout"].strip() == "token-42", (out, result)
+        assert execution.INCOMPLETE not in out["stderr"], out
     else:  # the output came after this wait: the result says so
         assert execution.INCOMPLETE in out["stderr"], out
