@@ -15,6 +15,14 @@ The measuring thread runs at the daemon's priority (``--rt-priority``,
 its holders sleep); the siblings and holders it starts run at SCHED_OTHER,
 nice 0.  ``--rt-priority 1`` measures the enforcer in SCHED_RR.
 
+``--slot-moves N`` measures a handed-over grant's cgroup work in the freezing
+hierarchies, side by side (interleaved, N each): as krex does it (one slot per
+device: the outgoing holder moved back into its job cgroup under the frozen
+device parent, the incoming one moved out into the slot) and as a second slot
+per device would (the outgoing holder's slot frozen by one write, the incoming
+holder moved into the other slot; the outgoing one moved back after the grant);
+results in ``results/slot_moves.json``.
+
 ``--migrations N`` measures instead what one handoff's cgroup moves cost in the
 kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
 (freezer, cpuset, the unified one), and rewriting its v1 cpuset's ``cpuset.cpus``
@@ -37,7 +45,7 @@ import time
 from krex import resultfile
 from krex.daemon import priority
 from krex.daemon.config import DaemonConfig
-from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, read, write
+from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, move_all, read, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
@@ -221,6 +229,68 @@ def migrations(n: int, hierarchies: dict[str, str]) -> list[dict]:
     return rows
 
 
+_FREEZE = {"v2": ("cgroup.freeze", "1", "0"), "freezer": ("freezer.state", "FROZEN", "THAWED")}
+
+
+def slot_moves(n: int, hierarchies: dict[str, str]) -> list[dict]:
+    """Pre-grant cgroup work of a handoff between two sleeping holders, with one slot
+    (krex's :class:`~krex.enforce.slot.HolderSlot`) and with two, per freezing hierarchy;
+    µs p50/p95 (see the module docstring)."""
+    rows = []
+    for kind in ("v2", "freezer"):
+        root = hierarchies.get(kind)
+        if root is None:
+            continue
+        control, frozen, thawed = _FREEZE[kind]
+        base = f"{root}/krex-slotmoves-{os.getpid()}"
+        dev, ja, jb, sa, sb = (base + "/dev", base + "/dev/a", base + "/dev/b", base + "/sa",
+                               base + "/sb")
+        dirs = [base, dev, ja, jb, sa, sb]
+        procs = [subprocess.Popen([sys.executable, "-c", HOLDER]) for _ in range(2)]
+        one, two, after = [], [], []
+        try:
+            for d in dirs:
+                os.mkdir(d)
+            write(f"{dev}/{control}", frozen)
+            write(sa + "/cgroup.procs", str(procs[0].pid))  # a holds, b waits frozen
+            write(jb + "/cgroup.procs", str(procs[1].pid))
+            for _ in range(n):
+                time.sleep(0.005)
+                t0 = time.perf_counter_ns()
+                move_all(sa, ja)  # one slot: a back among the frozen (HolderSlot.revert_lead)
+                move_all(jb, sa, rounds=1)  # b out into the slot (HolderSlot.apply)
+                one.append(time.perf_counter_ns() - t0)
+                move_all(sa, jb)
+                move_all(ja, sa, rounds=1)  # as before: a holds, b waits
+                time.sleep(0.005)
+                t0 = time.perf_counter_ns()
+                write(f"{sa}/{control}", frozen)  # two slots: a's frozen where it is
+                move_all(jb, sb, rounds=1)  # b into the other slot
+                t1 = time.perf_counter_ns()
+                move_all(sa, ja, rounds=1)  # after the grant: a among the frozen, slot thawed
+                write(f"{sa}/{control}", thawed)
+                two.append(t1 - t0)
+                after.append(time.perf_counter_ns() - t1)
+                move_all(sb, jb)
+                move_all(ja, sa, rounds=1)
+        finally:
+            for d in (sa, dev):  # first: a task frozen in a v1 freezer cannot even die
+                if os.path.exists(f"{d}/{control}"):
+                    write(f"{d}/{control}", thawed)
+            for d in reversed(dirs):
+                if os.path.isdir(d):
+                    move_all(d, root)
+                    os.rmdir(d)
+            for p in procs:
+                p.kill()
+                p.wait()
+        us = [[v / 1e3 for v in xs] for xs in (one, two, after)]
+        rows.append({"hierarchy": kind, "n": n, "one_slot_us": stats.quantiles(us[0]),
+                     "two_slots_us": stats.quantiles(us[1]),
+                     "two_slots_after_grant_us": stats.quantiles(us[2])})
+    return rows
+
+
 def _hierarchies() -> dict[str, str]:
     out = {}
     for kind, path in (("freezer", "/sys/fs/cgroup/freezer"), ("cpuset", "/sys/fs/cgroup/cpuset"),
@@ -243,7 +313,20 @@ def main() -> int:
                         help="its nice value with --rt-priority 0 (the daemon's default)")
     parser.add_argument("--migrations", type=int, default=0,
                         help="measure N cgroup moves and cpuset.cpus writes instead")
+    parser.add_argument("--slot-moves", type=int, default=0,
+                        help="measure N handoffs' cgroup moves with one and two slots instead")
     args = parser.parse_args()
+    if args.slot_moves:
+        rows = slot_moves(args.slot_moves, _hierarchies())
+        out = "results/slot_moves.json" if args.out == "results/enforce.json" else args.out
+        resultfile.write(out, {"benchmark": "slot_moves", "kernel": platform.release(),
+                               "loadavg": os.getloadavg(), "results": rows}, format=1)
+        for r in rows:
+            print(f"{r['hierarchy']:8s} one slot p50 {r['one_slot_us']['p50']:6.0f} p95 "
+                  f"{r['one_slot_us']['p95']:6.0f} µs; two slots p50 "
+                  f"{r['two_slots_us']['p50']:6.0f} p95 {r['two_slots_us']['p95']:6.0f} µs "
+                  f"(+ after the grant p50 {r['two_slots_after_grant_us']['p50']:6.0f} µs)")
+        return 0
     if args.migrations:
         rows = migrations(args.migrations, _hierarchies())
         out = "results/migrations.json" if args.out == "results/enforce.json" else args.out

@@ -1,4 +1,5 @@
-"""Apply a region's host enforcement in order and undo it in reverse.
+"""Apply a region's host enforcement in order and undo it in reverse (a frozen device
+subtree excepted: it is thawed first, once the holder's counters are read).
 
 :meth:`Enforcer.enter` builds the operations (``pre_ops`` such as the GPU
 gate and drain, then freeze of the siblings, then CPU isolation), registers a
