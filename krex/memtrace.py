@@ -8,7 +8,10 @@ set, the process starts :mod:`tracemalloc` (frames:
 snapshot: the first one is the *mark*; each later one writes ``PATH``
 (atomically, JSON) with what grew since the mark — the top allocations by
 traceback (``Snapshot.compare_to``), the Python objects by type
-(``gc.get_objects()``), the traced total and the process's RSS — and a
+(``gc.get_objects()``), the traced total, the process's RSS, and what each
+allocator holds (``allocators``: Python's own arenas from
+``sys._debugmallocstats``, glibc's heap from ``mallinfo2``: memory that
+tracemalloc does not see, in use or kept free) — and a
 ``"seq"`` that counts the dumps, so a driver knows when its answer is written.
 The process writes it once more at :func:`dump` (the service's close).
 
@@ -61,7 +64,7 @@ class _Tracer:
             self.seq += 1
             report.update(seq=self.seq, traced_bytes=tracemalloc.get_traced_memory()[0],
                           rss_bytes=_rss(), threads=threading.active_count(),
-                          maps=_maps())
+                          maps=_maps(), allocators=allocators())
             if os.environ.get(TRIM_ENV):
                 _trim()
                 report["rss_after_trim_bytes"] = _rss()
@@ -148,6 +151,67 @@ def _maps() -> dict[str, int]:
     except (OSError, ValueError, IndexError):
         pass
     return out
+
+
+def allocators() -> dict[str, dict[str, int]]:
+    """Bytes each allocator holds: ``pymalloc`` (Python's small-object arenas: in
+    blocks in use, in free blocks and pools, the arenas' total) and ``malloc``
+    (glibc's ``mallinfo2`` over every arena: in use, free but kept, mmapped).
+    Empty where unavailable."""
+    return {"pymalloc": _pymalloc(), "malloc": _mallinfo()}
+
+
+_PYMALLOC = {"# arenas allocated current": "arenas", "# arenas highwater mark": "arenas_highwater",
+             "# bytes in allocated blocks": "in_use", "# bytes in available blocks": "free_blocks",
+             "unused pools": "free_pools", "Total": "total"}
+
+
+def _pymalloc() -> dict[str, int]:
+    """``sys._debugmallocstats`` writes to the C stderr: it is read from a file that
+    fd 2 points to meanwhile (other threads' stderr lands there for that moment)."""
+    import sys
+    import tempfile
+
+    debug = getattr(sys, "_debugmallocstats", None)
+    if debug is None:
+        return {}
+    out: dict[str, int] = {}
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(tmp.fileno(), 2)
+            debug()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        for line in tmp.read().decode(errors="replace").splitlines():
+            head, _, value = line.rpartition("=")
+            key = next((k for prefix, k in _PYMALLOC.items() if prefix in head), None)
+            if key is not None and key not in out:
+                try:
+                    out[key] = int(value.strip().replace(",", ""))
+                except ValueError:
+                    pass
+    return out
+
+
+def _mallinfo() -> dict[str, int]:
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}  # not glibc, or older than 2.33
+    fn.restype = MallInfo2
+    m = fn()
+    return {"in_use": m.uordblks, "free": m.fordblks, "heap": m.arena, "mmapped": m.hblkhd}
 
 
 def _trim() -> None:
