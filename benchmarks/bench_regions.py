@@ -2,7 +2,8 @@
 
 * round trip: one process, uncontended ``acquire`` + ``release`` (p50/p95/p99);
 * handoff: two processes contend; time from the holder sending ``release`` to
-  the waiter returning from ``acquire`` (both on CLOCK_MONOTONIC);
+  the waiter returning from ``acquire`` (both on CLOCK_MONOTONIC); again with
+  each release asking for the job's next region (``krex.regions``: pipelined);
 * held fraction: JOBS processes take back-to-back HOLD_MS regions for
   SECONDS; the share of that time the device was held (sum of grant → release
   spans over first grant → last release); again with each release asking for
@@ -200,9 +201,12 @@ def gap_breakdown(spans: list) -> dict:
     return out
 
 
-def handoff(n: int) -> list[float]:
-    spans = contend(2, n)
-    # A handoff is a grant to one process right after the other released.
+def handoff(n: int, pipelined: bool = False) -> list[float]:
+    return handoffs(contend(2, n, pipelined=pipelined))
+
+
+def handoffs(spans: list) -> list[float]:
+    """µs from a release to the grant to the other process right after it."""
     return [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
 
 
@@ -259,8 +263,9 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
         with private_daemon(*extra):
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
-            ho = [(b[0] - a[1]) / 1e3 for a, b in itertools.pairwise(spans) if a[2] != b[2]]
+            ho = handoffs(spans)
             ho_split = split_gaps(spans)
+            pipe = contend(2, args.n // 4, pipelined=True)  # as krex.regions(n) takes them
             held = held_fraction(args.jobs, args.hold_ms, args.seconds)
             held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
     finally:
@@ -273,6 +278,9 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             "handoff_parts_p50_us": gap_breakdown(spans),
             "handoff_us_handed_over": ho_split["gap_us_handed_over"],
             "handoff_us_set_up": ho_split["gap_us_set_up"],
+            "handoff_us_pipelined": quantiles(handoffs(pipe)),
+            "handoffs_pipelined_handed_over":
+                f"{sum(carried(s) for s in pipe[1:])}/{len(pipe) - 1}",
             "held": held, "held_pipelined": held_p}
 
 
@@ -294,11 +302,13 @@ def main() -> None:
     with private_daemon("--freeze", "off", "--no-isolate", "--no-gate"):
         rt = round_trip(args.n)
         ho = handoff(args.n // 2)
+        ho_p = handoff(args.n // 2, pipelined=True)
         held = held_fraction(args.jobs, args.hold_ms, args.seconds)
         held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
     runs = {"shield default": enforced(args, None), "KREX_SHIELD=off": enforced(args, "off")}
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
-             "handoffs_measured": len(ho), "held": held, "held_pipelined": held_p}
+             "handoffs_measured": len(ho), "handoff_us_pipelined": quantiles(ho_p),
+             "held": held, "held_pipelined": held_p}
     path = write_results("regions", {"n": args.n, "daemon_nice": args.daemon_nice,
                                      "daemon_rt": args.daemon_rt,
                                      "floor": floor, "enforced": runs,
@@ -306,10 +316,12 @@ def main() -> None:
                                      "loadavg_after": os.getloadavg()}, path=args.out)
     rows = [["bare (floor)", floor]] + [[f"enforced, {k}", v] for k, v in runs.items()]
     print(md_table(["daemon", "round trip p50/p95 µs", "handoff p50/p95/p99 µs",
-                    "held % (jobs x hold)", "gap p50/p95 µs", "handed over",
+                    "pipelined handoff p50/p95/p99 µs", "held % (jobs x hold)",
+                    "gap p50/p95 µs", "handed over",
                     "pipelined: held %", "gap p50/p95 µs", "handed over"],
                    [[name, f"{r['round_trip_us']['p50']:.0f} / {r['round_trip_us']['p95']:.0f}",
                      "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**r["handoff_us"]),
+                     "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**r["handoff_us_pipelined"]),
                      f"{100 * r['held']['held_fraction']:.1f} "
                      f"({r['held']['jobs']} x {r['held']['hold_ms']:g} ms)",
                      f"{r['held']['gap_us']['p50']:.0f} / {r['held']['gap_us']['p95']:.0f}",
@@ -323,6 +335,7 @@ def main() -> None:
         print(f"{name}: handoff µs handed over {_q(r['handoff_us_handed_over'])}, set up "
               f"{_q(r['handoff_us_set_up'])}; held-run gap µs handed over "
               f"{_q(r['held']['gap_us_handed_over'])}, set up {_q(r['held']['gap_us_set_up'])}")
+        print(f"{name}: pipelined handoffs handed over: {r['handoffs_pipelined_handed_over']}")
         print(f"{name}: handoff gap parts p50 µs: {json.dumps(r['handoff_parts_p50_us'])}")
         print(f"{name}: held-run gap parts p50 µs: {json.dumps(r['held']['gap_parts_p50_us'])}")
         print(f"{name}: daemon threads over the held run: "
