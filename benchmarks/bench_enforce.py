@@ -300,6 +300,15 @@ def _hierarchies() -> dict[str, str]:
     return out
 
 
+def _side_result(name: str, rows: list[dict], out: str) -> list[dict]:
+    """Write ``rows`` of a measurement other than the default one (``results/NAME.json``
+    unless ``--out`` says otherwise)."""
+    path = f"results/{name}.json" if out == "results/enforce.json" else out
+    resultfile.write(path, {"benchmark": name, "kernel": platform.release(),
+                            "loadavg": os.getloadavg(), "results": rows}, format=1)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regions", type=int, default=50)
@@ -317,10 +326,7 @@ def main() -> int:
                         help="measure N handoffs' cgroup moves with one and two slots instead")
     args = parser.parse_args()
     if args.slot_moves:
-        rows = slot_moves(args.slot_moves, _hierarchies())
-        out = "results/slot_moves.json" if args.out == "results/enforce.json" else args.out
-        resultfile.write(out, {"benchmark": "slot_moves", "kernel": platform.release(),
-                               "loadavg": os.getloadavg(), "results": rows}, format=1)
+        rows = _side_result("slot_moves", slot_moves(args.slot_moves, _hierarchies()), args.out)
         for r in rows:
             print(f"{r['hierarchy']:8s} one slot p50 {r['one_slot_us']['p50']:6.0f} p95 "
                   f"{r['one_slot_us']['p95']:6.0f} µs; two slots p50 "
@@ -328,10 +334,7 @@ def main() -> int:
                   f"(+ after the grant p50 {r['two_slots_after_grant_us']['p50']:6.0f} µs)")
         return 0
     if args.migrations:
-        rows = migrations(args.migrations, _hierarchies())
-        out = "results/migrations.json" if args.out == "results/enforce.json" else args.out
-        resultfile.write(out, {"benchmark": "migrations", "kernel": platform.release(),
-                               "loadavg": os.getloadavg(), "results": rows}, format=1)
+        rows = _side_result("migrations", migrations(args.migrations, _hierarchies()), args.out)
         for r in rows:
             print(f"{r['what']:28s} gap {r['gap_ms']:4.0f} ms: p50 {r['us']['p50']:8.0f} µs, "
                   f"p95 {r['us']['p95']:8.0f} µs")
