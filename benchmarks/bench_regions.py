@@ -27,8 +27,10 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +55,7 @@ def round_trip(n: int) -> list[float]:
 
 
 # argv: regions (or 0: run for SECONDS), hold seconds, SECONDS, pipelined (0/1: each
-# release asks for the job's next region too, as krex.regions does)
+# release asks for the job's next region too, as krex.regions does), the results file
 # Each row: the client's grant and release times, the grant's step times, and for the
 # per-step breakdown ("x"): when the acquire was sent, the client thread's run delay
 # while it waited in acquire, and the daemon's times of the region from its report.
@@ -66,7 +68,7 @@ def run_delay():
         return int(f.read().split()[1])
 
 n, hold_s, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-pipelined = sys.argv[4] == "1"
+pipelined, out = sys.argv[4] == "1", sys.argv[5]
 c = Client(autostart=False)
 job = c.register()["job_id"]
 rows = []
@@ -102,7 +104,9 @@ while more():
          "en": rep.get("enforce_s"), "back": time.monotonic_ns(),
          "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
     rows.append((granted, released, steps, x))
-print(json.dumps(rows), flush=True)
+with open(out, "w") as f:  # not the pipe: a frozen writer's partial write split a line
+    json.dump(rows, f)
+print("done", flush=True)
 sys.stdin.readline()  # stay connected until the daemon's threads have been read
 """
 
@@ -112,9 +116,12 @@ def contend(jobs: int, n: int, hold_s: float = 0.0005, seconds: float = 0.0,
     """(granted ns, released ns, which process, {step: apply ms}, x) of every region,
     in grant order (``x``: see CONTENDER).  ``threads``: filled with the daemon's
     threads' CPU time and run delay over the run (see :func:`daemon_threads`)."""
+    tmp = tempfile.mkdtemp(prefix="krex-contend-")
+    outs = [os.path.join(tmp, f"{i}.json") for i in range(jobs)]
     procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(n), str(hold_s),
-                               str(seconds), "1" if pipelined else "0"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(jobs)]
+                               str(seconds), "1" if pipelined else "0", out],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for out in outs]
     pids = {json.loads(p.stdout.readline())["ready"] for p in procs}
     daemon = pids.pop() if len(pids) == 1 else None
     before = daemon_threads(daemon)
@@ -123,7 +130,10 @@ def contend(jobs: int, n: int, hold_s: float = 0.0005, seconds: float = 0.0,
         p.stdin.flush()
     spans = []
     for who, p in enumerate(procs):
-        rows = json.loads(p.stdout.readline())
+        if p.stdout.readline().strip() != "done":
+            raise RuntimeError(f"contender {who} ended without its results")
+        with open(outs[who]) as f:
+            rows = json.load(f)
         spans += [(g, r, who, steps, x) for g, r, steps, x in rows]
     if threads is not None:
         threads.update(thread_delta(before, daemon_threads(daemon)))
@@ -131,6 +141,7 @@ def contend(jobs: int, n: int, hold_s: float = 0.0005, seconds: float = 0.0,
         p.stdin.write("bye\n")
         p.stdin.flush()
         p.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
     spans.sort(key=lambda s: s[0])
     return spans
 
