@@ -85,6 +85,9 @@ def cmd_service(args: argparse.Namespace) -> int:
     from krex.service.config import parse_address
 
     _need_extra()
+    from krex.service.malloc import fix_mmap_threshold
+
+    fix_mmap_threshold()  # see krex/service/malloc.py
     import uvicorn
 
     from krex.service.app import Service, create_app
@@ -140,6 +143,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from krex.service.tenants import check_name
 
     _need_extra()
+    from krex.service.malloc import fix_mmap_threshold
+
+    fix_mmap_threshold()  # see krex/service/malloc.py
     from krex.service.app import Service
     from krex.service.mcp_server import build
 
