@@ -72,7 +72,7 @@ from chaos_rig import (
 from common import md_table, write_results
 
 from krex.client.connection import Client
-from krex.errors import DaemonNotRunning, DaemonUnresponsive, KrexError
+from krex.errors import DaemonNotRunning, DaemonUnresponsive, KrexError, LimitExceeded
 from krex.measure.stats import quantiles
 from krex.protocol import messages as m
 from krex.protocol.framing import FrameReader, encode_frame
@@ -287,8 +287,11 @@ def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
                 s.close()
                 break
             socks.append(s)
-        wait_until(lambda: "accept() failed" in d.log(), 10)
-        exhausted = "accept() failed" in d.log()
+        def at_limit() -> bool:  # accept() failed, or a session had no descriptor left
+            return "accept() failed" in d.log() or "shed a connection" in d.log()
+
+        wait_until(at_limit, 10)
+        exhausted = at_limit()
         try:
             early_ok: bool | str = bool(early.status()["daemon"]["pid"])
         except KrexError as exc:  # recorded: what a connected client got meanwhile
@@ -299,7 +302,9 @@ def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
             newcomer = "served"
         except DaemonUnresponsive:
             newcomer = "daemon_unresponsive"
-        except DaemonNotRunning:  # accepted, then closed: no descriptor left to serve it
+        except LimitExceeded:  # accepted with the last descriptor, told why, closed
+            newcomer = "shed"
+        except DaemonNotRunning:  # accepted, then closed without a word
             newcomer = "closed"
         newcomer_s = time.monotonic() - t0
         for s in socks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from helpers import PY, Daemon, krex, reap, wait_for
 import krex as krex_api
 from krex.client.connection import Client
 from krex.errors import DaemonNotRunning, KrexError, LimitExceeded
+from krex.protocol.framing import ConnectionClosed, FrameReader
 
 
 def _guardian(d: Daemon) -> psutil.Process:
@@ -81,29 +83,39 @@ def test_a_dead_guardian_is_restarted_and_regions_go_on(daemon):
         reap(sibling)
 
 
+class _LowFdDaemon(Daemon):
+    """A daemon with 48 file descriptors (RLIMIT_NOFILE), to run out of them."""
+
+    def start(self, timeout_s: float = 20.0) -> Daemon:
+        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+        with open(os.path.join(self.runtime_dir, "log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir],
+                stdout=subprocess.DEVNULL, env=env, stderr=log,
+                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
+        wait_for(self._up, timeout_s)
+        return self
+
+
+def _low_fd_daemon(runtime_dir) -> Daemon:
+    return _LowFdDaemon(str(runtime_dir)).start()
+
+
 def test_accept_errors_do_not_end_the_daemon(runtime_dir):
     """Before: an accept() failing with EMFILE raised out of the accept loop and the
     daemon exited."""
 
-    class LowFdDaemon(Daemon):
-        def start(self, timeout_s: float = 20.0) -> Daemon:
-            env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
-            self.proc = subprocess.Popen(
-                [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir],
-                stdout=subprocess.DEVNULL, env=env,
-                stderr=open(os.path.join(self.runtime_dir, "log"), "ab"),
-                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
-            wait_for(self._up, timeout_s)
-            return self
-
-    d = LowFdDaemon(str(runtime_dir)).start()
+    d = _low_fd_daemon(runtime_dir)
     socks = []
     try:
         for _ in range(80):  # more than it has descriptors: accept() fails with EMFILE
             s = socket.socket(socket.AF_UNIX)
             s.connect(d.socket)
             socks.append(s)
-        wait_for(lambda: "accept() failed" in d.log(), 10)
+        # At the limit either accept() fails, or it takes the last descriptor and the
+        # session, with none left for the peer's /proc/PID/stat, sheds the connection
+        # (which one is a race between the accept loop and the session's thread).
+        wait_for(lambda: "accept() failed" in d.log() or "shed a connection" in d.log(), 10)
         for s in socks:
             s.close()
         socks = []
@@ -113,6 +125,46 @@ def test_accept_errors_do_not_end_the_daemon(runtime_dir):
         for s in socks:
             s.close()
         d.stop()
+
+
+def test_a_connection_with_no_descriptor_left_is_told_why(runtime_dir):
+    """Before: a connection accepted with the daemon's last descriptor, whose session
+    then had none to read the peer's /proc/PID/stat, was closed without a word (the
+    client saw 'daemon not running'). Closing one connection at the limit frees exactly
+    one descriptor: the next one in the backlog is accepted with it and shed."""
+    d = _low_fd_daemon(runtime_dir)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(80):  # the daemon's 48 descriptors are full; the rest wait
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(d.socket)
+            socks.append(s)
+        wait_for(lambda: "accept() failed" in d.log() or "shed a connection" in d.log(), 10)
+        socks.pop(0).close()  # its session ends: one descriptor comes free
+        frames = wait_for(lambda: _frames_from(socks), 10)
+        assert [f["code"] for f in frames] == ["limit_exceeded"] * len(frames), frames
+        assert "ulimit -n" in frames[0]["hint"]
+        for s in socks:
+            s.close()
+        socks = []
+        wait_for(lambda: _status_ok(d), 10)
+        assert d.proc is not None and d.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        d.stop()
+
+
+def _frames_from(socks: list[socket.socket]) -> list[dict]:
+    """Frames any of ``socks`` can read now (a connection the daemon shed says why)."""
+    readable, _, _ = select.select(socks, [], [], 0.05)
+    frames = []
+    for s in readable:
+        try:
+            frames.append(FrameReader(s).read())
+        except (ConnectionClosed, OSError):
+            continue
+    return frames
 
 
 def _status_ok(d: Daemon) -> bool:

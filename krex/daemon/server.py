@@ -102,6 +102,7 @@ class Server:
         self._lockfile: int | None = None
         self._signals = 0
         self.accept_errors = 0
+        self.shed_connections = 0
 
     @property
     def core(self) -> Daemon:
@@ -178,6 +179,24 @@ class Server:
             level = logging.WARNING if exc.errno in _TRANSIENT_ACCEPT else logging.ERROR
             log.log(level, "accept() failed (%d so far): %s", self.accept_errors, exc)
         time.sleep(ACCEPT_PAUSE_S)
+
+    def _shed(self, conn: socket.socket, exc: OSError) -> None:
+        """A connection accepted with the last descriptor, which then had none to look
+        at its peer: tell the client why and close it (the accept loop goes on)."""
+        self.shed_connections += 1
+        if self.shed_connections == 1 or self.shed_connections % 100 == 0:
+            log.warning("shed a connection (%d so far), out of file descriptors or memory: "
+                        "%s", self.shed_connections, exc)
+        err = LimitExceeded(
+            f"the krex daemon could not serve this connection: {exc.strerror or exc}",
+            hint="close idle connections to the daemon, or start it with a higher "
+                 "'ulimit -n'; then retry")
+        try:
+            conn.settimeout(0.5)
+            conn.sendall(encode_frame(m.ErrorReply.of(err).to_dict()))
+        except OSError:
+            pass
+        conn.close()
 
     def _maybe_idle_exit(self) -> None:
         limit = self.config.idle_exit_s
@@ -272,8 +291,11 @@ class Server:
         try:
             peer = peer_of(conn)
             session = Session(conn, peer, ProcessRef.of(peer.pid))
-        except (OSError, ProcessGone):  # the peer is gone already
+        except ProcessGone:  # the peer is gone already
             conn.close()
+            return
+        except OSError as exc:  # no descriptor left to read the peer's /proc/PID/stat
+            self._shed(conn, exc)
             return
         try:
             self.core.access.admit(peer)
