@@ -76,8 +76,8 @@ print(json.dumps({"ready": c.conn.welcome.get("daemon_pid")}), flush=True)
 sys.stdin.readline()
 stop = time.monotonic() + seconds
 pending = None
-more = lambda: (len(rows) < n) if n else (time.monotonic() < stop)
-while more():
+go_on = n > 0 or seconds > 0
+while go_on:
     sent, rd0 = time.monotonic_ns(), run_delay()
     if pending is None:
         rid = c.acquire(job)["region"]
@@ -90,7 +90,11 @@ while more():
     while time.perf_counter() < end:
         pass
     released = time.monotonic_ns()
-    if pipelined and ((len(rows) + 1 < n) if n else (time.monotonic() < stop)):
+    # Decided once: a pipelined acquire sent here is always awaited by the next turn
+    # (asking "more?" again there let the clock pass the stop in between, and the job
+    # left a granted region unused for the daemon's whole --max-hold-s: a 60 s stall).
+    go_on = (len(rows) + 1 < n) if n else (time.monotonic() < stop)
+    if pipelined and go_on:
         rel, nxt = c.conn.release_again(rid)
         pending = (time.monotonic_ns(), nxt)
         rep = c.conn.wait_reply(rel).get("report") or {}
