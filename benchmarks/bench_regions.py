@@ -13,8 +13,9 @@
 
 Bare (every mechanism off: the machine floor, measured in the same run) and
 enforced (the default daemon, with the shield as configured by default and
-with ``KREX_SHIELD=off``).  For the enforced runs also the gap between
-regions and each enforcement step's p50 apply time, for grants handed over
+with ``KREX_SHIELD=off``, and the default daemon with ``--requeue-ms 0``: plain
+loops as they were before the daemon re-queued a releasing job).  For the enforced
+runs also the gap between regions and each enforcement step's p50 apply time, for grants handed over
 (overlapped handoff, issue 18) and grants set up from scratch apart.
 Writes results/regions.json (or --out) and prints markdown tables.
 Usage: python benchmarks/bench_regions.py [--n 2000] [--jobs 4] [--hold-ms 5] [--seconds 5]
@@ -36,6 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import md_table, private_daemon, write_results
 
+from krex.client.connection import Client
 from krex.measure.stats import quantiles
 
 
@@ -267,15 +269,16 @@ def split_gaps(spans: list) -> dict:
                                         if not carried(b)])}
 
 
-def enforced(args: argparse.Namespace, shield: str | None) -> dict:
-    """The default daemon (every mechanism on); ``shield``: KREX_SHIELD for it."""
+def enforced(args: argparse.Namespace, shield: str | None, *flags: str) -> dict:
+    """The default daemon (every mechanism on); ``shield``: KREX_SHIELD for it; ``flags``:
+    more of its options."""
     old = os.environ.get("KREX_SHIELD")
     if shield is not None:
         os.environ["KREX_SHIELD"] = shield
     try:
         extra = ("--nice", str(args.daemon_nice)) if args.daemon_nice is not None else ()
         extra += ("--rt-priority", str(args.daemon_rt)) if args.daemon_rt is not None else ()
-        with private_daemon(*extra):
+        with private_daemon(*extra, *flags) as sock:
             rt = round_trip(args.n // 4)
             spans = contend(2, args.n // 4)
             ho = handoffs(spans)
@@ -283,6 +286,8 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             pipe = contend(2, args.n // 4, pipelined=True)  # as krex.regions(n) takes them
             held = held_fraction(args.jobs, args.hold_ms, args.seconds)
             held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
+            with Client(sock, autostart=False) as c:
+                counters = c.status()["counters"]
     finally:
         if old is None:
             os.environ.pop("KREX_SHIELD", None)
@@ -296,7 +301,7 @@ def enforced(args: argparse.Namespace, shield: str | None) -> dict:
             "handoff_us_pipelined": quantiles(handoffs(pipe)),
             "handoffs_pipelined_handed_over":
                 f"{sum(carried(s) for s in pipe[1:])}/{len(pipe) - 1}",
-            "held": held, "held_pipelined": held_p}
+            "held": held, "held_pipelined": held_p, "daemon_counters": counters}
 
 
 def main() -> None:
@@ -320,7 +325,9 @@ def main() -> None:
         ho_p = handoff(args.n // 2, pipelined=True)
         held = held_fraction(args.jobs, args.hold_ms, args.seconds)
         held_p = held_fraction(args.jobs, args.hold_ms, args.seconds, pipelined=True)
-    runs = {"shield default": enforced(args, None), "KREX_SHIELD=off": enforced(args, "off")}
+    runs = {"shield default": enforced(args, None),
+            "shield default, --requeue-ms 0": enforced(args, None, "--requeue-ms", "0"),
+            "KREX_SHIELD=off": enforced(args, "off")}
     floor = {"round_trip_us": quantiles(rt), "handoff_us": quantiles(ho),
              "handoffs_measured": len(ho), "handoff_us_pipelined": quantiles(ho_p),
              "held": held, "held_pipelined": held_p}
@@ -353,6 +360,9 @@ def main() -> None:
         print(f"{name}: pipelined handoffs handed over: {r['handoffs_pipelined_handed_over']}")
         print(f"{name}: handoff gap parts p50 µs: {json.dumps(r['handoff_parts_p50_us'])}")
         print(f"{name}: held-run gap parts p50 µs: {json.dumps(r['held']['gap_parts_p50_us'])}")
+        c = r["daemon_counters"]
+        print(f"{name}: re-queued {c.get('requeued')}, claimed {c.get('requeue_claimed')}, "
+              f"lapsed {c.get('requeue_lapsed')} (the whole run)")
         print(f"{name}: daemon threads over the held run: "
               f"{json.dumps(r['held']['daemon_threads']['total'])}")
     print(f"\nload average before {load_before}, after {os.getloadavg()}; written {path}")

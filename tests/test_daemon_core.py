@@ -101,7 +101,8 @@ class ScriptedExclusivity:
 
 @pytest.fixture
 def core(tmp_path):
-    config = DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0)
+    # the protocol as clients drive it: no fair window, no re-queueing (test_requeue.py)
+    config = DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0, requeue_ms=0)
     d = Daemon(config, exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
     yield d
     for gate in d.exclusivity.slow.values():  # type: ignore[attr-defined]

@@ -330,7 +330,9 @@ def status_lines(st: dict) -> list[str]:
                    "frozen", "set-up", "held"], [_job_row(j) for j in st["jobs"]])
     c = st["counters"]
     out.append(f"regions: {c['granted']} granted, {c['released']} released, "
-               f"{c['revoked']} revoked, {c['cancelled']} cancelled")
+               f"{c['revoked']} revoked, {c['cancelled']} cancelled; re-queued "
+               f"{c.get('requeued', 0)} ({c.get('requeue_claimed', 0)} claimed, "
+               f"{c.get('requeue_lapsed', 0)} lapsed)")
     pools = st.get("pools") or {}
     if pools:
         out += _table("warm workers", ["device", "workers", "busy", "served", "queued",

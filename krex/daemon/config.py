@@ -70,6 +70,10 @@ class DaemonConfig:
     fair_window_ms: float = field(default=20.0, metadata=flag(
         "after a release, how long jobs that were frozen through it may take to ask before "
         "the device is granted again (0: off)"))
+    requeue_ms: float = field(default=5.0, metadata=flag(
+        "a job that releases while others wait is queued again for its next region, "
+        "before the device is handed on and the job frozen; granted in its turn, that "
+        "region is the job's if it asks within this long, else it lapses (0: off)"))
     tenant_max_jobs: int | None = field(default=None, metadata=flag(
         "jobs one tenant (a uid, or a service's tenant id) may run at once",
         shown_default="unlimited"))
@@ -154,6 +158,8 @@ class DaemonConfig:
             self.group = "krex"
         if self.keep_regions < 1 or self.keep_jobs < 1:
             raise ValueError("--keep-regions and --keep-jobs must be at least 1")
+        if not 0 <= self.requeue_ms <= 10000:
+            raise ValueError("--requeue-ms must be between 0 (off) and 10000")
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 

@@ -82,6 +82,9 @@ class Counters:
     revoked: int = 0
     cancelled: int = 0
     errors: int = 0
+    requeued: int = 0  # regions the daemon queued again at a release (krex.daemon.holds)
+    requeue_claimed: int = 0  # ... that their jobs asked for
+    requeue_lapsed: int = 0  # ... that ended unclaimed
 
 
 class Daemon:
@@ -223,22 +226,30 @@ class Daemon:
         self._remove_job(job, "ended")
         return {}
 
-    def _on_acquire(self, session: Session, msg: m.Acquire) -> None:
+    def _on_acquire(self, session: Session, msg: m.Acquire, requeue: bool = False) -> None:
+        """Queue a region (``requeue``: one the daemon asks for at a release, on the job's
+        behalf: :mod:`krex.daemon.holds`)."""
         self._admitting()
         job = self._member_job(session, msg.job_id)
         device = self._device(msg.device or job.device)
         if msg.whole_job and session.peer.pid != job.owner.pid:
             raise AccessDenied("only the job's owner may hold its device for the whole job")
-        if len(self.holds.by_session.get(session, ())) >= self.config.max_acquires_per_connection:
-            raise LimitExceeded(f"this connection already holds or waits for "
-                                f"{self.config.max_acquires_per_connection} regions (the "
-                                "daemon's --max-acquires-per-connection)")
         tenant = (self.access.tenant(session.peer, msg.tenant) if msg.tenant is not None
                   else job.tenant)
         if job.mode != "none":
             self.ledger.check(tenant, self.quota.region_s_per_min, time.monotonic())
+        requeued = None if requeue else self.holds.requeued(session, job.job_id, device)
+        if requeued is not None and not msg.whole_job and requeued.request.tenant == tenant:
+            req = self._request(session, job, device, msg, tenant, number=False)
+            if self.holds.claim(requeued, msg, req.max_hold_s, req.timeout_s, req.label):
+                return None
+        if len(self.holds.by_session.get(session, ())) >= self.config.max_acquires_per_connection:
+            raise LimitExceeded(f"this connection already holds or waits for "
+                                f"{self.config.max_acquires_per_connection} regions (the "
+                                "daemon's --max-acquires-per-connection)")
         req = self._request(session, job, device, msg, tenant)
-        self.holds.acquire(session, msg, req, job.uid)
+        self.holds.acquire(session, msg, req, job.uid,
+                           self.config.requeue_ms / 1e3 if requeue else None)
         return None
 
     def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
@@ -249,6 +260,14 @@ class Daemon:
                 self._on_acquire(session, again)
             except KrexError as exc:  # the release goes ahead; the new acquire is answered
                 self.push(session, m.ErrorReply.of(exc, msg.again))
+        elif self.config.requeue_ms > 0 and st.asked is not None:
+            job = self.jobs.get(st.request.job_id)
+            if job is not None and self.holds.may_requeue(st, job):
+                try:  # the job's likely next region, queued before it is frozen
+                    self._on_acquire(session, dataclasses.replace(st.asked, id=None),
+                                     requeue=True)
+                except KrexError:  # nobody asked: nothing to answer
+                    pass
         return self.holds.release(session, msg)
 
     def _on_cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:
@@ -516,13 +535,16 @@ class Daemon:
         return job
 
     def _request(self, session: Session, job: Job, device: str, msg: m.Acquire,
-                 tenant: str) -> Request:
+                 tenant: str, number: bool = True) -> Request:
+        """The scheduler's request for ``msg`` (``number``: with a region id of its own;
+        without, only its checked fields are used)."""
         if msg.max_hold_s is not None and msg.max_hold_s <= 0:
             raise BadRequest("max_hold_s must be positive")
         if msg.timeout_s is not None and msg.timeout_s < 0:
             raise BadRequest("timeout_s must not be negative")
         return Request(
-            region=next(self._region_ids), job_id=job.job_id, device=device, owner=session,
+            region=next(self._region_ids) if number else 0, job_id=job.job_id, device=device,
+            owner=session,
             requested_mono_s=time.monotonic(), max_hold_s=self._max_hold(msg, tenant),
             timeout_s=msg.timeout_s if msg.timeout_s is not None else math.inf,
             exclusive=job.mode != "none", whole_job=msg.whole_job,

@@ -12,6 +12,22 @@ Whatever ends a region first (its release, a revocation, a cancel, its
 connection closing, the daemon stopping) decides its outcome; a region whose
 requester is gone is still set up and undone in order, never granted to
 nobody and left frozen.
+
+Re-queued regions.  A job that releases while other jobs wait on the device
+is frozen by the next holder's region before it can ask again, so with plain
+``with krex.region()`` loops every chain of handoffs ended with the device
+idle while the frozen jobs were thawed and asked (``krex.regions`` avoids it
+by asking with the release).  So the daemon queues such a job again itself
+(``--requeue-ms``): the region goes through the queue in its turn like any
+other, without a requester.  If the job asks (an ``acquire`` on the same
+connection, same device and tenant) while it is queued or after it was
+granted, it is the job's region: the grant is answered at once, its maximum
+hold counts from then and its report from then (``waited_s`` 0 when it was
+already set up).  Granted and not asked for within the claim window, it
+*lapses*: it ends with no report (an event ``requeue_lapsed`` and a counter;
+the time stays charged to the tenant), the device moves on, and the job is
+re-queued less often (after ``n`` lapses in a row, ``2**n - 1`` releases are
+let pass, at most 63) until it asks for one again.
 """
 
 from __future__ import annotations
@@ -80,10 +96,17 @@ class RegionState:
     handed_mono_s: float | None = None  # its enforcement passed to the next holder then
     chain: tuple[int, ...] = ()  # jobs that held the device before it, handed over to it
     asked: m.Acquire | None = None  # its request, as sent (a release's ``again`` repeats it)
+    requeued: bool = False  # queued again by the daemon at a release; its job has not asked
+    claimed_mono_s: float | None = None  # re-queued, granted, then asked for by its job
 
     @property
     def region(self) -> int:
         return self.request.region
+
+    @property
+    def start_mono_s(self) -> float | None:
+        """When the region became its requester's: its grant, or its claim (re-queued)."""
+        return self.claimed_mono_s if self.claimed_mono_s is not None else self.granted_mono_s
 
 
 class Holds:
@@ -96,13 +119,66 @@ class Holds:
 
     # -- requests ------------------------------------------------------------------
 
-    def acquire(self, session: Session, msg: m.Acquire, req: Request, uid: int) -> None:
+    def acquire(self, session: Session, msg: m.Acquire, req: Request, uid: int,
+                claim_window_s: float | None = None) -> None:
+        """Queue a request; ``claim_window_s``: a re-queued one (module docstring), held
+        at most that long before its job asks for it."""
         st = RegionState(req, session, msg.id, uid, time.time(), asked=msg)
+        if claim_window_s is not None:
+            st.requeued = st.gone = True  # nobody to answer until the job asks
+            req.max_hold_s = claim_window_s
         self.regions[req.region] = st
         self.by_session.setdefault(session, set()).add(req.region)
-        self.d.events.emit("requested", region=req.region, job_id=req.job_id,
-                           device=req.device, label=req.label, tenant=req.tenant)
+        self.d.counters.requeued += st.requeued
+        self.d.events.emit("requeued" if st.requeued else "requested", region=req.region,
+                           job_id=req.job_id, device=req.device, label=req.label,
+                           tenant=req.tenant)
         self.apply(self.d.scheduler.submit(req, time.monotonic()))
+
+    def may_requeue(self, st: RegionState, job: Job) -> bool:
+        """Whether ``st``'s release should queue its job again (module docstring): a
+        plain exclusive region, other jobs waiting on the device, no back-off."""
+        req = st.request
+        if st.phase is not Phase.HELD or st.asked is None or not req.exclusive \
+                or req.nested or req.whole_job:
+            return False
+        if job.requeue_skip > 0:
+            job.requeue_skip -= 1
+            return False
+        queued = self.d.scheduler.queue(req.device).queued_jobs()
+        return bool(queued - {req.job_id})
+
+    def requeued(self, session: Session, job_id: int, device: str) -> RegionState | None:
+        """The region the daemon re-queued for this connection's job on ``device``."""
+        return next((s for s in self.of_session(session) if s.requeued
+                     and s.request.job_id == job_id and s.request.device == device), None)
+
+    def claim(self, st: RegionState, msg: m.Acquire, max_hold_s: float, timeout_s: float,
+              label: str | None) -> bool:
+        """The job asks for its re-queued region ``st``: it is the job's from now (False:
+        it has lapsed meanwhile; the acquire is queued as usual)."""
+        if st.phase in (Phase.CLOSING, Phase.CLOSED):
+            return False
+        now = time.monotonic()
+        req = st.request
+        st.requeued = st.gone = False
+        st.acquire_id, st.asked, st.requested_wall_s = msg.id, msg, time.time()
+        req.label, req.timeout_s, req.requested_mono_s = label, timeout_s, now
+        self.d.counters.requeue_claimed += 1
+        job = self.d.jobs.get(req.job_id)
+        if job is not None:
+            job.requeue_lapses = 0
+        self.d.events.emit("requested", region=req.region, job_id=req.job_id,
+                           device=req.device, label=req.label, tenant=req.tenant,
+                           requeued=True)
+        if st.phase is Phase.HELD:
+            st.claimed_mono_s = now
+            self.d.scheduler.claimed(req.region, now, max_hold_s)
+            self._announce(st)
+        else:
+            req.max_hold_s = max_hold_s  # the hold's clock has not started
+        self.d.deadlines_changed()
+        return True
 
     def of_session(self, session: Session) -> list[RegionState]:
         return [self.regions[r] for r in self.by_session.get(session, ()) if r in self.regions]
@@ -152,6 +228,14 @@ class Holds:
     def revoke(self, st: RegionState, reason: str) -> str:
         """End a region now (maximum hold passed, or a revoke request)."""
         phase = st.phase
+        if st.requeued:  # not asked for within its claim window: it lapses
+            if phase is Phase.QUEUED:
+                self._drop_queued(st)
+            elif phase is Phase.ENTERING:
+                st.outcome = st.outcome or Outcome.CANCELLED
+            elif phase is Phase.HELD:
+                self._end(st, Outcome.CANCELLED, "not asked for within its claim window")
+            return phase.value
         if phase is Phase.QUEUED:
             self._drop_queued(st)
             if not st.gone:
@@ -392,6 +476,13 @@ class Holds:
         self.d.scheduler.started(req.region, now)
         if req.exclusive and not req.nested:  # what holds the device counts to its quota
             self.d.ledger.start(str(req.tenant), req.region, now)
+        if not st.requeued:  # a re-queued region is announced when its job asks
+            self._announce(st)
+        else:  # its claim window runs from now: the ticker must wake for it
+            self.d.deadlines_changed()
+
+    def _announce(self, st: RegionState) -> None:
+        req = st.request
         self.d.counters.granted += 1
         self.d.events.emit("granted", region=req.region, job_id=req.job_id, device=req.device,
                            waited_s=self._waited_s(st), enforce_s=self._enforce_s(st),
@@ -404,7 +495,7 @@ class Holds:
         return {"region": req.region, "device": req.device, "waited_s": self._waited_s(st),
                 "enforce_s": self._enforce_s(st), "nested": req.nested,
                 "exclusive": req.exclusive, "max_hold_s": finite_or_none(req.max_hold_s),
-                "granted_mono_s": st.granted_mono_s, "tenant": req.tenant,
+                "granted_mono_s": st.start_mono_s, "tenant": req.tenant,
                 # where the holder's processes are for its region: a process it starts
                 # meanwhile (``krex run --mode command``'s child) joins these, not its
                 # job's cgroups under the frozen device subtree
@@ -436,7 +527,9 @@ class Holds:
         st.held = None
         st.phase = Phase.CLOSED
         outcome = st.outcome or Outcome.RELEASED
-        if st.granted_mono_s is None:  # abandoned while entering: it was never granted
+        if st.requeued:  # its job never asked for it
+            self._lapsed(st, evidence, now)
+        elif st.granted_mono_s is None:  # abandoned while entering: it was never granted
             self._unentered(st, outcome)
         else:
             st.report = self._report(st, evidence, outcome)
@@ -455,6 +548,22 @@ class Holds:
         elif st.gone or st.report is None or outcome is not Outcome.REVOKED:
             self._forget(st)
         self.apply(decisions)
+
+    def _lapsed(self, st: RegionState, evidence: Evidence | None, now: float) -> None:
+        """A re-queued region ends unclaimed: no report (its siblings' frozen time is still
+        theirs); its job is re-queued less often."""
+        req = st.request
+        if st.enter_mono_s is not None and evidence is not None and _stopped(evidence):
+            self._frozen_through(st, now)
+        self.d.counters.requeue_lapsed += 1
+        job = self.d.jobs.get(req.job_id)
+        if job is not None:
+            job.requeue_lapses += 1
+            job.requeue_skip = min(2 ** job.requeue_lapses - 1, 63)
+        held = (st.ending_mono_s or time.monotonic()) - st.granted_mono_s \
+            if st.granted_mono_s is not None else 0.0
+        self.d.events.emit("requeue_lapsed", region=req.region, job_id=req.job_id,
+                           device=req.device, held_s=held)
 
     def _unentered(self, st: RegionState, outcome: Outcome) -> None:
         """Set up and undone without a grant: the requester (if any) gets an error."""
@@ -494,6 +603,8 @@ class Holds:
     # -- evidence -------------------------------------------------------------------------
 
     def _waited_s(self, st: RegionState) -> float:
+        if st.claimed_mono_s is not None:  # set up before its job asked
+            return 0.0
         req = st.request
         chosen = st.enter_mono_s or req.granted_mono_s or req.requested_mono_s
         return max(0.0, chosen - req.requested_mono_s)
@@ -514,18 +625,23 @@ class Holds:
             a.held_s += st.report.held_s
         if st.enter_mono_s is not None and st.report.host is not None \
                 and _stopped_host(st.report.host):
-            # handed over: its siblings' freeze from then on is the next region's
-            until = st.handed_mono_s if st.handed_mono_s is not None else now
-            for job_id in st.frozen_jobs:
-                sibling = self.d.jobs.get(job_id)
-                if sibling is not None:
-                    sibling.account.frozen_s += max(0.0, until - st.enter_mono_s)
+            self._frozen_through(st, now)
+
+    def _frozen_through(self, st: RegionState, now: float) -> None:
+        """Its siblings' time frozen by it; handed over, their freeze from then on is the
+        next region's."""
+        assert st.enter_mono_s is not None
+        until = st.handed_mono_s if st.handed_mono_s is not None else now
+        for job_id in st.frozen_jobs:
+            sibling = self.d.jobs.get(job_id)
+            if sibling is not None:
+                sibling.account.frozen_s += max(0.0, until - st.enter_mono_s)
 
     def _report(self, st: RegionState, evidence: Evidence | None,
                 outcome: Outcome) -> RegionReport:
         req = st.request
         job: Job | None = self.d.jobs.get(req.job_id)
-        granted = st.granted_mono_s or time.monotonic()
+        granted = st.start_mono_s or time.monotonic()
         ended = st.ending_mono_s or time.monotonic()
         reasons = list(evidence.reasons) if evidence is not None else []
         reasons += _outcome_reasons(req, outcome, st.why)
@@ -538,7 +654,7 @@ class Holds:
             nested=req.nested, exclusive=req.exclusive, waited_s=self._waited_s(st),
             enforce_s=self._enforce_s(st), held_s=max(0.0, ended - granted),
             max_hold_s=finite_or_none(req.max_hold_s), requested_mono_s=req.requested_mono_s,
-            granted_mono_s=st.granted_mono_s, released_mono_s=ended,
+            granted_mono_s=st.start_mono_s, released_mono_s=ended,
             requested_wall_s=st.requested_wall_s,
             jobs_served_while_waiting=req.jobs_served_while_waiting,
             host=evidence.host if evidence else None,

@@ -59,6 +59,8 @@ class Job:
     tenant: str = ""  # whose share and quotas its regions use
     account: Account = field(default_factory=Account)
     ended_wall_s: float | None = None
+    requeue_lapses: int = 0  # its re-queued regions that lapsed in a row (krex.daemon.holds)
+    requeue_skip: int = 0  # releases to let pass without re-queueing it (backing off)
 
     def anchors(self) -> list[ProcessRef]:
         # A worker job's owner is the daemon itself: only the worker's own tree counts.

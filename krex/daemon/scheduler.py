@@ -164,6 +164,16 @@ class Scheduler:
         if req is not None and req.granted_mono_s is not None and req.started_mono_s is None:
             req.started_mono_s = now
 
+    def claimed(self, region: int, now: float, max_hold_s: float) -> None:
+        """A re-queued region granted before its job asked is claimed: its maximum hold
+        (until now the claim window) counts from ``now``; the time held unclaimed stays
+        charged to its tenant."""
+        req = self.live.get(region)
+        if req is None:
+            return
+        held = now - req.started_mono_s if req.started_mono_s is not None else 0.0
+        req.max_hold_s = max_hold_s + held
+
     def release(self, region: int, now: float, frozen: Iterable[int] = (),
                 served: Iterable[int] = ()) -> list[Decision]:
         """End a region (held, revoked or still queued).  ``frozen``: the jobs its

@@ -1,0 +1,188 @@
+"""The daemon re-queues a job at its release (``--requeue-ms``, :mod:`krex.daemon.holds`).
+
+Through real daemons and real job processes (freezing on): a region granted to a job
+before it asked is the job's when it asks (its maximum hold and its report count from
+then), and one it does not ask for lapses after the claim window, leaving no report,
+so the device moves on.  Controls: a long claim window makes the other job wait that
+long for the device; with re-queueing off, plain loops end their handoff chains (the
+test in ``test_regions_pipelined.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+from helpers import PY, REPO, Daemon, reap, wait_for
+
+from krex.client.connection import Client
+
+STEPS = os.path.join(REPO, "tests", "jobs", "steps.py")
+
+
+def _freezes(d: Daemon) -> bool:
+    with Client(d.socket, autostart=False) as c:
+        return (c.status().get("enforcement") or {}).get("freeze", "off") != "off"
+
+
+def _start(d: Daemon, *steps: str) -> subprocess.Popen:
+    """A job running ``steps``; its rows go to a file (a pipe nobody reads yet would
+    block it once full)."""
+    env = {**os.environ, "KREX_SOCKET": d.socket}
+    out = tempfile.NamedTemporaryFile("w+", dir=d.runtime_dir, suffix=".rows", delete=False)
+    p = subprocess.Popen([PY, STEPS, *steps], stdout=out, text=True, env=env)
+    p.rows_path = out.name  # type: ignore[attr-defined]
+    out.close()
+    return p
+
+
+def _rows(p: subprocess.Popen) -> list[dict]:
+    assert p.wait(timeout=60) == 0
+    with open(p.rows_path) as f:  # type: ignore[attr-defined]
+        return [json.loads(line) for line in f]
+
+
+def _holding(d: Daemon) -> bool:
+    with Client(d.socket, autostart=False) as c:
+        return any(dev["holder"] for dev in c.status()["scheduler"].values())
+
+
+def _queued(d: Daemon) -> int:
+    with Client(d.socket, autostart=False) as c:
+        return sum(len(dev["queue"]) for dev in c.status()["scheduler"].values())
+
+
+def _counters(d: Daemon) -> dict:
+    with Client(d.socket, autostart=False) as c:
+        return c.status()["counters"]
+
+
+def _with_loop(runtime_dir, requeue_ms: str | None, *steps: str,
+               loop: int = 150) -> tuple[list[dict], list[dict], dict, list[dict]]:
+    """Y takes ``loop`` plain 20 ms regions; X, started once Y holds, runs ``steps``.
+    A job asks only while nobody holds (it is frozen otherwise), so X's first region
+    comes at one of Y's releases; from then on both are queued at each other's."""
+    d = Daemon(str(runtime_dir), *(["--requeue-ms", requeue_ms] if requeue_ms else []))
+    d.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        if not _freezes(d):
+            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+        procs.append(_start(d, *["r0.02"] * loop))
+        wait_for(lambda: _holding(d), 20)
+        procs.append(_start(d, *steps))
+        x, y = _rows(procs[1]), _rows(procs[0])
+        counters = _counters(d)
+        with Client(d.socket, autostart=False) as c:
+            regions = c.regions()
+        return x, y, counters, regions
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
+
+
+def _longest_gap(rows: list[dict]) -> float:
+    """The longest a job went from a release to its next region (frozen meanwhile or
+    not: a frozen job's own clock does not see the wait)."""
+    return max(b["entered"] - a["report"]["released_mono_s"]
+               for a, b in zip(rows, rows[1:], strict=False))
+
+
+def test_a_requeued_region_nobody_asks_for_lapses_and_the_device_moves_on(tmp_path):
+    """X takes 5 regions and then sleeps: its last re-queued region, granted after Y's
+    next, is not asked for.  Default claim window (2 ms): Y never waits long, and the
+    lapsed region left no report.  Control: with a 1.5 s window Y waits for the lapse."""
+    rd = tmp_path / "a"
+    rd.mkdir(mode=0o700)
+    x, y, counters, regions = _with_loop(rd, None, *["r0.01"] * 5, "s4")
+    assert len(x) == 5 and len(y) == 150
+    assert counters["requeue_lapsed"] >= 1, counters
+    assert _longest_gap(y) < 0.5, y  # the claim window (+ the ticker's wake-up)
+    assert len(regions) == 155, regions  # X's and Y's: the lapsed one is no region
+    assert all(r["outcome"] == "released" for r in regions), regions
+    rd = tmp_path / "b"
+    rd.mkdir(mode=0o700)
+    x, y, counters, _ = _with_loop(rd, "1500", *["r0.01"] * 5, "s4")
+    assert counters["requeue_lapsed"] >= 1, counters
+    assert _longest_gap(y) > 1.0, y  # control: the window is what ended it
+
+
+def test_a_requeued_region_is_the_jobs_from_when_it_asks(runtime_dir):
+    """X's re-queued region is granted while X sleeps (0.6 s); X then asks with a 0.35 s
+    maximum hold and holds 0.2 s: not revoked (its hold counts from the claim, not from
+    a grant up to 0.6 s earlier), its report starts at the claim and says it did not
+    wait.  Control: the next region, held past the same maximum, is revoked."""
+    x, _, counters, _ = _with_loop(runtime_dir, "1000", *["r0.01"] * 5, "s0.6", "r0.2/0.35",
+                                   "r0.5/0.35", loop=200)
+    assert counters["requeue_claimed"] >= 1, counters
+    claimed = x[5]["report"]
+    assert claimed["outcome"] == "released", claimed
+    assert claimed["waited_s"] == 0.0, claimed
+    assert claimed["held_s"] < 0.35, claimed
+    assert claimed["requested_mono_s"] >= x[5]["asked"], (claimed, x[5])
+    assert x[6]["report"]["outcome"] == "revoked", x[6]  # control: the maximum is enforced
+
+
+def _requeues(tmp_path, claim: bool, rounds: int = 8) -> list[bool]:
+    """In-process daemon, nothing enforced: each round, A holds, B queues behind it, A
+    releases (re-queued or not: noted), B releases; A's re-queued region, granted then,
+    is claimed by A (``claim``) or lapses; B's likewise lapses; the device ends idle."""
+    from test_daemon_core import FakeSession, ScriptedExclusivity, request
+
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.protocol import messages as m
+
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0, requeue_ms=1),
+                exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
+    noted = []
+    try:
+        a, b = FakeSession(), FakeSession()
+        ja = core.handle(a, m.CreateJob(device="cpu", name="a", mode="region"))["job_id"]
+        jb = core.handle(b, m.CreateJob(device="cpu", name="b", mode="region"))["job_id"]
+
+        def lapse() -> None:
+            for _ in range(3):  # A's re-queued region, then B's
+                time.sleep(0.003)
+                core.tick()
+                core.lanes.wait_idle(5)
+
+        def held(s, rid) -> int:
+            return int(s.reply(rid).data["region"])
+
+        ra = held(a, request(core, a, m.Acquire, job_id=ja))
+        for _ in range(rounds):
+            qb = request(core, b, m.Acquire, job_id=jb)
+            before = core.counters.requeued
+            a.reply(request(core, a, m.Release, region=ra))
+            noted.append(core.counters.requeued > before)
+            rb = held(b, qb)
+            b.reply(request(core, b, m.Release, region=rb))
+            core.lanes.wait_idle(5)
+            if claim:  # A asks: its re-queued region (granted meanwhile) is its own
+                ra = held(a, request(core, a, m.Acquire, job_id=ja))
+            else:
+                lapse()
+                ra = held(a, request(core, a, m.Acquire, job_id=ja))
+        c = core.counters
+        assert (c.requeue_claimed >= rounds) if claim else \
+            (c.requeue_lapsed >= noted.count(True)), c
+    finally:
+        core.shutdown()
+    return noted
+
+
+def test_a_job_whose_requeued_regions_lapse_is_requeued_less_often(tmp_path):
+    """After ``n`` lapses in a row, ``2**n - 1`` of the job's releases pass without
+    re-queueing it.  Control: a job that claims its re-queued regions is re-queued at
+    every release."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert _requeues(tmp_path / "a", claim=False) == [True, False, True, False, False,
+                                                      False, True, False]
+    assert _requeues(tmp_path / "b", claim=True) == [True] * 8
