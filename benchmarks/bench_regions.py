@@ -107,7 +107,8 @@ while go_on:
     x = {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
          "handed": bool(host.get("handed_over")),
          "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
-         "en": rep.get("enforce_s"), "back": time.monotonic_ns(),
+         "en": rep.get("enforce_s"), "un": rep.get("unclaimed_s") or 0.0,
+         "back": time.monotonic_ns(),
          "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
     rows.append((granted, released, steps, x))
 with open(out, "w") as f:  # not the pipe: a frozen writer's partial write split a line
@@ -193,6 +194,15 @@ def gap_parts(a: tuple, b: tuple) -> dict | None:
     if None in (xa["rl"], xb["g"], xb["en"], xb["rq"]):
         return None
     rl, g = xa["rl"] * 1e9, xb["g"] * 1e9
+    if xb["un"]:  # re-queued, granted before its job asked: the grant, then the ask
+        g -= xb["un"] * 1e9
+        return {"release_sent_to_handled": (rl - a[1]) / 1e3,
+                "handled_to_requeued_grant": (g - rl) / 1e3,
+                "enforce_steps": xb["en"] * 1e6,
+                "requeued_grant_to_asked": xb["un"] * 1e6,
+                "asked_to_next_holder_returns": (b[0] - xb["rq"] * 1e9) / 1e3,
+                "outgoing_undo_revert_sum": xa["rv"] * 1e3,
+                "total": (b[0] - a[1]) / 1e3}
     enter = g - xb["en"] * 1e9
     parts = {"release_sent_to_handled": (rl - a[1]) / 1e3,
              # the next holder's acquire reached the daemon this long after the release
@@ -208,11 +218,16 @@ def gap_parts(a: tuple, b: tuple) -> dict | None:
 
 
 def gap_breakdown(spans: list) -> dict:
-    """p50 of each part of the gap, for handed-over and set-up grants apart."""
+    """p50 of each part of the gap, for handed-over and set-up grants apart, and apart
+    from both the re-queued grants their job asked for after they were granted."""
     out: dict = {}
     pairs = [(a, b) for a, b in itertools.pairwise(spans) if a[2] != b[2]]
-    for kind, want in (("handed_over", True), ("set_up", False)):
-        rows = [p for a, b in pairs if carried(b) is want and (p := gap_parts(a, b))]
+
+    def kind_of(b: tuple) -> str:
+        return "requeued" if b[3]["un"] else "handed_over" if carried(b) else "set_up"
+
+    for kind in ("handed_over", "requeued", "set_up"):
+        rows = [p for a, b in pairs if kind_of(b) == kind and (p := gap_parts(a, b))]
         out[kind] = {"gaps": len(rows), **{
             k: round(quantiles([r[k] for r in rows])["p50"], 1) for k in (rows[0] if rows else {})}}
     return out

@@ -125,6 +125,10 @@ def test_a_requeued_region_is_the_jobs_from_when_it_asks(runtime_dir):
     assert claimed["waited_s"] == 0.0, claimed
     assert claimed["held_s"] < 0.35, claimed
     assert claimed["requested_mono_s"] >= x[5]["asked"], (claimed, x[5])
+    # the report says how long the region was granted before X asked (X slept meanwhile);
+    # X's first region was asked for before its grant (control)
+    assert 0.1 < claimed["unclaimed_s"] < 1.0, claimed
+    assert x[0]["report"]["unclaimed_s"] == 0.0, x[0]
     assert x[6]["report"]["outcome"] == "revoked", x[6]  # control: the maximum is enforced
 
 

@@ -657,6 +657,9 @@ class Holds:
             granted_mono_s=st.start_mono_s, released_mono_s=ended,
             requested_wall_s=st.requested_wall_s,
             jobs_served_while_waiting=req.jobs_served_while_waiting,
+            unclaimed_s=(st.claimed_mono_s - st.granted_mono_s
+                         if st.claimed_mono_s is not None and st.granted_mono_s is not None
+                         else 0.0),
             host=evidence.host if evidence else None,
             device_audit=evidence.device_audit if evidence else None, reasons=reasons)
 

@@ -200,6 +200,9 @@ class RegionReport:
     released_mono_s: float | None = None
     requested_wall_s: float | None = None
     jobs_served_while_waiting: int = 0
+    # re-queued by the daemon at the job's last release (krex.daemon.holds): granted this
+    # long before the job asked for it (its times and hold count from the ask)
+    unclaimed_s: float = 0.0
     host: HostEvidence | None = None
     device_audit: DeviceAudit | None = None
     reasons: list[Reason] = field(default_factory=list)
