@@ -224,7 +224,7 @@ def gap_breakdown(spans: list) -> dict:
     pairs = [(a, b) for a, b in itertools.pairwise(spans) if a[2] != b[2]]
 
     def kind_of(b: tuple) -> str:
-        return "requeued" if b[3]["un"] else "handed_over" if carried(b) else "set_up"
+        return "requeued" if b[4]["un"] else "handed_over" if carried(b) else "set_up"
 
     for kind in ("handed_over", "requeued", "set_up"):
         rows = [p for a, b in pairs if kind_of(b) == kind and (p := gap_parts(a, b))]
