@@ -179,8 +179,8 @@ class Holds:
             self.d.scheduler.claimed(req.region, now, max_hold_s)
             self._announce(st)
             deferred, st.after_claim = st.after_claim, None
-            if deferred is not None:  # after the grant is sent: the lane's thread runs it
-                self.d.on_lane(req.device, deferred)
+            if deferred is not None:  # run by this thread after the grant is sent, when the
+                self.d.on_lane(req.device, deferred, here=True)  # lane is idle, else queued
         else:
             req.max_hold_s = max_hold_s  # the hold's clock has not started
         self.d.deadlines_changed()
@@ -454,9 +454,8 @@ class Holds:
             else:
                 nxt.phase = Phase.CLOSING
                 nxt.ending_mono_s = time.monotonic()
-        held.lease()  # the guardian's records, after the grant (see krex.enforce.handoff)
-
         def rest() -> None:
+            held.lease()  # the guardian's records, after the grant (krex.enforce.handoff)
             self._undo(st)  # the outgoing report: confirmation, counts, contention
             if gone:
                 self._exit(nxt)
@@ -466,8 +465,10 @@ class Holds:
         with self.d.locked():
             # A re-queued grant's job must still run to ask for it, and its ask (a session
             # thread's wake-up) waited ≈ 0.5 ms for a CPU behind this report's reads on a
-            # small machine: they come after the claim (or the lapse) instead.  The
-            # outgoing job is frozen meanwhile; its counters do not move.
+            # small machine: they come after the claim (or the lapse) instead, and the new
+            # lease with them (until it is sent the guardian holds the old one, whose
+            # records are the same: test_sigkill_of_the_daemon_mid_chain_thaws_everything).
+            # The outgoing job is frozen meanwhile; its counters do not move.
             defer = not gone and nxt.requeued and nxt.phase is Phase.HELD
             if defer:
                 nxt.after_claim = rest
