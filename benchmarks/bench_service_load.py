@@ -165,7 +165,8 @@ def jobs(device: str, eval_every: int, deadline: float) -> Iterator[tuple[str, s
 
 
 def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
-               deadline: float, log: Log, seed: int) -> None:
+               deadline: float, log: Log, seed: int, label: str = "http") -> None:
+    """``label``: the service's name in the log (its keys are kept as ``label:tenant``)."""
     rng = random.Random(seed)
     auth = {"Authorization": f"Bearer {token}"}
     for kind, mark, body in jobs(device, eval_every, deadline):
@@ -174,7 +175,7 @@ def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
         try:
             job = submit(base, kind, body, {**auth, **key}, log)
             with log.lock:
-                log.keys.setdefault(tenant, set()).add(mark)
+                log.keys.setdefault(f"{label}:{tenant}", set()).add(mark)
             if rng.random() < RETRY_SHARE:  # the answer was "lost": the client retries
                 _, again, _ = http(base, "POST", f"/v1/jobs/{kind}", body, {**auth, **key})
                 log.count("retries_same_job" if again.get("id") == job["id"]
@@ -184,9 +185,9 @@ def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
                 _, done, _ = http(base, "GET", f"/v1/jobs/{job['id']}?wait_s=60", headers=auth)
             ok, why = judged(kind, done.get("state") == "succeeded", done.get("result") or {},
                              mark, done.get("error"))
-            log.add("http", kind, ok, time.monotonic() - t0, why, job["id"])
+            log.add(label, kind, ok, time.monotonic() - t0, why, job["id"])
         except Exception as exc:  # noqa: BLE001  (an agent records its failure and goes on)
-            log.add("http", kind, False, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
+            log.add(label, kind, False, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
 
 
 def submit(base: str, kind: str, body: dict, headers: dict, log: Log) -> dict:
@@ -353,7 +354,8 @@ def thirds(series: list[tuple[float, float]]) -> list[dict[str, float]]:
 # -- the run -------------------------------------------------------------------------------
 
 
-def check_http_jobs(base: str, tokens: dict[str, str], log: Log) -> dict[str, int]:
+def check_http_jobs(base: str, tokens: dict[str, str], log: Log,
+                    label: str = "http") -> dict[str, int]:
     """Every acknowledged key has exactly one job in the service, and it ended."""
     lost = dup = unfinished = 0
     for tenant, token in tokens.items():
@@ -367,14 +369,15 @@ def check_http_jobs(base: str, tokens: dict[str, str], log: Log) -> dict[str, in
             if not listing.get("next"):
                 break
             before = f"&before={listing['next']}"
-        for key in log.keys.get(tenant, set()):
+        for key in log.keys.get(f"{label}:{tenant}", set()):
             jobs = per_key.get(key, [])
             lost += not jobs
             dup += len(jobs) > 1
             unfinished += any(j["state"] not in ("succeeded", "failed", "cancelled")
                               for j in jobs)
-    return {"keys_acknowledged": sum(len(k) for k in log.keys.values()), "lost": lost,
-            "duplicated": dup, "unfinished": unfinished}
+    return {"keys_acknowledged": sum(len(v) for k, v in log.keys.items()
+                                     if k.startswith(label + ":")),
+            "lost": lost, "duplicated": dup, "unfinished": unfinished}
 
 
 def start(argv: list[str], log_path: str,
@@ -398,50 +401,72 @@ def signal_dumps(pid: int, mark_s: float, every_s: float, stop: threading.Event)
             return
 
 
-def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
-    state, mcp_state = os.path.join(tmp, "service"), os.path.join(tmp, "mcp")
-    records = os.path.join(tmp, "records.sqlite3")
-    tokens = {f"tenant-{i}": subprocess.run(
+def _tokens(state: str) -> dict[str, str]:
+    return {f"tenant-{i}": subprocess.run(
         krex_cmd("service", "token", "add", f"tenant-{i}", "--state-dir", state,
                  "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
         capture_output=True, text=True, check=True).stdout.strip() for i in range(TENANTS)}
+
+
+def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    state, mcp_state = os.path.join(tmp, "service"), os.path.join(tmp, "mcp")
+    records = os.path.join(tmp, "records.sqlite3")
+    tokens = _tokens(state)
     port, mport = free_port(), free_port()
     service = start(krex_cmd("service", "--http", f"127.0.0.1:{port}", "--state-dir", state,
                              "--records", records, "--runners", "16"),
                     os.path.join(tmp, "service.log"),
                     {"KREX_TRACEMALLOC": args.trace_service} if args.trace_service else None)
+    services = [("http", f"http://127.0.0.1:{port}", tokens, service)]
+    if args.http_ab:  # the same service beside it, with one variable set: half the agents
+        var, _, value = args.http_ab.partition("=")
+        state_b, port_b = os.path.join(tmp, "service-b"), free_port()
+        services.append(("http B", f"http://127.0.0.1:{port_b}", _tokens(state_b), start(
+            krex_cmd("service", "--http", f"127.0.0.1:{port_b}", "--state-dir", state_b,
+                     "--records", records, "--runners", "16"),
+            os.path.join(tmp, "service-b.log"), {var: value})))
     subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", mcp_state,
                             "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
                    capture_output=True, check=True)  # the MCP tenant's quotas: as each HTTP one's
     mcp = start(krex_cmd("mcp", "--transport", "streamable-http", "--http",
                          f"127.0.0.1:{mport}", "--state-dir", mcp_state, "--records", records,
                          "--runners", "8", "--tenant", "mcp"), os.path.join(tmp, "mcp.log"))
-    base = f"http://127.0.0.1:{port}"
     prog = os.path.join(tmp, "prog.py")
     with open(prog, "w") as f:
         f.write(PROGRAM)
     try:
-        wait_http(base + "/v1/health", service)
+        for _, url, _, proc in services:
+            wait_http(url + "/v1/health", proc)
         wait_http(f"http://127.0.0.1:{mport}/mcp", mcp)
         with Client(autostart=False) as c:
             daemon_pid = int(c.status()["daemon"]["pid"])
-        return drive(args, base, f"http://127.0.0.1:{mport}/mcp", tokens, prog, records,
-                     {"daemon": daemon_pid, "http service": service.pid, "mcp server": mcp.pid})
+        pids = {"daemon": daemon_pid, "http service": service.pid, "mcp server": mcp.pid}
+        if args.http_ab:
+            pids[f"http service B ({args.http_ab})"] = services[1][3].pid
+        return drive(args, [s[:3] for s in services], f"http://127.0.0.1:{mport}/mcp", prog,
+                     records, pids)
     finally:
-        stop_process(service)
+        for *_, proc in services:
+            stop_process(proc)
         stop_process(mcp)
 
 
-def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, str],
-          prog: str, records: str, pids: dict[str, int]) -> dict[str, Any]:
+def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str]]],
+          mcp_url: str, prog: str, records: str, pids: dict[str, int]) -> dict[str, Any]:
+    """``services``: (label, base URL, tenant tokens) of each HTTP service; the HTTP agents
+    take turns between them."""
     log = Log()
     deadline = time.monotonic() + 60 * args.minutes
-    names = list(tokens)
+    names = [f"tenant-{i}" for i in range(TENANTS)]
     n_http, n_mcp, n_cli = args.agents
-    agents: list[Callable[[], None]] = [
-        (lambda i=i: http_agent(base, tokens[names[i % TENANTS]], names[i % TENANTS],
-                                args.device, args.eval_every, deadline, log, i))
-        for i in range(n_http)]
+
+    def http_one(i: int) -> None:
+        label, url, tokens = services[i % len(services)]
+        tenant = names[(i // len(services)) % TENANTS]
+        http_agent(url, tokens[tenant], tenant, args.device, args.eval_every, deadline, log,
+                   i, label)
+
+    agents: list[Callable[[], None]] = [(lambda i=i: http_one(i)) for i in range(n_http)]
     if n_mcp:
         agents.append(lambda: mcp_agents(mcp_url, args.device, args.eval_every, deadline, log,
                                          n_mcp))
@@ -467,7 +492,10 @@ def drive(args: argparse.Namespace, base: str, mcp_url: str, tokens: dict[str, s
     return {"minutes": args.minutes, "device": args.device, "elapsed_s": round(elapsed, 1),
             "agents": dict(zip(("http", "mcp", "cli"), args.agents, strict=True)),
             "eval_every": args.eval_every, "interfaces": table(log.rows, elapsed),
-            "http_jobs": check_http_jobs(base, tokens, log), "events": log.events,
+            "http_jobs": check_http_jobs(services[0][1], services[0][2], log),
+            **({"http_jobs_b": check_http_jobs(services[1][1], services[1][2], log, "http B")}
+               if len(services) > 1 else {}),
+            "events": log.events,
             "failures": [r for r in log.rows if not r["ok"]][:20],
             "rss": {name: rss_summary(s) for name, s in rss.items() if s},
             "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows)}
@@ -520,6 +548,8 @@ def report(res: dict[str, Any]) -> None:
         cuts = [(t["from_min"], t["to_min"], t["slope"]) for t in v["slopes_mib_per_min_thirds"]]
         print(f"{k}: MiB at minutes {v['at_minutes_mib']}, slopes by thirds {cuts}")
     print()
+    if "http_jobs_b" in res:
+        print("HTTP jobs, service B:", res["http_jobs_b"])
     print("HTTP jobs:", res["http_jobs"], "events:", res["events"],
           "MCP job ids unique:", res["mcp_cli_job_ids_unique"])
     for f in res["failures"][:5]:
@@ -543,6 +573,10 @@ def main() -> int:
                     help="trace the HTTP service's memory (KREX_TRACEMALLOC=PATH, krex.memtrace): "
                          "a mark at --trace-mark-minute, then what grew since, every 5 minutes")
     ap.add_argument("--trace-mark-minute", type=float, default=10.0)
+    ap.add_argument("--http-ab", metavar="VAR=VALUE",
+                    help="a second HTTP service beside the first, with this environment "
+                         "variable (e.g. KREX_MALLOC_MMAP_THRESHOLD=0): the HTTP agents take "
+                         "turns between the two; both services' RSS is sampled")
     ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
     args = ap.parse_args()
     daemon_flags = [f for name in ("keep_regions", "keep_jobs") if getattr(args, name)
