@@ -190,3 +190,27 @@ def test_a_job_whose_requeued_regions_lapse_is_requeued_less_often(tmp_path):
     assert _requeues(tmp_path / "a", claim=False) == [True, False, True, False, False,
                                                       False, True, False]
     assert _requeues(tmp_path / "b", claim=True) == [True] * 8
+
+
+def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_dir):
+    """Two plain loops re-queue each other at every release; a third job registers while
+    they hold (frozen before it can ask) and then wants 3 regions.  Long chains end
+    (``MAX_REQUEUED_CHAIN``), thawing it: it gets them within seconds.  (Checked by hand:
+    with the bound lifted, the third job got no region in 30 s.)"""
+    d = Daemon(str(runtime_dir))
+    d.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        if not _freezes(d):
+            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+        procs += [_start(d, *["r0.003"] * 4000) for _ in range(2)]
+        wait_for(lambda: _counters(d)["requeue_claimed"] >= 50, 30)
+        late = _start(d, *["r0.003"] * 3)
+        t0 = time.monotonic()
+        assert late.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 20
+        assert len(_rows(late)) == 3
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()

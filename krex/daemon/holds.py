@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("krex.daemon")
 
+MAX_REQUEUED_CHAIN = 32  # handoffs in a row after which a release re-queues nobody
+
 
 class Phase(enum.Enum):
     QUEUED = "queued"  # in the scheduler's queue
@@ -147,6 +149,12 @@ class Holds:
             return False
         if job.requeue_skip > 0:
             job.requeue_skip -= 1
+            return False
+        if len(st.chain) >= MAX_REQUEUED_CHAIN:
+            # A chain of handoffs keeps every job frozen that is not queued; with jobs
+            # re-queued it need never end, and a job frozen before it asked (at its
+            # registration, say) would wait for ever to be thawed and ask.  So a long
+            # chain lets its jobs out of the queue: it ends, everyone is thawed.
             return False
         queued = self.d.scheduler.queue(req.device).queued_jobs()
         return bool(queued - {req.job_id})
