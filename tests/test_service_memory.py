@@ -376,24 +376,32 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
-    calls, reports = 100, []
+    phase, reports = 100, []
     try:
         wait_for(listening, timeout_s=60, interval_s=0.1)
-        # A warm-up (imports, caches, pools), the mark, then the calls measured.
-        assert anyio.run(_mcp_phases, url, [24, calls], lambda: reports.append(
+        # A warm-up (imports, caches, pools), the mark, then two phases measured.
+        assert anyio.run(_mcp_phases, url, [24, phase, phase], lambda: reports.append(
             _dump(proc, trace, len(reports) + 1))) == 0
-        report = reports[-1]
     finally:
         reap(proc, timeout_s=15)
+    report, calls = reports[-1], 2 * phase
     per_call = _sdk_bytes(report) / calls
-    # Everything kept, less single objects of the moment (a daemon reply being decoded
-    # when the dump came: 64 KiB in 2 objects once made 1180 B/call "in all"); what
-    # grows with the calls has at least one object per few calls.
-    one_off = sum(t["size_diff"] for t in report["top"] if abs(t["count_diff"]) <= 4)
-    kept = (report["size_diff"] - one_off) / calls
+
+    def kept(report: dict, calls: int) -> float:
+        # Everything kept, less single objects of the moment (a daemon reply being decoded
+        # when the dump came: 64 KiB in 2 objects once made 1180 B/call "in all"); what
+        # grows with the calls has at least one object per few calls.
+        one_off = sum(t["size_diff"] for t in report["top"] if abs(t["count_diff"]) <= 4)
+        return (report["size_diff"] - one_off) / calls
+
+    # What grows per call shows after both phases; what a dump catches in flight (up to
+    # ≈ 120 kB: one CI run read 1204 B/call after 100 calls, runs here -114 to 784) shows
+    # in one of them at most: the guard takes the smaller of the two.
+    kept_per_call = min(kept(reports[1], phase), kept(report, calls))
     print(f"string cache {string_cache}: under the SDK's transport {per_call:.1f} B/call, "
           f"in all {report['size_diff'] / calls:.1f} B/call, less one-off objects "
-          f"{kept:.1f} B/call")
+          f"{kept(reports[1], phase):.1f} (first phase), {kept(report, calls):.1f} B/call "
+          f"(both)")
     strings = STRINGS_PER_CALL * 50  # bytes the control keeps per call (~50 B a string)
     sdk_top = [t for t in report["top"] if any(SDK_FILE in f for f in t["traceback"])][:3]
     if string_cache == "0":
@@ -401,10 +409,9 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
         # (Cheap node_status calls instead of programs left up to 157 B/call in flight.)
         assert per_call < 0.45 * strings, (per_call, sdk_top)
         # Everything the process keeps, per call: mostly what it still needs for a while
-        # (exec runs for ``RUN_KEEP_S``, jobs, the timeline; 524 and 608 B a call with the
-        # fix in two runs beside a CPU loop): a guard against gross growth per call, at
-        # twice that.  (The transport's own bytes above are the leak's test and control.)
-        assert kept < 4 * strings, (kept, report["top"][:3])
+        # (exec runs for ``RUN_KEEP_S``, jobs, the timeline): a guard against gross growth
+        # per call.  (The transport's own bytes above are the leak's test and control.)
+        assert kept_per_call < 4 * strings, (kept_per_call, report["top"][:3])
     else:
         assert per_call > 0.5 * strings, (per_call, sdk_top)
 
