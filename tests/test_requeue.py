@@ -214,3 +214,39 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_d
         for p in procs:
             reap(p)
         d.stop()
+
+
+def _longest_chain(*jobs: list[dict]) -> int:
+    """The most regions granted in a row by handoff (no set-up between them), over the
+    jobs' rows merged in the order they entered."""
+    rows = sorted((r for rows in jobs for r in rows), key=lambda r: r["entered"])
+    longest = run = 0
+    for r in rows:
+        run = run + 1 if r["report"]["host"].get("handed_over") else 0
+        longest = max(longest, run)
+    return longest
+
+
+def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
+    """Two plain loops alone: every job the chain freezes is queued (re-queued at its
+    release), so nobody starves and the chain goes on past ``MAX_REQUEUED_CHAIN``
+    handoffs (cutting it would cost a set-up every 33 regions).  The control, where a
+    frozen job is not queued and the bound ends the chain, is the test above."""
+    d = Daemon(str(runtime_dir))
+    d.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        if not _freezes(d):
+            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+        procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
+        a, b = _rows(procs[0]), _rows(procs[1])
+    finally:
+        for p in procs:
+            reap(p)
+        d.stop()
+    from krex.daemon.holds import MAX_REQUEUED_CHAIN
+
+    # A lapse (a job slower than the 5 ms window to ask) ends a chain too: one stretch
+    # of 2 x the bound without one is enough.
+    assert _longest_chain(a, b) > 2 * MAX_REQUEUED_CHAIN, [
+        r["report"]["host"].get("handed_over") for r in sorted(a + b, key=lambda r: r["entered"])]

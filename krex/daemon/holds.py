@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("krex.daemon")
 
 MAX_REQUEUED_CHAIN = 32  # handoffs in a row after which a release re-queues nobody
+# (while the chain keeps a job frozen that has no place in the queue)
 
 
 class Phase(enum.Enum):
@@ -150,13 +151,15 @@ class Holds:
         if job.requeue_skip > 0:
             job.requeue_skip -= 1
             return False
-        if len(st.chain) >= MAX_REQUEUED_CHAIN:
+        queued = self.d.scheduler.queue(req.device).queued_jobs()
+        if len(st.chain) >= MAX_REQUEUED_CHAIN and set(st.frozen_jobs) - queued - {req.job_id}:
             # A chain of handoffs keeps every job frozen that is not queued; with jobs
             # re-queued it need never end, and a job frozen before it asked (at its
             # registration, say) would wait for ever to be thawed and ask.  So a long
-            # chain lets its jobs out of the queue: it ends, everyone is thawed.
+            # chain that keeps such a job frozen lets its jobs out of the queue: it
+            # ends, everyone is thawed.  (Where every job it froze is queued, each gets
+            # its turn in the chain: ending it would only cost a set-up.)
             return False
-        queued = self.d.scheduler.queue(req.device).queued_jobs()
         return bool(queued - {req.job_id})
 
     def requeued(self, session: Session, job_id: int, device: str) -> RegionState | None:
