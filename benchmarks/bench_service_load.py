@@ -22,8 +22,10 @@ remembers of ended work, so that its stores fill within minutes and what its
 memory does after that shows (issue 14's "RSS flat").
 
 ``--trace-service PATH`` traces the HTTP service's memory alone (``krex.memtrace``:
-a mark at ``--trace-mark-minute``, then, every 5 minutes and at the end, what grew
-since, by traceback and by object type, into PATH).
+a mark at ``--trace-mark-minute``, then, every ``--trace-every-minutes`` (5), what grew
+since, by traceback and by object type, into PATH; each dump's RSS, allocators (glibc's
+in use / free and kept, Python's arenas) and maps are kept in the results as
+``service_dumps`` and printed as a table).
 
 ``--agents HTTP,MCP,CLI`` changes the counts (``0,24,0``: all of the load on the
 MCP server, to see its memory over as many jobs as the HTTP service gets).
@@ -387,18 +389,56 @@ def start(argv: list[str], log_path: str,
                                 env={**os.environ, **(env or {})})
 
 
-def signal_dumps(pid: int, mark_s: float, every_s: float, stop: threading.Event) -> None:
+def signal_dumps(pid: int, path: str, mark_s: float, every_s: float, stop: threading.Event,
+                 t0: float, dumps: list[dict[str, Any]]) -> None:
     """SIGUSR1 to a traced process (krex.memtrace) at ``mark_s`` (the mark), then every
-    ``every_s``: each later dump rewrites its file with what grew since the mark."""
+    ``every_s``: each later dump rewrites its file with what grew since the mark, and
+    what each one said of the process's allocators is appended to ``dumps`` (the file
+    keeps only the newest)."""
     if stop.wait(mark_s):
         return
+    seq = 0
     while True:
         try:
             os.kill(pid, signal.SIGUSR1)
         except OSError:
             return
+        seq += 1
+        dump = _read_dump(path, seq)
+        if dump is not None:
+            dumps.append(dump_summary(dump, (time.monotonic() - t0) / 60))
         if stop.wait(every_s):
             return
+
+
+def _read_dump(path: str, seq: int) -> dict[str, Any] | None:
+    """The dump numbered ``seq`` once the process has written it (None after 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                dump: dict[str, Any] = json.load(f)
+            if dump.get("seq", 0) >= seq:
+                return dump
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def dump_summary(dump: dict[str, Any], minute: float) -> dict[str, Any]:
+    """What one memtrace dump says in MiB: RSS, the allocators, the maps."""
+    mib = 1 << 20
+    alloc = dump.get("allocators", {})
+    malloc, pymalloc = alloc.get("malloc", {}), alloc.get("pymalloc", {})
+    return {"minute": round(minute, 1), "seq": dump.get("seq"), "mark": dump.get("mark"),
+            "rss_mib": round(dump.get("rss_bytes", 0) / mib, 2),
+            "traced_mib": round(dump.get("traced_bytes", 0) / mib, 2),
+            "objects": dump.get("objects"), "threads": dump.get("threads"),
+            "malloc": {k: round(v / mib, 2) for k, v in malloc.items()},
+            "pymalloc_in_use_mib": round(pymalloc.get("in_use", 0) / mib, 2),
+            "pymalloc_arenas": pymalloc.get("arenas"),
+            "maps_kib": dump.get("maps", {})}
 
 
 def _tokens(state: str) -> dict[str, str]:
@@ -476,11 +516,13 @@ def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str
     stop = threading.Event()
     sampler = threading.Thread(target=sample_rss, args=(pids, args.rss_every_s, stop, rss))
     sampler.start()
+    dumps: list[dict[str, Any]] = []
+    t0 = time.monotonic()
     if args.trace_service:
         threading.Thread(target=signal_dumps, daemon=True,
-                         args=(pids["http service"], 60 * args.trace_mark_minute, 300.0,
-                               stop)).start()
-    t0 = time.monotonic()
+                         args=(pids["http service"], args.trace_service,
+                               60 * args.trace_mark_minute, 60 * args.trace_every_minutes,
+                               stop, t0, dumps)).start()
     threads = [threading.Thread(target=a, daemon=True) for a in agents]
     for t in threads:
         t.start()
@@ -498,7 +540,8 @@ def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str
             "events": log.events,
             "failures": [r for r in log.rows if not r["ok"]][:20],
             "rss": {name: rss_summary(s) for name, s in rss.items() if s},
-            "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows)}
+            "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows),
+            **({"service_dumps": dumps} if args.trace_service else {})}
 
 
 def _agents(text: str) -> tuple[int, int, int]:
@@ -547,6 +590,15 @@ def report(res: dict[str, Any]) -> None:
     for k, v in res["rss"].items():
         cuts = [(t["from_min"], t["to_min"], t["slope"]) for t in v["slopes_mib_per_min_thirds"]]
         print(f"{k}: MiB at minutes {v['at_minutes_mib']}, slopes by thirds {cuts}")
+    if res.get("service_dumps"):
+        print()
+        print(md_table(["HTTP service dump, minute", "RSS MiB", "malloc in use", "malloc free kept",
+                        "mmapped", "Python in use", "objects", "threads", "anon KiB", "heap KiB"],
+                       [[d["minute"], d["rss_mib"], d["malloc"].get("in_use", ""),
+                         d["malloc"].get("free", ""), d["malloc"].get("mmapped", ""),
+                         d["pymalloc_in_use_mib"], d["objects"], d["threads"],
+                         d["maps_kib"].get("anon_kib", ""), d["maps_kib"].get("heap_kib", "")]
+                        for d in res["service_dumps"]]))
     print()
     if "http_jobs_b" in res:
         print("HTTP jobs, service B:", res["http_jobs_b"])
@@ -573,6 +625,8 @@ def main() -> int:
                     help="trace the HTTP service's memory (KREX_TRACEMALLOC=PATH, krex.memtrace): "
                          "a mark at --trace-mark-minute, then what grew since, every 5 minutes")
     ap.add_argument("--trace-mark-minute", type=float, default=10.0)
+    ap.add_argument("--trace-every-minutes", type=float, default=5.0,
+                    help="minutes between the traced service's dumps (each kept in the results)")
     ap.add_argument("--http-ab", metavar="VAR=VALUE",
                     help="a second HTTP service beside the first, with this environment "
                          "variable (e.g. KREX_MALLOC_MMAP_THRESHOLD=0): the HTTP agents take "
