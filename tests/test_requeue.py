@@ -10,11 +10,13 @@ test in ``test_regions_pipelined.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 
 import pytest
 from helpers import PY, REPO, Daemon, reap, wait_for
@@ -197,12 +199,7 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_d
     they hold (frozen before it can ask) and then wants 3 regions.  Long chains end
     (``MAX_REQUEUED_CHAIN``), thawing it: it gets them within seconds.  (Checked by hand:
     with the bound lifted, the third job got no region in 30 s.)"""
-    d = Daemon(str(runtime_dir))
-    d.start()
-    procs: list[subprocess.Popen] = []
-    try:
-        if not _freezes(d):
-            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+    with _freezing_daemon(runtime_dir) as (d, procs):
         procs += [_start(d, *["r0.003"] * 4000) for _ in range(2)]
         wait_for(lambda: _counters(d)["requeue_claimed"] >= 50, 30)
         late = _start(d, *["r0.003"] * 3)
@@ -210,6 +207,20 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_d
         assert late.wait(timeout=30) == 0
         assert time.monotonic() - t0 < 20
         assert len(_rows(late)) == 3
+
+
+@contextlib.contextmanager
+def _freezing_daemon(runtime_dir, *flags: str) -> Iterator[tuple[Daemon,
+                                                                  list[subprocess.Popen]]]:
+    """A daemon with ``flags`` (skip where nothing freezes) and a list of the jobs started
+    on it: each reaped, the daemon stopped, at the end."""
+    d = Daemon(str(runtime_dir), *flags)
+    d.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        if not _freezes(d):
+            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+        yield d, procs
     finally:
         for p in procs:
             reap(p)
@@ -232,21 +243,18 @@ def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
     release), so nobody starves and the chain goes on past ``MAX_REQUEUED_CHAIN``
     handoffs (cutting it would cost a set-up every 33 regions).  The control, where a
     frozen job is not queued and the bound ends the chain, is the test above."""
-    d = Daemon(str(runtime_dir))
-    d.start()
-    procs: list[subprocess.Popen] = []
-    try:
-        if not _freezes(d):
-            pytest.skip("no freeze backend here: a job is not frozen while another holds")
+    # A claim window wide enough that a loaded machine's late claim does not lapse (a
+    # lapse ends a chain too, and under heavy load every 5 ms window lapsed).
+    with _freezing_daemon(runtime_dir, "--requeue-ms", "300") as (d, procs):
         procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
         a, b = _rows(procs[0]), _rows(procs[1])
-    finally:
-        for p in procs:
-            reap(p)
-        d.stop()
     from krex.daemon.holds import MAX_REQUEUED_CHAIN
 
-    # A lapse (a job slower than the 5 ms window to ask) ends a chain too: one stretch
-    # of 2 x the bound without one is enough.
+    if not any(r["report"]["host"].get("handed_over") for r in a + b):
+        # A region whose enforcement reports a problem is set up each time, never handed
+        # over (seen: another krex daemon on the machine held the cores to isolate).
+        pytest.skip("no region was handed over here: " + "; ".join(sorted(
+            {r["message"] for x in a + b for r in x["report"]["reasons"]}))[:300])
+
     assert _longest_chain(a, b) > 2 * MAX_REQUEUED_CHAIN, [
         r["report"]["host"].get("handed_over") for r in sorted(a + b, key=lambda r: r["entered"])]
