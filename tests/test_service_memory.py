@@ -445,3 +445,34 @@ def test_paging_reaches_every_job_the_store_keeps(tmp_path):
             store.list("alice", before=theirs)
     finally:
         store.close()
+
+
+def test_the_store_keeps_as_many_finished_jobs_as_configured(tmp_path):
+    """``keep_finished`` (``--keep-finished``) bounds the finished jobs the database
+    keeps: the newest stay, older ones are pruned (at most a quarter more meanwhile).
+    Control: the same jobs under the default bound are all kept."""
+    quotas = Quotas(max_active_jobs=10_000, max_jobs_per_minute=100_000)
+    alice = Tenant("alice", quotas)
+
+    def finished(keep: int | None, name: str) -> tuple[list[str], list[str]]:
+        store = JobStore(str(tmp_path / name), {"noop": lambda job: {"ok": True}}, runners=1,
+                         **({"keep_finished": keep} if keep else {}))
+        try:
+            made = []
+            for i in range(60):  # one by one: each finished before the next is made
+                made.append(store.submit(alice, "noop", {"n": i})[0].id)
+                assert store.wait("alice", made[-1], 10).state == "succeeded"
+            kept, before = [], None
+            while True:
+                page, before = store.list("alice", limit=50, before=before)
+                kept += [j.id for j in page]
+                if before is None:
+                    return made, kept
+        finally:
+            store.close()
+
+    made, kept = finished(16, "small.sqlite3")
+    assert 16 <= len(kept) <= 20, len(kept)
+    assert set(kept) == set(made[-len(kept):])  # the newest
+    made, kept = finished(None, "default.sqlite3")
+    assert sorted(kept) == sorted(made)

@@ -22,6 +22,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                                        "$XDG_STATE_HOME/krex/service)")
     p.add_argument("--records", help="records database (default as for krex evaluate)")
     p.add_argument("--runners", type=int, default=8, help="jobs run at once (default 8)")
+    p.add_argument("--keep-finished", type=int, metavar="N",
+                   help="finished jobs kept in the jobs database, newest first; older ones "
+                        "are pruned (default 20000)")
 
 
 def add_service(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +71,9 @@ def _config(args: argparse.Namespace, host: str = "127.0.0.1", port: int = 0,
     from krex.service.config import ServiceConfig
 
     return ServiceConfig(host=host, port=port, state_dir=args.state_dir or "",
-                         records=args.records, runners=args.runners, **extra)
+                         records=args.records, runners=args.runners,
+                         **({"keep_finished": args.keep_finished}
+                            if args.keep_finished is not None else {}), **extra)
 
 
 def _need_extra() -> None:

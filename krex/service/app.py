@@ -71,7 +71,8 @@ class Service:
                                 config.timeline_s)
         self.work = Work(config, finished=self._finished)
         self.jobs = JobStore(os.path.join(config.state_dir, jobs_name), self.work.kinds(),
-                             config.runners, admit=self.work.admit, stop=self.work.stop)
+                             config.runners, admit=self.work.admit, stop=self.work.stop,
+                             keep_finished=config.keep_finished)
         self.metrics = Metrics(self.jobs, self.node)
         self.node.on_region = self.metrics.region
         self.node.start()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from krex.errors import BadRequest
 
 DEFAULT_PORT = 8765
+KEEP_FINISHED = 20000  # finished jobs the jobs store keeps by default; older ones are pruned
 
 
 @dataclass
@@ -25,14 +26,21 @@ class ServiceConfig:
     node_poll_s: float = 1.0  # how often the daemon's status and regions are read
     timeline_s: float = 600.0  # regions kept for the node page
     require_token: bool = False  # also on loopback
+    keep_finished: int = KEEP_FINISHED  # finished jobs the store keeps (krex.service.jobs)
 
     def __post_init__(self) -> None:
         if not self.state_dir:
             base = os.environ.get("XDG_STATE_HOME") or os.path.join(
                 os.path.expanduser("~"), ".local", "state")
             self.state_dir = os.path.join(base, "krex", "service")
-        if self.runners < 1 or self.max_body_bytes < 1024:
-            raise BadRequest("need runners >= 1 and max_body_bytes >= 1024")
+        for bad, what, flag in ((self.runners < 1, f"runners {self.runners}", "--runners"),
+                                (self.max_body_bytes < 1024,
+                                 f"max_body_bytes {self.max_body_bytes}", "--max-body-kb"),
+                                (self.keep_finished < 1, f"keep_finished {self.keep_finished}",
+                                 "--keep-finished")):
+            if bad:
+                raise BadRequest(f"{what} is too small",
+                                 hint=f"give {flag} 1 or more")
 
     @property
     def loopback(self) -> bool:

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex.errors import IdempotencyConflict, JobNotFound, KrexError, ServiceQuotaExceeded
+from krex.service.config import KEEP_FINISHED
 from krex.service.tenants import Tenant
 
 KINDS = ("evaluate", "exec", "bench")
 ACTIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
-KEEP_FINISHED = 20000  # finished jobs kept; older ones are pruned
 # SQLite's page cache for the jobs database (KiB; SQLite's default is 2000): every query
 # is by an index, and the cache is memory the service keeps once the database outgrows it.
 CACHE_KIB = 512
@@ -98,7 +98,11 @@ class JobStore:
 
     def __init__(self, path: str, work: dict[str, Work], runners: int = 8,
                  admit: Callable[[str], None] | None = None,
-                 stop: Callable[[Job], bool] | None = None) -> None:
+                 stop: Callable[[Job], bool] | None = None,
+                 keep_finished: int = KEEP_FINISHED) -> None:
+        self.keep_finished = keep_finished
+        # pruned every this many finished jobs: at most a quarter more are kept meanwhile
+        self._prune_every = max(1, min(1000, keep_finished // 4))
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         self.path = path
         self.work = work
@@ -272,7 +276,7 @@ class JobStore:
         self._live.pop(job.id, None)
         self.counters[f"{job.kind}_{state}"] += 1
         self._cond.notify_all()
-        if self.counters["finished"] % 1000 == 999:
+        if self.counters["finished"] % self._prune_every == self._prune_every - 1:
             self._prune()
         self.counters["finished"] += 1
 
@@ -324,7 +328,7 @@ class JobStore:
     def _prune(self) -> None:
         self.db.execute("DELETE FROM jobs WHERE state IN ('succeeded','failed','cancelled') AND "
                         "id NOT IN (SELECT id FROM jobs ORDER BY created_s DESC LIMIT ?)",
-                        (KEEP_FINISHED,))
+                        (self.keep_finished,))
 
 
 def _dump(value: dict[str, Any] | None) -> str | None:
