@@ -20,7 +20,8 @@ run on ``--device`` (``cpu`` or ``fakegpu:0``) through one private daemon:
 ``--keep-regions`` / ``--keep-jobs`` pass the daemon smaller bounds on what it
 remembers of ended work, so that its stores fill within minutes and what its
 memory does after that shows (issue 14's "RSS flat").  ``--keep-finished`` does the same for
-the services' job stores (the check of every HTTP key is then skipped).
+the services' job stores (keys whose jobs the store pruned are counted ``pruned``, apart
+from ``lost``).
 
 ``--trace-service PATH`` traces the HTTP service's memory alone (``krex.memtrace``:
 a mark at ``--trace-mark-minute``, then, every ``--trace-every-minutes`` (5), what grew
@@ -99,7 +100,8 @@ class Log:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rows: list[dict[str, Any]] = []
-        self.keys: dict[str, set[str]] = {}  # tenant -> idempotency keys acknowledged
+        # label:tenant -> idempotency key acknowledged -> its job's created_s
+        self.keys: dict[str, dict[str, float]] = {}
         self.events: dict[str, int] = {"retries_same_job": 0, "retries_other_job": 0,
                                        "throttled_429": 0}
 
@@ -178,7 +180,8 @@ def http_agent(base: str, token: str, tenant: str, device: str, eval_every: int,
         try:
             job = submit(base, kind, body, {**auth, **key}, log)
             with log.lock:
-                log.keys.setdefault(f"{label}:{tenant}", set()).add(mark)
+                log.keys.setdefault(f"{label}:{tenant}", {})[mark] = float(
+                    job.get("created_s") or 0.0)
             if rng.random() < RETRY_SHARE:  # the answer was "lost": the client retries
                 _, again, _ = http(base, "POST", f"/v1/jobs/{kind}", body, {**auth, **key})
                 log.count("retries_same_job" if again.get("id") == job["id"]
@@ -359,10 +362,13 @@ def thirds(series: list[tuple[float, float]]) -> list[dict[str, float]]:
 
 def check_http_jobs(base: str, tokens: dict[str, str], log: Log,
                     label: str = "http") -> dict[str, int]:
-    """Every acknowledged key has exactly one job in the service, and it ended."""
-    lost = dup = unfinished = 0
+    """Every acknowledged key has exactly one job in the service, and it ended.  The
+    store prunes the oldest finished jobs past its bound (``--keep-finished``, 20 000 by
+    default, over all tenants): a key missing whose job is older than every job still
+    listed is counted ``pruned``; one missing and newer, ``lost``."""
+    listed: dict[str, dict[str, list[dict]]] = {}
     for tenant, token in tokens.items():
-        per_key: dict[str, list[dict]] = {}
+        per_key = listed[tenant] = {}
         before = ""
         while True:  # every page: a long run has more jobs a tenant than one page holds
             _, listing, _ = http(base, "GET", f"/v1/jobs?limit=1000{before}",
@@ -372,15 +378,23 @@ def check_http_jobs(base: str, tokens: dict[str, str], log: Log,
             if not listing.get("next"):
                 break
             before = f"&before={listing['next']}"
-        for key in log.keys.get(f"{label}:{tenant}", set()):
+    oldest = min((float(j.get("created_s") or 0.0) for per_key in listed.values()
+                  for jobs in per_key.values() for j in jobs), default=0.0)
+    lost = pruned = dup = unfinished = 0
+    for tenant, per_key in listed.items():
+        for key, created in log.keys.get(f"{label}:{tenant}", {}).items():
             jobs = per_key.get(key, [])
-            lost += not jobs
+            if not jobs:
+                if created < oldest:
+                    pruned += 1
+                else:
+                    lost += 1
             dup += len(jobs) > 1
             unfinished += any(j["state"] not in ("succeeded", "failed", "cancelled")
                               for j in jobs)
     return {"keys_acknowledged": sum(len(v) for k, v in log.keys.items()
                                      if k.startswith(label + ":")),
-            "lost": lost, "duplicated": dup, "unfinished": unfinished}
+            "lost": lost, "pruned": pruned, "duplicated": dup, "unfinished": unfinished}
 
 
 def start(argv: list[str], log_path: str,
@@ -536,23 +550,14 @@ def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str
     return {"minutes": args.minutes, "device": args.device, "elapsed_s": round(elapsed, 1),
             "agents": dict(zip(("http", "mcp", "cli"), args.agents, strict=True)),
             "eval_every": args.eval_every, "interfaces": table(log.rows, elapsed),
-            **_checked_jobs(args, services, log),
+            "http_jobs": check_http_jobs(services[0][1], services[0][2], log),
+            **({"http_jobs_b": check_http_jobs(services[1][1], services[1][2], log, "http B")}
+               if len(services) > 1 else {}),
             "events": log.events,
             "failures": [r for r in log.rows if not r["ok"]][:20],
             "rss": {name: rss_summary(s) for name, s in rss.items() if s},
             "rss_series": rss, "mcp_cli_job_ids_unique": unique_ids(log.rows),
             **({"service_dumps": dumps} if args.trace_service else {})}
-
-
-def _checked_jobs(args: argparse.Namespace, services: list[Any], log: Any) -> dict[str, Any]:
-    """Every acknowledged HTTP key against each service's list (not where the store was
-    told to prune finished jobs: a pruned job is not a lost one)."""
-    if args.keep_finished:
-        why = {"not_checked": f"--keep-finished {args.keep_finished}: finished jobs pruned"}
-        return {"http_jobs": why, **({"http_jobs_b": why} if len(services) > 1 else {})}
-    return {"http_jobs": check_http_jobs(services[0][1], services[0][2], log),
-            **({"http_jobs_b": check_http_jobs(services[1][1], services[1][2], log, "http B")}
-               if len(services) > 1 else {})}
 
 
 def _agents(text: str) -> tuple[int, int, int]:
@@ -633,8 +638,8 @@ def main() -> int:
     ap.add_argument("--keep-regions", type=int, help="the daemon's --keep-regions")
     ap.add_argument("--keep-jobs", type=int, help="the daemon's --keep-jobs")
     ap.add_argument("--keep-finished", type=int,
-                    help="the services' --keep-finished (their job stores fill sooner; the "
-                         "check of every HTTP key is then skipped: pruned is not lost)")
+                    help="the services' --keep-finished (their job stores fill sooner; keys "
+                         "whose jobs were pruned are counted apart from lost ones)")
     ap.add_argument("--trace-service", metavar="PATH",
                     help="trace the HTTP service's memory (KREX_TRACEMALLOC=PATH, krex.memtrace): "
                          "a mark at --trace-mark-minute, then what grew since, every 5 minutes")
