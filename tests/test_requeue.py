@@ -209,6 +209,22 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_d
         assert len(_rows(late)) == 3
 
 
+def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_dir):
+    """The same with ``krex.regions`` loops: their next requests are queued with their
+    releases (the daemon re-queues nothing), so the chain must end at the handoff: a
+    long one that keeps a job frozen that is not queued hands over to nobody.  Control,
+    in the run: the loops are still taking regions when the third job is done, so it
+    did not just wait for them to end.  (Checked by hand: without the bound on the
+    handoff, the third job got its regions only after the loops had ended.)"""
+    with _freezing_daemon(runtime_dir) as (d, procs):
+        procs += [_start(d, "p8000x0.003") for _ in range(2)]
+        wait_for(lambda: _counters(d)["granted"] >= 100, 30)
+        late = _start(d, *["r0.003"] * 3)
+        assert late.wait(timeout=40) == 0
+        assert all(p.poll() is None for p in procs[:2]), "the loops ended first"
+        assert len(_rows(late)) == 3
+
+
 @contextlib.contextmanager
 def _freezing_daemon(runtime_dir, *flags: str) -> Iterator[tuple[Daemon,
                                                                   list[subprocess.Popen]]]:

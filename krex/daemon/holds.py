@@ -66,8 +66,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("krex.daemon")
 
-MAX_REQUEUED_CHAIN = 32  # handoffs in a row after which a release re-queues nobody
-# (while the chain keeps a job frozen that has no place in the queue)
+MAX_REQUEUED_CHAIN = 32  # handoffs in a row after which a release re-queues nobody and
+# hands over to nobody (while the chain keeps a job frozen that has no place in the queue)
 
 
 class Phase(enum.Enum):
@@ -152,15 +152,21 @@ class Holds:
             job.requeue_skip -= 1
             return False
         queued = self.d.scheduler.queue(req.device).queued_jobs()
-        if len(st.chain) >= MAX_REQUEUED_CHAIN and set(st.frozen_jobs) - queued - {req.job_id}:
-            # A chain of handoffs keeps every job frozen that is not queued; with jobs
-            # re-queued it need never end, and a job frozen before it asked (at its
-            # registration, say) would wait for ever to be thawed and ask.  So a long
-            # chain that keeps such a job frozen lets its jobs out of the queue: it
-            # ends, everyone is thawed.  (Where every job it froze is queued, each gets
-            # its turn in the chain: ending it would only cost a set-up.)
+        if self._chain_must_end(st, queued):
             return False
         return bool(queued - {req.job_id})
+
+    @staticmethod
+    def _chain_must_end(st: RegionState, queued: set[int]) -> bool:
+        """Whether the handoff chain ``st`` ends now (no re-queue, no handoff).  A chain
+        keeps every job frozen that is not queued; with jobs re-queued, or pipelined
+        (``krex.regions``: each release asks for the next region), it need never end,
+        and a job frozen before it asked (at its registration, say) would wait for ever
+        to be thawed and ask.  So a long chain that keeps such a job frozen ends:
+        everyone is thawed before the next region is set up.  (Where every job it froze
+        is queued, each gets its turn in the chain: ending it would only cost a set-up.)"""
+        return len(st.chain) >= MAX_REQUEUED_CHAIN and bool(
+            set(st.frozen_jobs) - queued - {st.request.job_id})
 
     def requeued(self, session: Session, job_id: int, device: str) -> RegionState | None:
         """The region the daemon re-queued for this connection's job on ``device``."""
@@ -413,6 +419,9 @@ class Holds:
         if st.held is None or not getattr(st.held, "can_hand_over", lambda: False)():
             return None
         with self.d.locked():
+            if self._chain_must_end(st, self.d.scheduler.queue(st.request.device)
+                                    .queued_jobs()):
+                return None  # undone, then the next grant set up: the frozen are thawed
             now = time.monotonic()
             frozen = st.frozen_jobs if _stopped_held(st.held) else []
             decisions = self.d.scheduler.release(st.region, now, frozen, st.chain)

@@ -1,7 +1,9 @@
 """Regions and pauses in a given order, for tests of the daemon's re-queueing.
 
 Arguments are steps: ``r<hold_s>`` a region held (busy) that long, ``r<hold_s>/<max_s>``
-with that maximum hold, ``R<path>`` a region held until a file exists, ``s<seconds>`` a
+with that maximum hold, ``R<path>`` a region held until a file exists, ``p<n>x<hold_s>``
+``n`` regions held that long, pipelined (``krex.regions``; one line for the last one),
+``s<seconds>`` a
 sleep outside any region, ``t<path>`` touch a file, ``w<path>`` wait for a file.  Prints
 one JSON line per region: when it was asked for and entered (this process's monotonic
 clock) and the daemon's report."""
@@ -29,6 +31,13 @@ for step in sys.argv[1:]:
             while kind == "R" and not os.path.exists(hold):
                 time.sleep(0.002)
         print(json.dumps({"asked": asked, "entered": entered, "report": r.report.to_dict()}),
+              flush=True)
+    elif kind == "p":
+        n, _, hold = arg.partition("x")
+        for r in krex.regions(int(n), "cpu"):
+            entered = time.monotonic()
+            busy(float(hold) * 1e3)
+        print(json.dumps({"asked": entered, "entered": entered, "report": r.report.to_dict()}),
               flush=True)
     elif kind == "s":
         time.sleep(float(arg))
