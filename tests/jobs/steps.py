@@ -37,7 +37,8 @@ for step in sys.argv[1:]:
         for r in krex.regions(int(n), "cpu"):
             entered = time.monotonic()
             busy(float(hold) * 1e3)
-        print(json.dumps({"asked": entered, "entered": entered, "report": r.report.to_dict()}),
+            last = r
+        print(json.dumps({"asked": entered, "entered": entered, "report": last.report.to_dict()}),
               flush=True)
     elif kind == "s":
         time.sleep(float(arg))
