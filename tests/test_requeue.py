@@ -223,6 +223,20 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_
         assert late.wait(timeout=40) == 0
         assert all(p.poll() is None for p in procs[:2]), "the loops ended first"
         assert len(_rows(late)) == 3
+        loops = [_rows_so_far(p) for p in procs[:2]]
+        if not any(r["report"]["host"].get("handed_over") for rows in loops for r in rows):
+            # no chain at all, so nothing to end (seen: another krex daemon on the
+            # machine held the cores to isolate, and every region was set up anew)
+            pytest.skip("no region was handed over here: " + "; ".join(sorted(
+                {x["message"] for rows in loops for r in rows
+                 for x in r["report"]["reasons"]}))[:300])
+
+
+def _rows_so_far(p: subprocess.Popen) -> list[dict]:
+    """The rows a running job has written (a line it is writing is left out)."""
+    with open(p.rows_path) as f:  # type: ignore[attr-defined]
+        lines = f.read().split("\n")[:-1]
+    return [json.loads(line) for line in lines]
 
 
 @contextlib.contextmanager

@@ -419,8 +419,8 @@ class Holds:
         if st.held is None or not getattr(st.held, "can_hand_over", lambda: False)():
             return None
         with self.d.locked():
-            if self._chain_must_end(st, self.d.scheduler.queue(st.request.device)
-                                    .queued_jobs()):
+            if _stopped_held(st.held) and self._chain_must_end(
+                    st, self.d.scheduler.queue(st.request.device).queued_jobs()):
                 return None  # undone, then the next grant set up: the frozen are thawed
             now = time.monotonic()
             frozen = st.frozen_jobs if _stopped_held(st.held) else []

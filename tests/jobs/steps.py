@@ -2,7 +2,7 @@
 
 Arguments are steps: ``r<hold_s>`` a region held (busy) that long, ``r<hold_s>/<max_s>``
 with that maximum hold, ``R<path>`` a region held until a file exists, ``p<n>x<hold_s>``
-``n`` regions held that long, pipelined (``krex.regions``; one line for the last one),
+``n`` regions held that long, pipelined (``krex.regions``; no line for the last one),
 ``s<seconds>`` a
 sleep outside any region, ``t<path>`` touch a file, ``w<path>`` wait for a file.  Prints
 one JSON line per region: when it was asked for and entered (this process's monotonic
@@ -34,12 +34,13 @@ for step in sys.argv[1:]:
               flush=True)
     elif kind == "p":
         n, _, hold = arg.partition("x")
+        prev = None
         for r in krex.regions(int(n), "cpu"):
-            entered = time.monotonic()
+            if prev is not None and prev[0].report is not None:  # set as this one began
+                print(json.dumps({"asked": prev[1], "entered": prev[1],
+                                  "report": prev[0].report.to_dict()}), flush=True)
+            prev = (r, time.monotonic())
             busy(float(hold) * 1e3)
-            last = r
-        print(json.dumps({"asked": entered, "entered": entered, "report": last.report.to_dict()}),
-              flush=True)
     elif kind == "s":
         time.sleep(float(arg))
     elif kind == "t":
