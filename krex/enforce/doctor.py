@@ -9,10 +9,15 @@ the checks ``krex doctor`` renders (the CLI probes nothing itself).
 from __future__ import annotations
 
 import os
+import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from typing import Any
 
-from krex.enforce.cgroups import CgroupLayout
+from krex.enforce.cgroups import CgroupLayout, _mounts, instance_name, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.process import _HAVE_PIDFD
 
@@ -112,6 +117,99 @@ def advice(info: dict, layout: CgroupLayout) -> list[str]:
     return out
 
 
+# -- what a cgroup move costs after a quiet spell ---------------------------------------------
+
+#: A move slower than this after a quiet spell waited for an RCU grace period (measured
+#: here: 5.8-13.8 ms; a move that does not wait takes 0.03-0.3 ms, cache-cold included).
+GRACE_PERIOD_MS = 1.5
+
+
+def move_cost(layout: CgroupLayout, quiet_s: float = 0.06, n: int = 3) -> dict[str, Any]:
+    """What moving a process between two cgroups costs here after ``quiet_s`` without a
+    move, measured (``n`` moves of a sleeping child between two scratch cgroups, p50 ms),
+    against back-to-back moves.  The kernel's ``cgroup_threadgroup_rwsem`` makes the first
+    move after a quiet spell wait for an RCU grace period unless the cgroup2 mount has
+    ``favordynmods``: a region set up after a pause pays it in its ``slot`` step, and its
+    undo again.  ``{"ok": None, "why": ...}`` where no writable cgroup is at hand."""
+    kind, base = _scratch_base(layout)
+    out: dict[str, Any] = {"favordynmods": favordynmods(), "quiet_ms": quiet_s * 1e3,
+                           "hierarchy": kind, "v2_root": layout.v2_root, "ok": None}
+    if base is None:
+        out["why"] = "no writable cgroup to move a process in (needs root)"
+        return out
+    top = os.path.join(base, "krex-" + instance_name("doctor"))
+    dirs = [top, top + "/a", top + "/b"]
+    sleeper = shutil.which("sleep")
+    proc = subprocess.Popen([sleeper, "60"] if sleeper
+                            else [sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for d in dirs:
+            os.mkdir(d)
+            if kind == "cpuset":
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    write(f"{d}/{name}", _read(f"{base}/{name}"))
+        quiet: list[float] = []
+        back: list[float] = []
+        for i in range(2 * n):
+            if i % 2 == 0:
+                time.sleep(quiet_s)
+            t0 = time.perf_counter()
+            write(f"{top}/{'ab'[i % 2]}/cgroup.procs", str(proc.pid))
+            (quiet if i % 2 == 0 else back).append((time.perf_counter() - t0) * 1e3)
+    except OSError as e:
+        out["why"] = f"could not move a process between scratch cgroups: {e}"
+        return out
+    finally:
+        proc.kill()
+        proc.wait()
+        for d in reversed(dirs):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+    out["after_quiet_ms"] = round(statistics.median(quiet), 3)
+    out["back_to_back_ms"] = round(statistics.median(back), 3)
+    out.update(move_verdict(out["after_quiet_ms"], out["favordynmods"]))
+    return out
+
+
+def move_verdict(after_quiet_ms: float, favordynmods_on: bool | None) -> dict[str, Any]:
+    """``ok``: a move after a quiet spell did not wait for a grace period."""
+    waits = after_quiet_ms > GRACE_PERIOD_MS
+    if not waits:
+        return {"ok": True, "why": ""}
+    why = ("a cgroup move after a quiet spell waits for an RCU grace period: a region set "
+           "up after a pause pays it in its slot step, and its undo again")
+    if favordynmods_on:
+        why += " (although the cgroup2 mount has favordynmods: a loaded machine's grace period?)"
+    return {"ok": False, "why": why}
+
+
+def favordynmods() -> bool | None:
+    """Whether the cgroup2 mount has ``favordynmods`` (None: no cgroup2 mount).  Turned
+    off again by a remount it may still be in effect: Linux 6.18 keeps the per-threadgroup
+    rwsem it enables until reboot, which :func:`move_cost` measures."""
+    try:
+        v2 = [opts for _, fs, opts in _mounts() if fs == "cgroup2"]
+    except OSError:
+        return None
+    return ("favordynmods" in v2[0]) if v2 else None
+
+
+def _scratch_base(layout: CgroupLayout) -> tuple[str, str | None]:
+    for kind, base, ok in (("v2", layout.v2_base, layout.v2_writable),
+                           ("freezer", layout.freezer, layout.freezer_writable),
+                           ("cpuset", layout.cpuset, layout.cpuset_writable)):
+        if base and ok:
+            return kind, base
+    return "", None
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
 # -- krex doctor -----------------------------------------------------------------------------
 
 
@@ -121,6 +219,7 @@ def diagnose(layout: CgroupLayout | None = None) -> dict[str, Any]:
     ``advice`` (empty when ok)."""
     from krex.devices import discover
 
+    layout = layout or CgroupLayout.probe()
     caps = capabilities(layout)
     devices = discover()
     checks = [_check("root", caps["root"], f"euid {os.geteuid()}",
@@ -128,6 +227,7 @@ def diagnose(layout: CgroupLayout | None = None) -> dict[str, Any]:
     checks += _cgroup_checks(caps["cgroup_layout"])
     checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
     checks += _enforce_checks(caps)
+    checks.append(_moves_check(move_cost(layout)))
     checks.append(_selftest_check())
     return {"checks": checks, "devices": [d.to_dict() for d in devices], "capabilities": caps}
 
@@ -171,6 +271,21 @@ def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
                          f"{caps['measure_cores']} of {caps['all_cores']}",
                          "CPU isolation needs at least 2 cores"))
     return checks
+
+
+def _moves_check(cost: dict[str, Any]) -> dict[str, Any]:
+    if cost["ok"] is None:
+        return _check("cgroup moves", True, f"not measured: {cost['why']}")
+    fdm = {True: "on", False: "off", None: "no cgroup2 mount"}[cost["favordynmods"]]
+    detail = (f"a move after {cost['quiet_ms']:.0f} ms of quiet took {cost['after_quiet_ms']} ms "
+              f"p50, back to back {cost['back_to_back_ms']} ms ({cost['hierarchy']}; "
+              f"favordynmods {fdm})")
+    if cost["why"]:
+        detail += f": {cost['why']}"
+    root = cost["v2_root"] or "/sys/fs/cgroup"
+    return _check("cgroup moves", cost["ok"], detail,
+                  f"mount -o remount,favordynmods {root} (machine-wide; fork and exit get a "
+                  "little slower; from Linux 6.18 it stays in effect until reboot)")
 
 
 def _selftest_check() -> dict[str, Any]:
