@@ -92,6 +92,35 @@ def test_digest_sees_contents_dtype_and_shape():
     assert values.tree_digest((y,)) != base
 
 
+def test_unchanged_compares_a_copy_with_its_pristine_build_exactly():
+    """The worker's mutation check where the inputs are plain numpy trees: each change
+    a call could make is seen (controls), an untouched copy is not; what it cannot
+    compare (a tensor, another object) says so (None) and is hashed instead."""
+    x = np.arange(6, dtype=np.float32)
+    pristine = (x, [np.ones(3), 2.5], {"k": np.zeros(2)}, None, np.float32(3))
+    copy = values.copy_tree(pristine)
+    assert values.unchanged(copy, pristine) is True
+    nan = (np.array([np.nan, -0.0]),)
+    assert values.unchanged(values.copy_tree(nan), nan) is True  # bytes, not values
+    changes = [
+        lambda t: t[0].__setitem__(3, 7.0),              # an element
+        lambda t: t[1][0].__setitem__(0, -0.0 + 0.5),   # nested
+        lambda t: t[1].append(1),                        # a list grew
+        lambda t: t[2].__setitem__("k", np.zeros(3)),   # an array swapped for another shape
+        lambda t: t[2].__setitem__("j", 1),              # a key added
+        lambda t: t[1].__setitem__(1, 2.5000001),        # a plain value replaced
+    ]
+    for change in changes:
+        mutated = values.copy_tree(pristine)
+        change(mutated)
+        assert values.unchanged(mutated, pristine) is False, change
+    zero = (np.array([0.0]),)
+    signed = values.copy_tree(zero)
+    signed[0][0] = -0.0  # equal as a value, not as bytes
+    assert values.unchanged(signed, zero) is False
+    assert values.unchanged((object(),), (object(),)) is None
+
+
 def test_aliases_and_refill():
     x = np.zeros(10)
     assert values.aliases(x[2:5], (x,)) == [{"output": "/", "input": "/0"}]

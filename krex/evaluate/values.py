@@ -259,6 +259,41 @@ def copy_tree(tree: Any) -> Any:
     return tree
 
 
+def unchanged(tree: Any, pristine: Any) -> bool | None:
+    """Whether ``tree`` (a :func:`copy_tree` of ``pristine`` handed to a call) is still
+    byte for byte what it was copied from: same containers, same plain values (the very
+    objects: they are shared, not copied), numpy arrays of the same dtype, shape and bytes.
+    An exact comparison at memory speed, where hashing both sides (:func:`tree_digest`)
+    costs ~0.3 ms per 512 KiB.  None where it cannot tell (tensors, other objects): check
+    with :func:`tree_digest` instead."""
+    if type(tree) is not type(pristine):
+        return False
+    if type(tree) in (tuple, list):
+        if len(tree) != len(pristine):
+            return False
+        return _all_unchanged(zip(tree, pristine, strict=True))
+    if type(tree) is dict:
+        if list(tree) != list(pristine):
+            return False
+        return _all_unchanged((tree[k], pristine[k]) for k in tree)
+    if tree is None or type(tree) in (bool, int, float, str):
+        return tree is pristine or tree == pristine
+    if type(tree).__name__ == "ndarray" and not is_tensor(tree):
+        return (tree.dtype == pristine.dtype and tree.shape == pristine.shape
+                and tree.tobytes() == pristine.tobytes())
+    if _numpy_scalar(tree):
+        return tree is pristine  # immutable: copy_tree shares it
+    return None
+
+
+def _all_unchanged(pairs: Any) -> bool | None:
+    for tree, pristine in pairs:
+        same = unchanged(tree, pristine)
+        if same is not True:
+            return same
+    return True
+
+
 def refill(dst: Any, src: Any) -> int:
     """Copy every array of ``src`` into the same-place array of ``dst``; returns how many."""
     count = 0

@@ -228,12 +228,22 @@ class CandidateRun:
             # read as a wrong output instead of the identity probe's stale one
             args = self.args(case)
             kept.append(args)
-            before = values.tree_digest(args)
+            check = self._mutation_check(case, args)
             result = _call(case["stage"], self.cand, *args)
             self.out["aliases"] += [{**a, "case": case["id"]} for a in values.aliases(result, args)]
-            if values.tree_digest(args) != before:
+            if check():
                 self.out["mutated"].append(case["id"])
             self.outputs[label or case["id"]] = result
+
+    def _mutation_check(self, case: dict[str, Any], args: tuple[Any, ...]) -> Callable[[], bool]:
+        """Made before the call: after it, whether the call changed ``args``.  Compared
+        with the case's pristine build where it can be (exact, at memory speed), else by
+        digest taken now."""
+        pristine = self.built.get(case["id"])
+        if pristine is not None and values.unchanged(args, pristine) is True:
+            return lambda: values.unchanged(args, pristine) is not True
+        before = values.tree_digest(args)
+        return lambda: values.tree_digest(args) != before
 
     def _precheck(self) -> None:
         """A wrong candidate is not timed: its verdict is invalid whatever the timing says.
@@ -272,7 +282,8 @@ class CandidateRun:
         rotation = job["cases"]["rotation"]
         a = probe.Calls(self.ref, [self.args(c) for c in rotation], "reference")
         b = probe.Calls(self.cand, [self.args(c) for c in rotation], "candidate")
-        digests = [values.tree_digest(args) for args in b.input_sets]
+        mutated = [self._mutation_check(c, args) for c, args in zip(rotation, b.input_sets,
+                                                                    strict=True)]
         timer = probe.CountingTimer(self.timer, a, b, self.threads)
         box = probe.ProbeBox()
         stage_s = self.out["stage_s"]
@@ -327,8 +338,7 @@ class CandidateRun:
                 _request_recycle("device_work_pending: queued work did not drain")
         self.out["clocks"] = {"before": clocks_before, "after": sample(self.device)}
         self.out["comparison"] = readings.comparison(result)
-        self.out["mutated"] += [f"timed/{i}" for i, args in enumerate(b.input_sets)
-                                if values.tree_digest(args) != digests[i]]
+        self.out["mutated"] += [f"timed/{i}" for i, check in enumerate(mutated) if check()]
         self.out["threads_started"] = max(self.threads.most_alive, len(self.threads.new_threads()))
         self._timed_outputs(b)
         parts["timing:outputs"] = time.monotonic() - t0
