@@ -191,6 +191,9 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
             references.REFERENCES.put(ref_key, entry)
         cand_tree = _load_if_there(os.path.join(workdir, "candidate"))
         summary, status, early = _candidate_outcome(cand_result, timeout_s)
+        if known is not None and job.get("kept_inputs") \
+                and summary.get("inputs_kept", 0) < known.kept_cases:
+            known.forget_copy()  # a case did not hash as kept: rewritten through its link?
         early += [changed] if changed else []
         verdict_of = judging.judge(cases, ref_tree, cand_tree, summary, options)
     finally:

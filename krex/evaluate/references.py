@@ -11,13 +11,22 @@ where no candidate code runs: a candidate can neither read nor rewrite
 them.  Each use checks the bytes against the digest they were stored under;
 a worker that builds inputs whose hashes differ from the stored ones (a
 builder that is not a function of its seed) makes the evaluation run again
-without the cache.  In: the program's reference files; out: their trees.
+without the cache.  The kept inputs reach each worker as hard links to one
+copy on disk per entry (written once, not per evaluation); a program could
+rewrite that copy through its link, so the worker checks every case against
+the hash the job carries, and a use that found one changed makes the next use
+write a fresh copy.  In: the program's reference files; out: their trees.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import itertools
 import json
+import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -61,6 +70,9 @@ class Entry:
         self.blobs, self.digest = blobs, digest  # in worker.REFERENCE_FILES order
         self.meta: dict[str, Any] = json.loads(blobs[2])
         self.inputs = inputs_digest(self.meta.get("input_hashes", {}))
+        self.kept_cases = len(json.loads(blobs[3])["cases"]) if blobs[3] else 0
+        self._copy: str | None = None  # path prefix of the kept inputs' copy on disk
+        self._copy_lock = threading.Lock()
 
     def size(self) -> int:
         return sum(len(b) for b in self.blobs)
@@ -69,13 +81,30 @@ class Entry:
         return digest_of(self.blobs) == self.digest
 
     def write_inputs(self, path: str) -> str | None:
-        """The kept built inputs as files at ``path`` (for the next worker), or None."""
+        """The kept built inputs as files at ``path`` (for the next worker), or None: hard
+        links to this entry's copy, written on first use (written out where no link can
+        be made)."""
         if not self.blobs[4]:
             return None
-        for suffix, blob in ((".json", self.blobs[3]), (".bin", self.blobs[4])):
-            with open(path + suffix, "wb") as f:
-                f.write(blob)
+        with self._copy_lock:
+            if self._copy is None:
+                self._copy = _write_pair(os.path.join(_copies_dir(), str(next(_COPY_IDS))),
+                                         self.blobs[3], self.blobs[4])
+            copy = self._copy
+        try:
+            for suffix in (".json", ".bin"):
+                os.link(copy + suffix, path + suffix)
+        except OSError:  # another file system, or the copy went away
+            _unlink_pair(path)
+            _write_pair(path, self.blobs[3], self.blobs[4])
         return path
+
+    def forget_copy(self) -> None:
+        """The next use writes a fresh copy: a program rewrote this one, or the entry goes."""
+        with self._copy_lock:
+            copy, self._copy = self._copy, None
+        if copy is not None:
+            _unlink_pair(copy)
 
     def tree(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(structures by case, arrays by key), as ``values.load`` reads them: read-only
@@ -113,17 +142,53 @@ class References:
         if not entry.intact() or entry.size() > self.max_bytes:
             return
         with self._lock:
+            old = self._entries.get(k)
             self._entries[k] = entry
+            gone = [old] if old is not None and old is not entry else []
             while sum(e.size() for e in self._entries.values()) > self.max_bytes:
-                self._entries.popitem(last=False)
+                gone.append(self._entries.popitem(last=False)[1])
+        for e in gone:
+            e.forget_copy()
 
     def drop(self, k: str) -> None:
         with self._lock:
-            self._entries.pop(k, None)
+            entry = self._entries.pop(k, None)
+        if entry is not None:
+            entry.forget_copy()
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            gone, self._entries = list(self._entries.values()), OrderedDict()
+        for entry in gone:
+            entry.forget_copy()
+
+
+_COPY_IDS = itertools.count()
+_COPIES: list[str] = []  # this process's directory of kept-input copies, made on first use
+_COPIES_LOCK = threading.Lock()
+
+
+def _copies_dir() -> str:
+    with _COPIES_LOCK:
+        if not _COPIES:
+            _COPIES.append(tempfile.mkdtemp(prefix="krex-evaluate-kept-"))
+            atexit.register(shutil.rmtree, _COPIES[0], True)
+        return _COPIES[0]
+
+
+def _write_pair(path: str, structures: bytes, arrays: bytes) -> str:
+    for suffix, blob in ((".json", structures), (".bin", arrays)):
+        with open(path + suffix, "wb") as f:
+            f.write(blob)
+    return path
+
+
+def _unlink_pair(path: str) -> None:
+    for suffix in (".json", ".bin"):
+        try:
+            os.unlink(path + suffix)
+        except OSError:
+            pass
 
 
 REFERENCES = References()  # this process's: every evaluation it runs shares it
