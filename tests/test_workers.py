@@ -244,6 +244,38 @@ def test_leaked_child_process_is_killed_and_the_worker_recycled(pool, tmp_path):
     wait_for(lambda: gone(int(out["stdout"])))
 
 
+def test_descendants_follow_the_subtree_not_the_whole_machine():
+    """The canary finds a program's leftovers from the subtree's own ``children`` files:
+    the same PIDs as a scan of every process in /proc (a grandchild included, parents
+    first, a zombie left out), without reading the rest of the machine."""
+    import subprocess
+
+    from krex.workers import canary
+
+    script = ("import subprocess, sys, time\n"
+              "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "z = subprocess.Popen(['true'])\n"
+              "print(g.pid, z.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild, zombie = map(int, child.stdout.readline().split())
+        wait_for(lambda: canary.stat_fields(zombie) is not None
+                 and canary.stat_fields(zombie)[0] == "Z")
+        walked = canary.descendants(os.getpid())
+        assert child.pid in walked and grandchild in walked and zombie not in walked
+        assert walked.index(child.pid) < walked.index(grandchild)
+        # the child's subtree is still (other fixtures' processes under this one may come
+        # and go between two readings of the whole tree)
+        assert canary.descendants(child.pid) == canary._scanned_tree(child.pid) == [grandchild]
+        assert canary.descendants(2 ** 22 + 7) == []  # no such process: the scan finds none
+    finally:
+        for pid in canary.descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()
+
+
 def test_process_state_that_cannot_be_put_back_recycles(pool, tmp_path):
     result, _ = run(pool, write(tmp_path, "nice.py", "import os\nos.nice(1)\n"))
     assert result.ok and result.recycle_reason == "leaked_state: nice"

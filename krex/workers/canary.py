@@ -123,7 +123,38 @@ def _reap_exited(wait_s: float = 0.0) -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """PIDs below ``root`` (from /proc), children first."""
+    """PIDs below ``root``, parents before their children: from each thread's
+    ``/proc/PID/task/TID/children`` (the subtree's own files, whatever else the machine
+    runs; zombies left out), else from a scan of every process's parent in ``/proc``."""
+    try:
+        return _children_tree(root)
+    except OSError:  # no such files (CONFIG_PROC_CHILDREN off) or root is gone
+        return _scanned_tree(root)
+
+
+def _children_tree(root: int) -> list[int]:
+    out, todo, first = [], [root], True
+    while todo:
+        pid = todo.pop(0)
+        kids: list[int] = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids += [int(x) for x in f.read().split()]
+        except OSError:
+            if first:
+                raise  # the root's own: fall back
+            continue  # a descendant that exited meanwhile
+        first = False
+        for kid in kids:
+            fields = stat_fields(kid)
+            if fields is not None and fields[0] != "Z":  # a zombie is not a leak
+                out.append(kid)
+                todo.append(kid)
+    return out
+
+
+def _scanned_tree(root: int) -> list[int]:
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
