@@ -189,6 +189,33 @@ def test_fingerprint_sees_rebinding_and_code_swaps_only():
         del sys.modules["krex_fake_trusted"]
 
 
+def test_the_guard_checks_krex_against_the_workers_snapshot(monkeypatch):
+    """In a worker the guard reuses the canary's snapshot of krex's modules (taken when the
+    worker started) and snapshots only the rest: a change made during the evaluation is
+    seen in either part; a change made before it (the worker's snapshot already differs)
+    is not the candidate's: the guard then snapshots everything anew."""
+    from krex.measure import stats
+    from krex.workers import canary, fingerprint
+
+    saved = list(canary._worker_krex)  # set in place: rebinding it would change krex itself
+    canary._worker_krex[:] = [fingerprint.fingerprint(fingerprint.krex_modules())]
+    try:
+        trusted = guard.trusted_modules()
+        made = guard.guard(trusted)
+        assert made.parts[0] is canary.worker_krex() and "time" in made.parts[1].modules
+        assert not set(made.parts[0].modules) & set(made.parts[1].modules)
+        assert made.changed() == []
+        monkeypatch.setattr(stats, "median", lambda xs: 1.0)  # krex: the worker's part
+        monkeypatch.setattr(time, "perf_counter", lambda: 0.0)  # the guard's own part
+        assert made.changed() == ["krex.measure.stats.median", "time.perf_counter"]
+        later = guard.guard(trusted)  # made after krex changed: not this candidate's change
+        assert later.parts[0] is not canary.worker_krex() and later.changed() == []
+        monkeypatch.undo()
+        assert "krex.measure.stats.median" in later.changed()  # the fresh one still watches
+    finally:
+        canary._worker_krex[:] = saved
+
+
 class _EqualToAll:
     def __eq__(self, other):
         return True

@@ -20,7 +20,7 @@ import sys
 
 from krex.workers.fingerprint import Bindings, fingerprint, krex_modules
 
-__all__ = ["TRUSTED", "Bindings", "fingerprint", "trusted_modules"]
+__all__ = ["TRUSTED", "Bindings", "Guard", "fingerprint", "guard", "trusted_modules"]
 
 TRUSTED = ("time", "math", "statistics", "random", "ctypes", "hashlib", "gc", "numpy",
            "numpy.linalg", "numpy.random", "torch", "torch.cuda", "torch.nn.functional")
@@ -28,3 +28,33 @@ TRUSTED = ("time", "math", "statistics", "random", "ctypes", "hashlib", "gc", "n
 
 def trusted_modules(extra: tuple[str, ...] = ()) -> list[str]:
     return sorted({*krex_modules(), *(n for n in (*TRUSTED, *extra) if n in sys.modules)})
+
+
+class Guard:
+    """What :meth:`changed` judges: the trusted modules' bindings since this was made.
+    krex's modules that the worker's canary snapshot holds are checked against that
+    snapshot (taken when the worker started, checked after every program — so a change
+    it sees was made since); the rest are snapshotted here.  Made where the worker's
+    snapshot already differs (before the candidate exists), everything is snapshotted
+    anew."""
+
+    def __init__(self, module_names: list[str]) -> None:
+        from krex.workers.canary import worker_krex
+
+        base = worker_krex()
+        if base is not None and base.changed():
+            base = None  # changed before this evaluation: not this candidate's doing
+        held = set(base.modules) if base is not None else set()
+        self.parts = [b for b in (base, Bindings([n for n in module_names if n not in held]))
+                      if b is not None]
+
+    def changed(self) -> list[str]:
+        return sorted({name for b in self.parts for name in b.changed()})
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.parts)
+
+
+def guard(module_names: list[str]) -> Guard:
+    """A :class:`Guard` over ``module_names`` (:func:`trusted_modules`)."""
+    return Guard(module_names)

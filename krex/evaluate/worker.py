@@ -118,7 +118,7 @@ class CandidateRun:
         self.skip_timing = False
         self.out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "mutated": [],
                                     "aliases": [], "stage_s": {}}
-        self.fingerprint: guard.Bindings | None = None
+        self.fingerprint: guard.Guard | None = None
         self.built: dict[str, Any] = {}  # case id -> arguments as built, never handed out
         self.trusted: list[str] = []
 
@@ -201,7 +201,7 @@ class CandidateRun:
         self.threads = counters.ThreadCpu()
         modules = tuple(getattr(f, "__module__", "") for f in (self.make, self.ref))
         self.trusted = guard.trusted_modules(modules)
-        self.fingerprint = guard.fingerprint(self.trusted)
+        self.fingerprint = guard.guard(self.trusted)
         t0 = time.monotonic()
         self.cand = _call("import", spec.load, spec.FnSpec.from_dict(job["candidate"]),
                           "candidate")

@@ -40,9 +40,21 @@ class Canary:
 
     @classmethod
     def take(cls, context: Any) -> Canary:
-        return cls(threads=set(threading.enumerate()), libraries=native_libraries(),
-                   process=process_fingerprint(), memory_mb=context.memory_mb(),
-                   krex=fingerprint.fingerprint(fingerprint.krex_modules()))
+        taken = cls(threads=set(threading.enumerate()), libraries=native_libraries(),
+                    process=process_fingerprint(), memory_mb=context.memory_mb(),
+                    krex=fingerprint.fingerprint(fingerprint.krex_modules()))
+        _worker_krex[:] = [taken.krex]
+        return taken
+
+
+_worker_krex: list[fingerprint.Bindings] = []  # this worker's canary snapshot of krex
+
+
+def worker_krex() -> fingerprint.Bindings | None:
+    """The bindings of krex's modules as this worker started (checked after every program,
+    restored in between), or None outside a worker: :mod:`krex.evaluate.guard` checks
+    against it instead of taking the same snapshot again for every evaluation."""
+    return _worker_krex[0] if _worker_krex else None
 
 
 _requested: list[str] = []  # reasons a program's trusted code gave (krex.evaluate's tamper check)

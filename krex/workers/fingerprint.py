@@ -40,9 +40,11 @@ class Bindings:
     def __init__(self, module_names: list[str]) -> None:
         # (name prefix, live namespace, its copy as taken): modules, then their classes
         self.spaces: list[tuple[tuple[str, ...], Mapping[str, Any], dict[str, Any]]] = []
+        self.modules: list[str] = []  # the names found, in order
         for name in module_names:
             module = sys.modules.get(name)
             if module is not None:
+                self.modules.append(name)
                 self._add_module(name, vars(module))
         self.keys = [list(copy) for _, _, copy in self.spaces]
         self.ids = [list(map(id, copy.values())) for _, _, copy in self.spaces]
