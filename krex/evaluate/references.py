@@ -8,7 +8,8 @@ before the candidate was imported — keyed on the reference's and the inputs
 builder's specs (code hashes included), the cases (ids, seeds, shapes), the
 device and krex's version.  The entries live in this process's memory,
 where no candidate code runs: a candidate can neither read nor rewrite
-them.  Each use checks the bytes against the digest they were stored under;
+them.  Each use checks the bytes against the digest they were stored under
+(hashed again whenever they are not the very objects last found intact);
 a worker that builds inputs whose hashes differ from the stored ones (a
 builder that is not a function of its seed) makes the evaluation run again
 without the cache.  The kept inputs reach each worker as hard links to one
@@ -68,6 +69,7 @@ class Entry:
 
     def __init__(self, blobs: tuple[bytes, ...], digest: str) -> None:
         self.blobs, self.digest = blobs, digest  # in worker.REFERENCE_FILES order
+        self._intact: tuple[bytes, ...] | None = None  # the blobs last found intact
         self.meta: dict[str, Any] = json.loads(blobs[2])
         self.inputs = inputs_digest(self.meta.get("input_hashes", {}))
         self.kept_cases = len(json.loads(blobs[3])["cases"]) if blobs[3] else 0
@@ -78,7 +80,14 @@ class Entry:
         return sum(len(b) for b in self.blobs)
 
     def intact(self) -> bool:
-        return digest_of(self.blobs) == self.digest
+        """Its bytes hash to its digest.  Hashed again only when ``blobs`` is not the tuple
+        last found intact: ``bytes`` cannot change in place from Python, and no candidate
+        code runs in this process (native code that could would as easily skip this)."""
+        if self.blobs is self._intact:
+            return True
+        ok = digest_of(self.blobs) == self.digest
+        self._intact = self.blobs if ok else None
+        return ok
 
     def write_inputs(self, path: str) -> str | None:
         """The kept built inputs as files at ``path`` (for the next worker), or None: hard
