@@ -202,14 +202,19 @@ def test_the_guard_checks_krex_against_the_workers_snapshot(monkeypatch):
     try:
         trusted = guard.trusted_modules()
         made = guard.guard(trusted)
-        assert made.parts[0] is canary.worker_krex() and "time" in made.parts[1].modules
-        assert not set(made.parts[0].modules) & set(made.parts[1].modules)
+        assert made.parts[0] is canary.worker_krex()
+        held = [m for part in made.parts for m in part.modules]
+        assert "time" in held and "numpy" in held and len(held) == len(set(held))
         assert made.changed() == []
+        again = guard.guard(trusted)  # unchanged since: the same snapshots serve again
+        kept = {m: part for part in again.parts for m in part.modules}
+        assert kept["numpy"] is {m: p for p in made.parts for m in p.modules}["numpy"]
         monkeypatch.setattr(stats, "median", lambda xs: 1.0)  # krex: the worker's part
         monkeypatch.setattr(time, "perf_counter", lambda: 0.0)  # the guard's own part
         assert made.changed() == ["krex.measure.stats.median", "time.perf_counter"]
-        later = guard.guard(trusted)  # made after krex changed: not this candidate's change
-        assert later.parts[0] is not canary.worker_krex() and later.changed() == []
+        later = guard.guard(trusted)  # made after both changed: not this candidate's doing
+        assert canary.worker_krex() not in later.parts and later.changed() == []
+        assert {m: p for p in later.parts for m in p.modules}["time"] is not kept["time"]
         monkeypatch.undo()
         assert "krex.measure.stats.median" in later.changed()  # the fresh one still watches
     finally:

@@ -34,9 +34,11 @@ class Guard:
     """What :meth:`changed` judges: the trusted modules' bindings since this was made.
     krex's modules that the worker's canary snapshot holds are checked against that
     snapshot (taken when the worker started, checked after every program — so a change
-    it sees was made since); the rest are snapshotted here.  Made where the worker's
-    snapshot already differs (before the candidate exists), everything is snapshotted
-    anew."""
+    it sees was made since); the other TRUSTED and krex modules against this process's
+    own snapshots from earlier evaluations when unchanged since (else taken anew); the
+    rest (the reference's and the inputs builder's modules) are snapshotted here.  Made
+    where the worker's snapshot already differs (before the candidate exists), krex's
+    modules are snapshotted anew too."""
 
     def __init__(self, module_names: list[str]) -> None:
         from krex.workers.canary import worker_krex
@@ -45,14 +47,38 @@ class Guard:
         if base is not None and base.changed():
             base = None  # changed before this evaluation: not this candidate's doing
         held = set(base.modules) if base is not None else set()
-        self.parts = [b for b in (base, Bindings([n for n in module_names if n not in held]))
-                      if b is not None]
+        rest = [n for n in module_names if n not in held]
+        self.parts = [base] if base is not None else []
+        self.parts += [_kept(n) for n in rest if _keepable(n)]
+        self.parts.append(Bindings([n for n in rest if not _keepable(n)]))
 
     def changed(self) -> list[str]:
         return sorted({name for b in self.parts for name in b.changed()})
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.parts)
+
+
+_KEPT: dict[str, Bindings] = {}  # this process's snapshots of TRUSTED and krex modules
+
+
+def _keepable(name: str) -> bool:
+    """A module whose snapshot may serve later evaluations in this process: the fixed
+    TRUSTED list and krex's own (a bounded set; the reference's and the inputs builder's
+    modules are loaded anew by every program)."""
+    return name in TRUSTED or name == "krex" or name.startswith("krex.")
+
+
+def _kept(name: str) -> Bindings:
+    """``name``'s snapshot as taken by an earlier evaluation when its module is still the
+    same object and nothing in it changed since — the same identities a new snapshot
+    would hold — else a new one."""
+    kept = _KEPT.get(name)
+    module = sys.modules.get(name)
+    if kept is None or module is None or not kept.spaces \
+            or kept.spaces[0][1] is not vars(module) or kept.changed():
+        kept = _KEPT[name] = Bindings([name])
+    return kept
 
 
 def guard(module_names: list[str]) -> Guard:
