@@ -12,6 +12,8 @@ entry was made from makes the evaluation run again without it.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from evaluate_helpers import CPU, module_daemon, spec, verdict_or_abstained
 
@@ -52,8 +54,12 @@ def test_the_second_evaluation_uses_the_kept_outputs_and_judges_the_same(daemon_
     second = evaluate(spec(CPU, "honest.py:faster"))
     assert cached(second) and verdict_or_abstained(second, "faster"), second.summary()
     assert second.provenance["input_hashes"] == first.provenance["input_hashes"]
-    # the worker took every case's inputs from the kept files instead of building them
+    # the worker took every case's inputs from the kept files instead of building them,
+    # the identity probe's first case (which the reference never sees) included
     assert second.integrity["inputs_kept"] == len(first.provenance["input_hashes"]) > 5
+    assert "i0" in first.provenance["input_hashes"]
+    if references.seals():  # Linux: read from the evaluator's sealed memfd, not hashed
+        assert second.integrity["inputs_sealed"] is True, second.integrity
     assert "inputs_kept" not in first.integrity
     wrong = evaluate(spec(CPU, "hacks.py:zeros_only"))  # judged against the kept outputs
     assert cached(wrong) and "WRONG_OUTPUT" in wrong.codes() and wrong.verdict == "invalid"
@@ -126,8 +132,10 @@ def test_inputs_that_differ_from_the_entry_run_the_evaluation_again(daemon_m, mo
 
 
 def test_kept_inputs_that_do_not_hash_as_built_are_built_again(daemon_m, monkeypatch):
-    """The kept inputs reach the worker as files a candidate could rewrite: each case is
-    used only if it hashes to the hash the job carries; else it is built as before."""
+    """Without the sealed copy the kept inputs reach the worker as files a candidate could
+    rewrite: each case is used only if it hashes to the hash the job carries; else it is
+    built as before."""
+    monkeypatch.setattr(references.Entry, "sealed_inputs", lambda self: None)
     evaluate(spec(CPU, "honest.py:faster"))
     real = references.Entry.write_inputs
 
@@ -150,3 +158,34 @@ def test_kept_inputs_that_do_not_hash_as_built_are_built_again(daemon_m, monkeyp
     monkeypatch.setattr(references.Entry, "write_inputs", lambda self, path: path + "-gone")
     ev = evaluate(spec(CPU, "honest.py:faster"))
     assert ev.integrity["inputs_kept"] == 0 and verdict_or_abstained(ev, "faster"), ev.summary()
+
+
+@pytest.mark.skipif(not references.seals(), reason="no sealed memfds on this platform")
+def test_only_a_sealed_copy_of_the_kept_inputs_is_read_unhashed(daemon_m, monkeypatch):
+    """The worker reads the kept inputs unhashed only from the memfd the job names, with
+    every seal and the inode and size the job carries; an unsealed descriptor holding
+    zeros, or another inode, is refused (``inputs_sealed`` false) and the hashed files
+    serve instead: the verdict stands and nothing is built from the zeros."""
+    import fcntl
+
+    evaluate(spec(CPU, "honest.py:faster"))
+    real = references.Entry.sealed_inputs
+    unsealed = os.memfd_create("not-sealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        def zeros(self):
+            where = real(self)
+            os.ftruncate(unsealed, where["size"])  # zeros, writable, no seals
+            st = os.fstat(unsealed)
+            return {**where, "path": f"/proc/{os.getpid()}/fd/{unsealed}",
+                    "dev": st.st_dev, "ino": st.st_ino}
+
+        for forged in (zeros, lambda self: {**real(self), "ino": 1}):
+            monkeypatch.setattr(references.Entry, "sealed_inputs", forged)
+            ev = evaluate(spec(CPU, "honest.py:faster"))
+            n = len(ev.provenance["input_hashes"])
+            assert ev.integrity["inputs_sealed"] is False, ev.integrity
+            assert ev.integrity["inputs_kept"] == n  # from the hashed files instead
+            assert verdict_or_abstained(ev, "faster") and ev.correct, ev.summary()
+        assert fcntl.fcntl(unsealed, fcntl.F_GET_SEALS) == 0  # the control was unsealed
+    finally:
+        os.close(unsealed)

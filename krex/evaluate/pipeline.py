@@ -179,6 +179,8 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
         if known is not None:  # the inputs as built before, each checked by its hash there
             job["input_hashes"] = known.meta.get("input_hashes", {})
             job["kept_inputs"] = known.write_inputs(os.path.join(workdir, "kept-inputs"))
+            job["kept_sealed"] = known.sealed_inputs()  # read first: no hashing needed
+            job["kept_structures"] = known.blobs[3].decode() if job["kept_sealed"] else None
         cand_result, tail, announced = _program(job, device, timeout_s)
         if known is not None and announced is not None and announced != known.inputs \
                 and not _reference_failed(cand_result):
@@ -367,7 +369,7 @@ def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
             "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
-            "inputs_kept",
+            "inputs_kept", "inputs_sealed",
             "worker_recycled", "stage_s", "timing_error")
     return {k: summary[k] for k in keys if k in summary}
 

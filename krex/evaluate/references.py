@@ -12,11 +12,13 @@ them.  Each use checks the bytes against the digest they were stored under
 (hashed again whenever they are not the very objects last found intact);
 a worker that builds inputs whose hashes differ from the stored ones (a
 builder that is not a function of its seed) makes the evaluation run again
-without the cache.  The kept inputs reach each worker as hard links to one
-copy on disk per entry (written once, not per evaluation); a program could
-rewrite that copy through its link, so the worker checks every case against
-the hash the job carries, and a use that found one changed makes the next use
-write a fresh copy.  In: the program's reference files; out: their trees.
+without the cache.  The kept inputs reach each worker from a sealed memfd of
+this process (nobody can change its bytes: the worker checks the seals, not
+the hashes; the arrays' index travels in the job), else as hard links to one
+copy on disk per entry (written once, not per evaluation), which a program
+could rewrite through its link: there the worker checks every case against
+the hash the job carries, and a use that found one changed makes the next
+use write a fresh copy.  In: the program's reference files; out: their trees.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Entry:
         self.inputs = inputs_digest(self.meta.get("input_hashes", {}))
         self.kept_cases = len(json.loads(blobs[3])["cases"]) if blobs[3] else 0
         self._copy: str | None = None  # path prefix of the kept inputs' copy on disk
+        self._sealed: int | None = None  # the sealed memfd's descriptor; -1: none possible
         self._copy_lock = threading.Lock()
 
     def size(self) -> int:
@@ -108,12 +111,38 @@ class Entry:
             _write_pair(path, self.blobs[3], self.blobs[4])
         return path
 
+    def sealed_inputs(self) -> dict[str, Any] | None:
+        """Where any process of this user can read the kept inputs' arrays from a sealed
+        memfd (no write, no resize, no new seals: nobody can change them, so the worker
+        need not hash them): its ``/proc`` path and the inode and size the worker must
+        find there (a descriptor number can be reused once closed), or None where
+        memfds cannot be sealed here."""
+        if not self.blobs[4]:
+            return None
+        with self._copy_lock:
+            if self._sealed is None:
+                self._sealed = _sealed(self.blobs[4])
+            if self._sealed < 0:
+                return None
+            st = os.fstat(self._sealed)
+            return {"path": f"/proc/{os.getpid()}/fd/{self._sealed}", "dev": st.st_dev,
+                    "ino": st.st_ino, "size": len(self.blobs[4])}
+
     def forget_copy(self) -> None:
-        """The next use writes a fresh copy: a program rewrote this one, or the entry goes."""
+        """The next use writes a fresh copy: a program rewrote this one, or the entry goes
+        (then its sealed copy goes too)."""
         with self._copy_lock:
             copy, self._copy = self._copy, None
         if copy is not None:
             _unlink_pair(copy)
+
+    def close(self) -> None:
+        """Forget both copies (the entry leaves the cache)."""
+        self.forget_copy()
+        with self._copy_lock:
+            fd, self._sealed = self._sealed, None
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
     def tree(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(structures by case, arrays by key), as ``values.load`` reads them: read-only
@@ -157,19 +186,19 @@ class References:
             while sum(e.size() for e in self._entries.values()) > self.max_bytes:
                 gone.append(self._entries.popitem(last=False)[1])
         for e in gone:
-            e.forget_copy()
+            e.close()
 
     def drop(self, k: str) -> None:
         with self._lock:
             entry = self._entries.pop(k, None)
         if entry is not None:
-            entry.forget_copy()
+            entry.close()
 
     def clear(self) -> None:
         with self._lock:
             gone, self._entries = list(self._entries.values()), OrderedDict()
         for entry in gone:
-            entry.forget_copy()
+            entry.close()
 
 
 _COPY_IDS = itertools.count()
@@ -190,6 +219,38 @@ def _write_pair(path: str, structures: bytes, arrays: bytes) -> str:
         with open(path + suffix, "wb") as f:
             f.write(blob)
     return path
+
+
+SEALS = ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE")
+
+
+def seals() -> int:
+    """The seals a kept copy carries (0 where this platform has none)."""
+    import fcntl
+
+    return sum(getattr(fcntl, name, 0) for name in SEALS) if hasattr(os, "memfd_create") else 0
+
+
+def _sealed(data: bytes) -> int:
+    """A memfd holding ``data``, sealed against every change; -1 where that fails."""
+    import fcntl
+
+    want = seals()
+    if not want:
+        return -1
+    try:
+        fd = os.memfd_create("krex-kept-inputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError:
+        return -1
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.write(fd, view[done:])
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, want)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def _unlink_pair(path: str) -> None:
