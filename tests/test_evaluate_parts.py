@@ -119,6 +119,7 @@ def test_unchanged_compares_a_copy_with_its_pristine_build_exactly():
     signed[0][0] = -0.0  # equal as a value, not as bytes
     assert values.unchanged(signed, zero) is False
     assert values.unchanged((object(),), (object(),)) is None
+    assert values.comparable(pristine) and not values.comparable((x, object()))
 
 
 def test_aliases_and_refill():

@@ -19,7 +19,10 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mmap
 
 # Default tolerances by dtype name: |cand - ref| <= atol + rtol * |ref|, elementwise.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -155,10 +158,12 @@ def save(path: str, cases: dict[str, Any],
             if a.dtype.hasobject:
                 raise ValueError(f"{key}: an array of Python objects ({a.dtype}) cannot be "
                                  "saved without pickle")
-            data = a.tobytes()  # C order, whatever the array's layout
+            # C order, whatever the array's layout: written from its own memory when it
+            # is C-contiguous already, else from a copy
+            data = a.reshape(-1).view("u1") if a.flags.c_contiguous else a.tobytes()
             f.write(data)
-            index[key] = [a.dtype.str, list(a.shape), offset, len(data)]
-            offset += len(data)
+            index[key] = [a.dtype.str, list(a.shape), offset, a.nbytes]
+            offset += a.nbytes
     tmp = path + ".json.tmp"
     with open(tmp, "w") as f:
         json.dump({"cases": structures, "arrays": index}, f)
@@ -171,9 +176,10 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         return loads(f.read(), g.read())
 
 
-def loads(text: bytes, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """:func:`load` from the files' bytes.  The arrays are read-only views of ``data``;
-    an index that names Python objects or reaches beyond ``data`` is refused."""
+def loads(text: bytes, data: bytes | mmap.mmap) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`load` from the files' bytes (or a read-only map of them).  The arrays are
+    read-only views of ``data``; an index that names Python objects or reaches beyond
+    ``data`` is refused."""
     import numpy as np
 
     try:
@@ -284,6 +290,18 @@ def unchanged(tree: Any, pristine: Any) -> bool | None:
     if _numpy_scalar(tree):
         return tree is pristine  # immutable: copy_tree shares it
     return None
+
+
+def comparable(tree: Any) -> bool:
+    """Whether :func:`unchanged` can judge ``tree`` (plain containers, numpy arrays and
+    scalars, plain values): by type alone, no bytes read."""
+    if type(tree) in (tuple, list):
+        return all(comparable(x) for x in tree)
+    if type(tree) is dict:
+        return all(comparable(x) for x in tree.values())
+    if tree is None or type(tree) in (bool, int, float, str):
+        return True
+    return type(tree).__name__ == "ndarray" and not is_tensor(tree) or _numpy_scalar(tree)
 
 
 def _all_unchanged(pairs: Any) -> bool | None:

@@ -198,6 +198,7 @@ class CandidateRun:
 
     def _sealed_inputs(self) -> dict[str, str] | None:
         import fcntl
+        import mmap
 
         from krex.evaluate.references import seals
 
@@ -216,19 +217,16 @@ class CandidateRun:
                     or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & seals() != seals():
                 self.out["inputs_sealed"] = False  # not that copy, or not sealed
                 return None
-            chunks, done = [], 0
-            while done < st.st_size:
-                chunk = os.pread(fd, st.st_size - done, done)
-                if not chunk:
-                    return None
-                chunks.append(chunk)
-                done += len(chunk)
-            structures, arrays = values.loads(index.encode(), b"".join(chunks))
+            # mapped, not read: unflatten's copies are the only ones (the views of the
+            # map go with ``arrays``; the map itself when the last of them does)
+            structures, arrays = values.loads(
+                index.encode(), mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ))
             verified = {}
             for case_id, structure in structures.items():
                 if case_id in expected:
                     self.built[case_id] = values.unflatten(structure, arrays)
                     verified[case_id] = expected[case_id]
+            arrays.clear()
         except (OSError, ValueError, KeyError, TypeError):
             return None
         finally:
@@ -288,7 +286,7 @@ class CandidateRun:
         with the case's pristine build where it can be (exact, at memory speed), else by
         digest taken now."""
         pristine = self.built.get(case["id"])
-        if pristine is not None and values.unchanged(args, pristine) is True:
+        if pristine is not None and values.comparable(pristine):  # args: a copy_tree of it
             return lambda: values.unchanged(args, pristine) is not True
         before = values.tree_digest(args)
         return lambda: values.tree_digest(args) != before
