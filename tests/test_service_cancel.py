@@ -10,8 +10,10 @@ not cancelled, finishes with its verdict.
 
 from __future__ import annotations
 
+import glob
 import os
 import statistics
+import tempfile
 import time
 
 import psutil
@@ -115,6 +117,7 @@ def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(servi
                 "inputs": spec(CPU, "inputs.py:make"), "cache": "hot", "seeds": 2}
 
     before = _records(service)
+    scratch = set(glob.glob(os.path.join(tempfile.gettempdir(), "krex-evaluate-*")))
     _, job = service.call("POST", "/v1/jobs/evaluate", body("cancelled"))
     pidfile = tmp_path / "cancelled.pid"
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout_s=60)
@@ -135,6 +138,8 @@ def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(servi
     assert done["state"] == "succeeded", done
     assert done["result"]["correct"] is True and done["result"]["verdict"], done
     assert _records(service) == before | {done["result"]["record_id"]}
+    # neither left its working directory behind (the killed one's went with its job folder)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "krex-evaluate-*"))) == scratch
 
 
 def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):

@@ -4,7 +4,8 @@ In: ``python -m krex.service.child``, started by :mod:`krex.service.work` in a
 session of its own ahead of its job (a spare: its imports are done before the
 job comes), then the job (``kind``, ``tenant``, ``request``, ``records``,
 ``folder``) as JSON on stdin; it moves into the job's folder, sets
-``KREX_TENANT`` and sends its output to ``child.log`` there.  A spare whose
+``KREX_TENANT`` and sends its output to ``child.log`` there (its temporary files go
+under ``tmp/`` there too).  A spare whose
 stdin closes (the service stopped) exits.  Out: ``result.json`` in that
 folder — ``{"result": ...}`` or ``{"error": {"code", "message", "fields"}}`` —
 written atomically once the work is done,
@@ -82,8 +83,15 @@ def _warm() -> None:
 
 
 def _enter(job: dict[str, Any]) -> None:
-    """Become the job's process: its folder, its tenant, its log."""
+    """Become the job's process: its folder, its tenant, its log, and its temporary files
+    in the folder (an evaluation's working directory and kept copies go with the folder
+    when the service removes it, even when a cancel killed this process mid-way)."""
+    import tempfile
+
     os.chdir(job["folder"])
+    scratch = os.path.join(job["folder"], "tmp")
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    tempfile.tempdir = scratch  # this process's own: the commands it runs keep TMPDIR
     os.environ["KREX_TENANT"] = job["tenant"]
     fd = os.open(LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     sys.stdout.flush()
