@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,8 +54,12 @@ def private_daemon(*args: str) -> Iterator[str]:
                 os.environ.pop("KREX_SOCKET", None)
             else:
                 os.environ["KREX_SOCKET"] = old
-    finally:
-        stop_process(proc)
+    except BaseException:
+        stop_process(proc)  # its runtime dir (daemon.log) is kept for a look
+        print(f"daemon runtime dir kept: {rt}", file=sys.stderr)
+        raise
+    stop_process(proc)
+    shutil.rmtree(rt, ignore_errors=True)
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:

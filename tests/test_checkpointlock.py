@@ -7,6 +7,8 @@ library loaded into the test process would stand in for every later ``libcuda.so
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +45,9 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def drainer_bin():
-    return drainer()
+    built = drainer()
+    yield built
+    shutil.rmtree(os.path.dirname(built), ignore_errors=True)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ def run_block(block: Block, cwd: str = ROOT) -> subprocess.CompletedProcess:
     finally:
         subprocess.run([PY, "-m", "krex", "stop"], env=env, cwd=cwd, capture_output=True,
                        timeout=60)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 ALL = [b for doc in documents() for b in blocks_of(doc)]

@@ -4,6 +4,7 @@ and a drain is acknowledged only once the sibling's queued work has run."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -217,7 +218,9 @@ def drainer(tmp_path_factory=None):
 
 @pytest.fixture(scope="module")
 def drainer_bin():
-    return drainer()
+    built = drainer()
+    yield built
+    shutil.rmtree(os.path.dirname(built), ignore_errors=True)
 
 
 def run_scenario(drainer_bin, gpu, gate, scenario):
