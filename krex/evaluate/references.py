@@ -34,7 +34,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from krex.evaluate.worker import REFERENCE_FILES, inputs_digest
+from krex.evaluate.worker import REFERENCE_FILES, inputs_digest, seals
 
 MAX_BYTES = 256 << 20  # all entries together; the least recently used go first
 
@@ -219,16 +219,6 @@ def _write_pair(path: str, structures: bytes, arrays: bytes) -> str:
         with open(path + suffix, "wb") as f:
             f.write(blob)
     return path
-
-
-SEALS = ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE")
-
-
-def seals() -> int:
-    """The seals a kept copy carries (0 where this platform has none)."""
-    import fcntl
-
-    return sum(getattr(fcntl, name, 0) for name in SEALS) if hasattr(os, "memfd_create") else 0
 
 
 def _sealed(data: bytes) -> int:

@@ -200,8 +200,6 @@ class CandidateRun:
         import fcntl
         import mmap
 
-        from krex.evaluate.references import seals
-
         sealed, index = self.job.get("kept_sealed"), self.job.get("kept_structures")
         expected = self.job.get("input_hashes") or {}
         if not sealed or not index or not seals():
@@ -469,6 +467,16 @@ def _split(parts: dict[str, float], report: Any, marks: tuple[float, ...]) -> No
              "timing:release:undo": t3 - report.released_mono_s}
     for name, seconds in split.items():
         parts[name] = parts.get(name, 0.0) + max(0.0, seconds)
+
+
+SEALS = ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE")
+
+
+def seals() -> int:
+    """The seals a kept copy of the inputs carries (0 where this platform has none)."""
+    import fcntl
+
+    return sum(getattr(fcntl, name, 0) for name in SEALS) if hasattr(os, "memfd_create") else 0
 
 
 def _announce(line: str) -> None:
