@@ -29,8 +29,15 @@ kernel: moving a sleeping process between two cgroups of each v1/v2 hierarchy
 in place (no migration), N times each, after a gap of 5 ms (a move happened
 recently) and of 50 ms (none did); results in ``results/migrations.json``.
 
+``--warm-moves N`` measures what the daemon's warm pings (:mod:`krex.enforce.warm`)
+do to a move after a quiet spell: N moves of a sleeping process between two cgroup2
+cgroups, each after 100-120 ms without a move of its own (a random phase of the pings), with no pings and with a
+``MoveWarmer`` pinging every 2, 4, 8 and 16 ms (interleaved rounds); the ping's own
+cost too; results in ``results/warm_moves.json``.
+
     .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
     .venv/bin/python benchmarks/bench_enforce.py --migrations 60
+    .venv/bin/python benchmarks/bench_enforce.py --warm-moves 20
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -49,6 +57,7 @@ from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name, move_a
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
 from krex.enforce.process import ProcessRef
+from krex.enforce.warm import MoveWarmer
 from krex.measure import stats
 
 SIBLINGS = (1, 4, 16, 64)
@@ -291,6 +300,49 @@ def slot_moves(n: int, hierarchies: dict[str, str]) -> list[dict]:
     return rows
 
 
+def warm_moves(n: int, layout: CgroupLayout, periods: tuple[float, ...] = (0, 2, 4, 8, 16),
+               quiet_s: float = 0.1) -> list[dict]:
+    """Moves after ``quiet_s`` without a move of their own, with no warm pings (period 0)
+    and with pings every ``period`` ms; rounds interleaved so the machine's drift is
+    shared; µs p50/p90 and the pings' cost."""
+    root = layout.v2_base if layout.v2_writable else None
+    if root is None:
+        raise SystemExit("--warm-moves needs a writable cgroup2 hierarchy (root)")
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER])
+    base = f"{root}/krex-warmmoves-{os.getpid()}"
+    dirs = [base, base + "/a", base + "/b"]
+    took: dict[float, list[float]] = {p: [] for p in periods}
+    phases = [random.Random(i).uniform(0.0, 0.02) for i in range(n)]
+    pings: dict[float, dict] = {}
+    try:
+        for d in dirs:
+            os.mkdir(d)
+        for i in range(n):
+            for period in periods:
+                warmer = MoveWarmer.for_layout(layout, period, 60.0)
+                warmer.start()
+                warmer.touch()
+                time.sleep(quiet_s + phases[i])  # at any phase of the pings' period
+                t0 = time.perf_counter()
+                write(f"{base}/{'ab'[i % 2]}/cgroup.procs", str(proc.pid))
+                took[period].append((time.perf_counter() - t0) * 1e6)
+                warmer.stop()
+                was = pings.setdefault(period, {"pings": 0, "ping_ns": 0, "slow_pings": 0})
+                was["pings"] += warmer.pings
+                was["ping_ns"] += warmer.ping_ns
+                was["slow_pings"] += warmer.slow_pings
+    finally:
+        proc.kill()
+        proc.wait()
+        for d in reversed(dirs):
+            move_all(d, root)
+            os.rmdir(d)
+    return [{"period_ms": p, "quiet_ms": quiet_s * 1e3, "move_us": stats.quantiles(took[p], (0.5, 0.9)),
+             "pings": pings[p]["pings"], "slow_pings": pings[p]["slow_pings"],
+             "ping_mean_us": round(pings[p]["ping_ns"] / pings[p]["pings"] / 1e3, 1)
+             if pings[p]["pings"] else None} for p in periods]
+
+
 def _hierarchies() -> dict[str, str]:
     out = {}
     for kind, path in (("freezer", "/sys/fs/cgroup/freezer"), ("cpuset", "/sys/fs/cgroup/cpuset"),
@@ -322,6 +374,8 @@ def main() -> int:
                         help="its nice value with --rt-priority 0 (the daemon's default)")
     parser.add_argument("--migrations", type=int, default=0,
                         help="measure N cgroup moves and cpuset.cpus writes instead")
+    parser.add_argument("--warm-moves", type=int, default=0,
+                        help="measure N moves after quiet with and without warm pings instead")
     parser.add_argument("--slot-moves", type=int, default=0,
                         help="measure N handoffs' cgroup moves with one and two slots instead")
     args = parser.parse_args()
@@ -332,6 +386,15 @@ def main() -> int:
                   f"{r['one_slot_us']['p95']:6.0f} µs; two slots p50 "
                   f"{r['two_slots_us']['p50']:6.0f} p95 {r['two_slots_us']['p95']:6.0f} µs "
                   f"(+ after the grant p50 {r['two_slots_after_grant_us']['p50']:6.0f} µs)")
+        return 0
+    if args.warm_moves:
+        rows = _side_result("warm_moves", warm_moves(args.warm_moves, CgroupLayout.probe()),
+                            args.out)
+        for r in rows:
+            print(f"pings every {r['period_ms']:4.0f} ms (0: none): a move after "
+                  f"{r['quiet_ms']:.0f} ms p50 {r['move_us']['p50']:7.0f} µs, p90 "
+                  f"{r['move_us']['p90']:7.0f} µs; {r['pings']} pings, mean "
+                  f"{r['ping_mean_us']} µs, {r['slow_pings']} slow")
         return 0
     if args.migrations:
         rows = _side_result("migrations", migrations(args.migrations, _hierarchies()), args.out)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from krex.enforce.enforcer import FREEZE_CHOICES
 from krex.enforce.gatedrain import POLICIES as DRAIN_POLICIES
+from krex.enforce.warm import DEFAULT_LINGER_S, DEFAULT_PERIOD_MS
 from krex.protocol.address import SOCKET_NAME, node_dir, runtime_dir
 
 if TYPE_CHECKING:
@@ -74,6 +75,15 @@ class DaemonConfig:
         "a job that releases while others wait is queued again for its next region, "
         "before the device is handed on and the job frozen; granted in its turn, that "
         "region is the job's if it asks within this long, else it lapses (0: off)"))
+    warm_moves_ms: float = field(default=DEFAULT_PERIOD_MS, metadata=flag(
+        "while regions are taken, the daemon moves itself into its own cgroup this often "
+        "so that the kernel's cgroup rwsem stays in its fast state: a region's cgroup moves "
+        "after a pause then take ~0.2 ms, not an RCU grace period (~8 ms here) at set-up "
+        "and again at undo (0: off; off by itself where the cgroup2 mount has "
+        "favordynmods)", metavar="MS"))
+    warm_linger_s: float = field(default=DEFAULT_LINGER_S, metadata=flag(
+        "how long after a region's acquire or release the daemon keeps cgroup moves warm "
+        "(--warm-moves-ms); an idle daemon pings nothing", metavar="S"))
     tenant_max_jobs: int | None = field(default=None, metadata=flag(
         "jobs one tenant (a uid, or a service's tenant id) may run at once",
         shown_default="unlimited"))
@@ -160,6 +170,11 @@ class DaemonConfig:
             raise ValueError("--keep-regions and --keep-jobs must be at least 1")
         if not 0 <= self.requeue_ms <= 10000:
             raise ValueError("--requeue-ms must be between 0 (off) and 10000")
+        if self.warm_moves_ms < 0 or self.warm_linger_s < 0:
+            raise ValueError("--warm-moves-ms and --warm-linger-s must be 0 or more")
+        if 0 < self.warm_moves_ms < 0.5:
+            raise ValueError("--warm-moves-ms below 0.5 would ping the kernel's cgroup "
+                             "lock thousands of times a second; 4 keeps moves fast")
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 
@@ -169,6 +184,17 @@ class DaemonConfig:
         return PoolSpec(device="cpu", min_workers=self.workers_min, max_workers=self.workers_max,
                         max_programs=self.max_programs, preload=list(self.preload),
                         device_memory_cap_mb=self.worker_memory_cap_mb)
+
+    def reserved_cores(self) -> list[int]:
+        """The holders' reserved cores (as the enforcer reserves them), for the daemon's
+        elevated threads and its warm pings to keep off."""
+        if not self.isolate:
+            return []
+        from krex.enforce.isolation import default_cores
+
+        if self.measure_cores is not None:
+            return sorted(self.measure_cores)
+        return default_cores(sorted(os.sched_getaffinity(0)))
 
     @property
     def event_log(self) -> str:

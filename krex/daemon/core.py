@@ -42,6 +42,7 @@ from krex.daemon.scheduler import Request, Scheduler
 from krex.daemon.tenants import Ledger, Quota
 from krex.devices import discover, parse_device
 from krex.enforce.process import ProcessRef, is_descendant, process_group
+from krex.enforce.warm import MoveWarmer
 from krex.errors import (
     AccessDenied,
     BadRequest,
@@ -116,6 +117,10 @@ class Daemon:
         self.last_activity_mono_s = time.monotonic()
         self.planned_wake_mono_s = 0.0  # when the ticker will next look at deadlines
         self.pools = Pools(self, config.pool_spec(), config.max_execs_per_connection)
+        self.warmer = MoveWarmer.for_layout(getattr(self.exclusivity, "layout", None),
+                                            config.warm_moves_ms, config.warm_linger_s,
+                                            config.reserved_cores())
+        self.warmer.start()
 
     # -- the lock and the outbox ---------------------------------------------------------
 
@@ -443,6 +448,7 @@ class Daemon:
                 self._remove_job(job, "daemon stopped")
         self.lanes.wait_idle(10.0)
         self.lanes.close()
+        self.warmer.stop()
         with self.locked():
             self.exclusivity.close()
         self.events.close()
@@ -599,7 +605,8 @@ class Daemon:
                        "uptime_s": time.monotonic() - self.started_mono_s,
                        "event_log": self.config.event_log, "accepting": self.accepting,
                        "node": self.config.node, "uid": os.getuid(),
-                       "lanes_busy": self.lanes.busy(), "priority": priority.describe()},
+                       "lanes_busy": self.lanes.busy(), "priority": priority.describe(),
+                       "warm_moves": self.warmer.describe()},
             "devices": [d.to_dict() for d in self.devices],
             "scheduler": holders,
             "jobs": jobs,

@@ -129,6 +129,7 @@ class Holds:
                 claim_window_s: float | None = None) -> None:
         """Queue a request; ``claim_window_s``: a re-queued one (module docstring), held
         at most that long before its job asks for it."""
+        self.d.warmer.touch()  # its set-up's cgroup moves should not wait (krex.enforce.warm)
         st = RegionState(req, session, msg.id, uid, time.time(), asked=msg)
         if claim_window_s is not None:
             st.requeued = st.gone = True  # nobody to answer until the job asks
@@ -218,6 +219,7 @@ class Holds:
 
     def release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
         st = self.releasable(session, msg.region)
+        self.d.warmer.touch()  # nor its undo's
         if st.phase is Phase.CLOSED:
             self._forget(st)
             assert st.report is not None

@@ -388,18 +388,6 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
 
 
-def _reserved(config: DaemonConfig) -> list[int]:
-    """The holders' reserved cores (as the enforcer reserves them), for the daemon's
-    elevated threads to keep off."""
-    if not config.isolate:
-        return []
-    from krex.enforce.isolation import default_cores
-
-    if config.measure_cores is not None:
-        return sorted(config.measure_cores)
-    return default_cores(sorted(os.sched_getaffinity(0)))
-
-
 def serve(config: DaemonConfig) -> int:
     """Run a daemon in the foreground until stopped; returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="krexd: %(message)s", stream=sys.stderr)
@@ -415,7 +403,7 @@ def serve(config: DaemonConfig) -> int:
     except KrexError as exc:
         print(f"krex: error: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return 1
-    priority.configure(config.nice, config.rt_priority, _reserved(config))
+    priority.configure(config.nice, config.rt_priority, config.reserved_cores())
     if os.environ.get("KREX_DAEMON_TRACEMALLOC"):  # what the daemon keeps (docs/service.md)
         from krex import memtrace
 

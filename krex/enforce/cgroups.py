@@ -68,6 +68,17 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
     return out
 
 
+def favordynmods() -> bool | None:
+    """Whether the cgroup2 mount has ``favordynmods`` (None: no cgroup2 mount).  Turned
+    off again by a remount it may still be in effect: Linux 6.18 keeps the per-threadgroup
+    rwsem it enables until reboot, which :func:`krex.enforce.doctor.move_cost` measures."""
+    try:
+        v2 = [opts for _, fs, opts in _mounts() if fs == "cgroup2"]
+    except OSError:
+        return None
+    return ("favordynmods" in v2[0]) if v2 else None
+
+
 _INSTANCE_DIR = re.compile(r"^krex-[a-z]*\d+-\d+$")  # krex-<instance>, krex-shield<pid>-<t>
 
 

@@ -17,9 +17,10 @@ import tempfile
 import time
 from typing import Any
 
-from krex.enforce.cgroups import CgroupLayout, _mounts, instance_name, write
+from krex.enforce.cgroups import CgroupLayout, favordynmods, instance_name, write
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.process import _HAVE_PIDFD
+from krex.enforce.warm import DEFAULT_LINGER_S, DEFAULT_PERIOD_MS
 
 
 def capabilities(layout: CgroupLayout | None = None) -> dict:
@@ -173,27 +174,25 @@ def move_cost(layout: CgroupLayout, quiet_s: float = 0.06, n: int = 3) -> dict[s
     return out
 
 
-def move_verdict(after_quiet_ms: float, favordynmods_on: bool | None) -> dict[str, Any]:
-    """``ok``: a move after a quiet spell did not wait for a grace period."""
+def move_verdict(after_quiet_ms: float, favordynmods_on: bool | None,
+                 warmed: bool = True) -> dict[str, Any]:
+    """``ok``: a move after a quiet spell did not wait for a grace period, or it does and
+    the daemon keeps moves warm while regions are taken (``warmed``: its default,
+    krex.enforce.warm)."""
     waits = after_quiet_ms > GRACE_PERIOD_MS
     if not waits:
-        return {"ok": True, "why": ""}
+        return {"ok": True, "waits": False, "why": ""}
     why = ("a cgroup move after a quiet spell waits for an RCU grace period: a region set "
            "up after a pause pays it in its slot step, and its undo again")
     if favordynmods_on:
         why += " (although the cgroup2 mount has favordynmods: a loaded machine's grace period?)"
-    return {"ok": False, "why": why}
-
-
-def favordynmods() -> bool | None:
-    """Whether the cgroup2 mount has ``favordynmods`` (None: no cgroup2 mount).  Turned
-    off again by a remount it may still be in effect: Linux 6.18 keeps the per-threadgroup
-    rwsem it enables until reboot, which :func:`move_cost` measures."""
-    try:
-        v2 = [opts for _, fs, opts in _mounts() if fs == "cgroup2"]
-    except OSError:
-        return None
-    return ("favordynmods" in v2[0]) if v2 else None
+    elif warmed:
+        return {"ok": True, "waits": True, "why": (
+            why + "; the daemon keeps moves fast while regions are taken (krex serve "
+            f"--warm-moves-ms {DEFAULT_PERIOD_MS:g}): only a region after more than "
+            f"--warm-linger-s ({DEFAULT_LINGER_S:g} s) without one pays it; favordynmods on "
+            "the cgroup2 mount would remove the wait for good")}
+    return {"ok": False, "waits": True, "why": why}
 
 
 def _scratch_base(layout: CgroupLayout) -> tuple[str, str | None]:

@@ -1,0 +1,151 @@
+"""Cgroup moves kept warm while regions are taken (krex.enforce.warm).
+
+On a stock kernel a cgroup move after a quiet spell waits for an RCU grace period
+(≈ 8 ms here); a region after a pause paid it in its slot step.  The daemon's warm
+pings keep moves fast while regions are taken.  Every claim has its control: the same
+regions (or moves) without the pings wait, measured in the same test.  Where moves do
+not wait on this machine right now (``favordynmods``, or a busy cgroup machine) there
+is nothing to show, and the tests skip with the measurement that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+from helpers import PY, Daemon, reap, wait_for
+from helpers import krex as krex_cli
+
+from krex.enforce.cgroups import CgroupLayout, favordynmods
+from krex.enforce.doctor import GRACE_PERIOD_MS, _scratch_base, move_cost
+from krex.enforce.warm import MoveWarmer
+
+
+def _waiting_machine() -> CgroupLayout:
+    """A layout whose moves wait for a grace period after a quiet spell, measured now."""
+    layout = CgroupLayout.probe()
+    if _scratch_base(layout)[1] is None:
+        pytest.skip("needs a writable cgroup (root)")
+    if favordynmods():
+        pytest.skip("the cgroup2 mount has favordynmods: moves never wait, nothing to keep warm")
+    cost = move_cost(layout, quiet_s=0.1, n=3)
+    if cost["after_quiet_ms"] <= GRACE_PERIOD_MS:
+        pytest.skip(f"moves after a quiet spell do not wait here now ({cost['after_quiet_ms']} "
+                    "ms p50): nothing to keep warm")
+    return layout
+
+
+def test_pings_keep_moves_fast_and_moves_wait_again_without_them():
+    layout = _waiting_machine()  # control 1: no pings, moves after quiet wait
+    warmer = MoveWarmer.for_layout(layout, period_ms=4.0, linger_s=30.0)
+    assert warmer.describe()["state"] == "idle", warmer.describe()
+    warmer.start()
+    try:
+        warmer.touch()
+        time.sleep(0.05)
+        warm = move_cost(layout, quiet_s=0.1, n=3)
+        described = warmer.describe()
+    finally:
+        warmer.stop()
+    time.sleep(0.1)
+    cold = move_cost(layout, quiet_s=0.1, n=3)  # control 2: the pings stopped, moves wait
+    assert warm["after_quiet_ms"] < GRACE_PERIOD_MS, (warm, described)
+    assert cold["after_quiet_ms"] > GRACE_PERIOD_MS, (cold, warm)
+    assert described["state"] == "warm" and described["pings"] > 20, described
+
+
+def test_an_idle_warmer_pings_nothing_and_a_touch_wakes_it_for_linger_s():
+    layout = CgroupLayout.probe()
+    if _scratch_base(layout)[1] is None:
+        pytest.skip("needs a writable cgroup (root)")
+    warmer = MoveWarmer.for_layout(layout, period_ms=2.0, linger_s=0.3)
+    if warmer.root is None:
+        pytest.skip(f"warmer off here: {warmer.why}")
+    warmer.start()
+    try:
+        time.sleep(0.2)
+        assert warmer.pings == 0  # never touched: idle
+        warmer.touch()
+        wait_for(lambda: warmer.pings >= 20, 5)  # control: touched, it pings
+        wait_for(lambda: warmer.describe()["state"] == "idle", 5)
+        time.sleep(0.05)
+        settled = warmer.pings
+        time.sleep(0.3)
+        assert warmer.pings == settled, "pings went on after linger_s"
+        assert warmer.pings <= 0.3 / 0.002 + 20  # about linger_s / period, not more
+    finally:
+        warmer.stop()
+
+
+def test_the_warmer_is_off_with_a_reason_when_asked_or_unable():
+    assert MoveWarmer.for_layout(CgroupLayout.probe(), 0, 30).describe()["why"] == (
+        "disabled by configuration (--warm-moves-ms 0)")
+    off = MoveWarmer.for_layout(CgroupLayout.none("cgroups disabled for this test"), 4, 30)
+    assert off.describe()["state"] == "off" and "no writable cgroup" in off.why
+    off.touch()  # harmless when off
+    off.start()
+    off.stop()
+
+
+def _regions_after_pauses(daemon: Daemon, monkeypatch, n: int = 5) -> tuple[list[float], dict]:
+    """Slot steps (ms) of ``n`` regions each taken after 150 ms of quiet, with a sibling
+    job (so the region freezes someone); and the daemon's warm_moves status."""
+    import krex
+    from krex.client.connection import Client
+
+    monkeypatch.setenv("KREX_SOCKET", daemon.socket)
+    sibling = krex_cli("run", "--", PY, "-c", "import time; time.sleep(60)")
+    try:
+        with Client(autostart=False) as c:
+            wait_for(lambda: len(c.status()["jobs"]) >= 1, 20)
+        slots = []
+        for _ in range(n + 1):
+            time.sleep(0.15)
+            with krex.region() as r:
+                pass
+            assert r.report is not None
+            steps = {s.name: s.apply_ms for s in r.report.host.steps}
+            slots.append(steps["slot"])
+        with Client(autostart=False) as c:
+            status = c.status()["daemon"]["warm_moves"]
+    finally:
+        reap(sibling)
+    return slots[1:], status  # the first follows the job's registration's moves
+
+
+def test_a_region_after_a_pause_sets_up_without_a_grace_period(tmp_path, monkeypatch):
+    _waiting_machine()
+    (tmp_path / "off").mkdir(mode=0o700)
+    (tmp_path / "on").mkdir(mode=0o700)
+    off = Daemon(str(tmp_path / "off"), "--warm-moves-ms", "0").start()
+    try:
+        cold, cold_status = _regions_after_pauses(off, monkeypatch)
+    finally:
+        off.stop()
+    on = Daemon(str(tmp_path / "on")).start()
+    try:
+        pid = on.proc.pid
+        cgroup_before = open(f"/proc/{pid}/cgroup").read()
+        affinity_before = os.sched_getaffinity(pid)
+        warm, status = _regions_after_pauses(on, monkeypatch)
+        # the pings moved the daemon only where it was: its cgroups and cores are unchanged
+        assert open(f"/proc/{pid}/cgroup").read() == cgroup_before
+        assert os.sched_getaffinity(pid) == affinity_before
+    finally:
+        on.stop()
+    assert cold_status["state"] == "off" and cold_status["pings"] == 0, cold_status
+    assert status["state"] == "warm" and status["pings"] > 0, status
+    # control: without the pings the slot step waits for the grace period
+    assert statistics.median(cold) > GRACE_PERIOD_MS, (cold, warm)
+    assert statistics.median(warm) < GRACE_PERIOD_MS, (warm, cold, status)
+
+
+def test_a_warm_moves_period_below_half_a_millisecond_is_refused(tmp_path):
+    from helpers import run_krex
+
+    out = run_krex("serve", "--runtime-dir", str(tmp_path / "rt"), "--warm-moves-ms", "0.1")
+    assert out.returncode != 0
+    assert "--warm-moves-ms below 0.5" in out.stderr
+    assert not os.path.exists(tmp_path / "rt" / "krexd.sock")
