@@ -31,9 +31,9 @@ recently) and of 50 ms (none did); results in ``results/migrations.json``.
 
 ``--warm-moves N`` measures what the daemon's warm pings (:mod:`krex.enforce.warm`)
 do to a move after a quiet spell: N moves of a sleeping process between two cgroup2
-cgroups, each after 100-120 ms without a move of its own (a random phase of the pings), with no pings and with a
-``MoveWarmer`` pinging every 2, 4, 8 and 16 ms (interleaved rounds); the ping's own
-cost too; results in ``results/warm_moves.json``.
+cgroups, each after 100-120 ms without a move of its own (at a random phase of the
+pings), with no pings and with a ``MoveWarmer`` pinging every 2, 4, 8 and 16 ms
+(interleaved rounds); the ping's own cost too; results in ``results/warm_moves.json``.
 
     .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
     .venv/bin/python benchmarks/bench_enforce.py --migrations 60
@@ -337,7 +337,8 @@ def warm_moves(n: int, layout: CgroupLayout, periods: tuple[float, ...] = (0, 2,
         for d in reversed(dirs):
             move_all(d, root)
             os.rmdir(d)
-    return [{"period_ms": p, "quiet_ms": quiet_s * 1e3, "move_us": stats.quantiles(took[p], (0.5, 0.9)),
+    return [{"period_ms": p, "quiet_ms": quiet_s * 1e3,
+             "move_us": stats.quantiles(took[p], (0.5, 0.9)),
              "pings": pings[p]["pings"], "slow_pings": pings[p]["slow_pings"],
              "ping_mean_us": round(pings[p]["ping_ns"] / pings[p]["pings"] / 1e3, 1)
              if pings[p]["pings"] else None} for p in periods]

@@ -162,6 +162,7 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str,
     with private_daemon(*daemon_args):
         krex.evaluate(f"{folder}/ref.py:fn", f"{folder}/ref.py:fn", f"{folder}/inputs.py:make",
                       device=device, cache=cache, save=False)  # pool and device up: not timed
+        cpu0 = cpu_split()
         t0 = time.monotonic()
         threads = [threading.Thread(target=agent, args=(i,)) for i in range(len(work))]
         for t in threads:
@@ -169,8 +170,43 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str,
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
+        cpu = cpu_split(cpu0, wall)
     shutil.rmtree(folder, ignore_errors=True)
-    return summarize("krex", device, wall, results)
+    return {**summarize("krex", device, wall, results), "cpu": cpu}
+
+
+def cpu_split(before: dict[str, float] | None = None, wall_s: float = 0.0) -> dict[str, float]:
+    """CPU seconds by whom: the daemon (with its workers, the fake device server and the
+    guardian: its children, live and reaped), this evaluating process, everything else;
+    and the machine's idle time.  With ``before``: the differences over the run
+    (``busy_fraction``: the share of all cores' time that was not idle)."""
+    import psutil
+
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as c:
+        daemon = psutil.Process(c.status()["daemon"]["pid"])
+    t = daemon.cpu_times()
+    krexd = t.user + t.system + t.children_user + t.children_system
+    for child in daemon.children(recursive=True):
+        try:
+            ct = child.cpu_times()
+            krexd += ct.user + ct.system
+        except psutil.NoSuchProcess:
+            pass
+    own = sum(os.times()[:2])
+    machine = psutil.cpu_times()
+    now = {"daemon_and_workers_s": krexd, "evaluating_process_s": own,
+           "machine_idle_s": machine.idle + machine.iowait,
+           "machine_total_s": sum(machine)}
+    if before is None:
+        return now
+    d = {k: round(now[k] - before[k], 3) for k in now}
+    busy = d["machine_total_s"] - d["machine_idle_s"]
+    d["other_s"] = round(busy - d["daemon_and_workers_s"] - d["evaluating_process_s"], 3)
+    d["busy_fraction"] = round(busy / d["machine_total_s"], 3) if d["machine_total_s"] else 0
+    d["wall_s"] = round(wall_s, 3)
+    return d
 
 
 def breakdown(ev: Any) -> dict[str, Any]:
@@ -332,6 +368,7 @@ def main() -> int:
         if r["system"] == "krex":
             print(f"\nkrex {r['device']} phases (s, summed over evaluations): "
                   + json.dumps(r["phases"]))
+            print(f"krex {r['device']} CPU (s over the run): " + json.dumps(r["cpu"]))
     print(f"\nload average (1/5/15 min) before {load['before']}, after {load['after']}")
     print(f"\nresults: {path}")
     return 0
