@@ -142,6 +142,30 @@ def test_a_region_after_a_pause_sets_up_without_a_grace_period(tmp_path, monkeyp
     assert statistics.median(warm) < GRACE_PERIOD_MS, (warm, cold, status)
 
 
+def test_a_program_in_a_warm_worker_starts_the_pings_before_its_first_region(tmp_path):
+    """``krex.evaluate``'s program takes its timing region tens of milliseconds after it
+    starts: the pings start with the program (and with a job's registration), so even the
+    first region after a long pause finds moves warm.  Control: the same daemon, idle
+    until then, has pinged nothing."""
+    layout = CgroupLayout.probe()
+    if MoveWarmer.for_layout(layout, 4.0, 30.0).root is None:
+        pytest.skip("warm pings are off on this machine")
+    (tmp_path / "rt").mkdir(mode=0o700)
+    d = Daemon(str(tmp_path / "rt")).start()
+    try:
+        with d.client() as c:
+            time.sleep(0.3)
+            idle = c.status()["daemon"]["warm_moves"]
+            prog = tmp_path / "prog.py"
+            prog.write_text("print('no region here')\n")
+            assert c.exec(str(prog), [], cwd=str(tmp_path)).ok
+            after = c.status()["daemon"]["warm_moves"]
+    finally:
+        d.stop()
+    assert idle["state"] == "idle" and idle["pings"] == 0, idle
+    assert after["state"] == "warm" and after["pings"] > 0, after
+
+
 def test_a_warm_moves_period_below_half_a_millisecond_is_refused(tmp_path):
     from helpers import run_krex
 

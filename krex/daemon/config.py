@@ -82,8 +82,9 @@ class DaemonConfig:
         "and again at undo (0: off; off by itself where the cgroup2 mount has "
         "favordynmods)", metavar="MS"))
     warm_linger_s: float = field(default=DEFAULT_LINGER_S, metadata=flag(
-        "how long after a region's acquire or release the daemon keeps cgroup moves warm "
-        "(--warm-moves-ms); an idle daemon pings nothing", metavar="S"))
+        "how long after a region's acquire or release, a job's registration or a program's "
+        "start in a warm worker the daemon keeps cgroup moves warm (--warm-moves-ms); an "
+        "idle daemon pings nothing", metavar="S"))
     tenant_max_jobs: int | None = field(default=None, metadata=flag(
         "jobs one tenant (a uid, or a service's tenant id) may run at once",
         shown_default="unlimited"))

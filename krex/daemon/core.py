@@ -181,6 +181,7 @@ class Daemon:
             return handler(session, msg)
 
     def _on_register(self, session: Session, msg: m.Register) -> dict[str, Any]:
+        self.warmer.touch()  # a job registers to take regions (krex.enforce.warm)
         me = self._pid_of(session)
         if msg.job_id is not None:
             job = self._member_job(session, msg.job_id)

@@ -100,6 +100,7 @@ class Pools:
 
     def run(self, session: Session, msg: m.Exec, device: str, tenant: str | None = None) -> None:
         """Start the program on a thread of its own; the reply comes when it ends."""
+        self.daemon.warmer.touch()  # a program in a warm worker is about to take regions
         with self._lock:
             mine = self._in_flight.get(session, 0)
             if mine >= self.per_connection:

@@ -16,12 +16,13 @@ already frozen, and as much again before the report.
 thread of the daemon moves the daemon's own process into the cgroup it is
 already in (a move that changes nothing, and takes the rwsem like any other)
 every ``period_s`` (``krex serve --warm-moves-ms``, 4 ms by default: measured
-here, pings every 8 ms kept moves fast and every 16 ms did not), from a region's
-acquire or release until ``linger_s`` later (``--warm-linger-s``).  An idle
-daemon pings nothing.  Costs while warm: one ≈ 20 µs write per period (≈ 0.5 %
-of one core), and forks, exits and thread starts on the machine take the
-rwsem's slower reader path, as they do for good with ``favordynmods``.  The
-thread keeps off the holders' reserved cores.  Where the mount has
+here, pings every 8 ms kept moves fast and every 16 ms was at the edge), from a
+region's acquire or release, a job's registration or a program's start in a warm
+worker until ``linger_s`` later (``--warm-linger-s``).  An idle daemon pings
+nothing.  Costs while warm: one ≈ 30-45 µs write per period (≈ 1 % of one
+core), and forks, exits and thread starts on the machine take the rwsem's slower
+reader path, as they do for good with ``favordynmods``.  The thread keeps off
+the holders' reserved cores.  Where the mount has
 ``favordynmods`` moves never wait and the warmer stays off.
 
 The daemon's cgroup is read from ``/proc/self/cgroup`` before every ping, so a
