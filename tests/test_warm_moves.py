@@ -89,6 +89,31 @@ def test_the_warmer_is_off_with_a_reason_when_asked_or_unable():
     off.stop()
 
 
+def test_a_daemon_inside_another_daemons_tree_does_not_ping_and_a_failed_ping_turns_it_off():
+    """A daemon whose cgroup is another krex daemon's job or slot would, pinging just as
+    that daemon moved it back among the frozen, move itself out again: it does not ping.
+    A ping that fails (here: a hierarchy that does not exist) turns the warmer off with
+    the reason, once."""
+    warmer = MoveWarmer("/sys/fs/cgroup/unified", "v2", 0.004, 30.0)
+    assert warmer.procs_path("0::/system.slice/krexd.service\n") == (
+        "/sys/fs/cgroup/unified/system.slice/krexd.service/cgroup.procs")
+    v1 = MoveWarmer("/sys/fs/cgroup/freezer", "freezer", 0.004, 30.0)
+    assert v1.procs_path("12:cpuset:/a\n7:freezer:/b/c\n0::/\n") == (
+        "/sys/fs/cgroup/freezer/b/c/cgroup.procs")
+    with pytest.raises(PermissionError, match="inside another krex daemon's cgroup tree"):
+        warmer.procs_path("0::/krex-d123-456/dev-cpu/job-7\n")
+    with pytest.raises(PermissionError):
+        warmer.procs_path("0::/user.slice/krex-d123-456/hold-cpu\n")
+    broken = MoveWarmer("/nonexistent-cgroup-root", "v2", 0.002, 30.0)
+    broken.start()
+    try:
+        broken.touch()
+        wait_for(lambda: broken.describe()["state"] == "off", 5)
+    finally:
+        broken.stop()
+    assert broken.pings == 0 and "a ping failed, warming turned off" in broken.why
+
+
 def _regions_after_pauses(daemon: Daemon, monkeypatch, n: int = 5) -> tuple[list[float], dict]:
     """Slot steps (ms) of ``n`` regions each taken after 150 ms of quiet, with a sibling
     job (so the region freezes someone); and the daemon's warm_moves status."""

@@ -26,7 +26,10 @@ the holders' reserved cores.  Where the mount has
 ``favordynmods`` moves never wait and the warmer stays off.
 
 The daemon's cgroup is read from ``/proc/self/cgroup`` before every ping, so a
-daemon that someone else moves is moved only into where it already is.  A
+daemon that someone else moves is moved only into where it already is (but for a
+write that lands within microseconds of that move: it would undo it; so a daemon
+that runs inside another krex daemon's tree, which moves its holders in and out
+of the frozen subtree, does not ping at all).  A
 ping that fails (a cgroup the daemon may not write) turns the warmer off with
 the reason; ``krex status`` (``daemon.warm_moves``) shows its state and counts.
 """
@@ -39,7 +42,7 @@ import threading
 import time
 from typing import Any
 
-from krex.enforce.cgroups import CgroupLayout, favordynmods, write
+from krex.enforce.cgroups import _INSTANCE_DIR, CgroupLayout, favordynmods, write
 
 log = logging.getLogger("krex.warm")
 
@@ -156,11 +159,22 @@ class MoveWarmer:
 
     def _own_procs(self) -> str:
         """The ``cgroup.procs`` of the cgroup this process is in now."""
-        assert self.root is not None
         with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, names, path = line.rstrip("\n").split(":", 2)
+            return self.procs_path(f.read())
+
+    def procs_path(self, proc_self_cgroup: str) -> str:
+        """The ``cgroup.procs`` to ping, from ``/proc/self/cgroup``'s text."""
+        assert self.root is not None
+        for line in proc_self_cgroup.splitlines():
+            if line.count(":") >= 2:
+                _, names, path = line.split(":", 2)
                 if (self.kind == "v2" and not names) or self.kind in names.split(","):
+                    if any(_INSTANCE_DIR.match(part) for part in path.split("/")):
+                        # another daemon's job or slot: that daemon moves it (a handoff moves
+                        # a holder back among the frozen), and a ping that read the slot
+                        # just before would move it out again
+                        raise PermissionError("this daemon runs inside another krex daemon's "
+                                              f"cgroup tree ({path}): not ours to move")
                     return os.path.join(self.root, path.lstrip("/"), "cgroup.procs")
         raise FileNotFoundError(f"this process is in no {self.kind} cgroup")
 
