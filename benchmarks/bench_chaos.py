@@ -270,7 +270,7 @@ def check_malformed(frames: int = 10_000) -> dict[str, Any]:
                          and not good["good_failed"] and fds1 <= fds0 + 2 and d.serves())
         return out
     finally:
-        d.stop()
+        d.close()
 
 
 def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
@@ -323,7 +323,7 @@ def check_fd_exhaustion(nofile: int = 64, hogs: int = 200) -> dict[str, Any]:
     finally:
         for s in socks:
             s.close()
-        d.stop()
+        d.close()
 
 
 def all_threads_stopped(pid: int) -> bool:
@@ -381,7 +381,7 @@ def check_disk_full(regions: int = 2000) -> dict[str, Any]:
         out["passed"] = done == regions and warned and out["daemon_alive"] and d.serves()
         return out
     finally:
-        d.stop()
+        d.close()
         if tiny:
             subprocess.run(["umount", tiny], capture_output=True)
             with contextlib.suppress(OSError):
@@ -451,7 +451,7 @@ def check_soak(seconds: float, agents: int = 6, sample_s: float = 10.0) -> dict[
     finally:
         for p in procs:
             kill_tree(p)
-        d.stop()
+        d.close()
 
 
 def _soak_verdict(seconds: float, samples: list[tuple[float, int, int]],

@@ -135,7 +135,7 @@ def check_load(clients: int = 500, regions: int = 20, procs: int = 4, hold_ms: f
                          and st["counters"]["granted"] == st["counters"]["released"] == expected)
         return out
     finally:
-        d.stop()
+        d.close()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,12 @@ class Krexd:
         for k in kids:
             _reap(k)
         self.proc = None
+
+    def close(self) -> None:
+        """Stop it for good and remove its runtime directory (every check reads the log
+        before it ends and returns what it found)."""
+        self.stop()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
 def _reap(p: psutil.Process) -> None:
@@ -237,7 +244,7 @@ def frozen_siblings(n: int, *args: str) -> Iterator[tuple[Krexd, Siblings, Clien
         holder.close()
     finally:
         sibs.stop()
-        d.stop()
+        d.close()
 
 
 def serves_a_region(d: Krexd) -> bool:

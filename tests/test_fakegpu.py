@@ -6,6 +6,8 @@ ctypes (a fresh process per server: the fake driver caches its connection)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import textwrap
 
@@ -181,9 +183,10 @@ def test_server_exits_when_its_parent_dies():
     from helpers import wait_for
 
     code = ("from krex.devices.fakegpu import FakeGpu; g = FakeGpu().start(); "
-            "print(g.proc.pid, flush=True); import time; time.sleep(60)")
+            "print(g.proc.pid, g.socket_path, flush=True); import time; time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    server = int(parent.stdout.readline())
+    pid, socket_path = parent.stdout.readline().split()
+    server = int(pid)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     parent.stdout.close()
@@ -195,3 +198,5 @@ def test_server_exits_when_its_parent_dies():
             return True
 
     wait_for(gone, 5)
+    # its socket's folder was the killed parent's to remove: the test does it instead
+    shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)

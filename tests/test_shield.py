@@ -621,7 +621,8 @@ class _Holder:
 
 @needs_v1
 @pytest.mark.parametrize("path", ["handed over", "taken over"])
-def test_a_carried_narrowing_finds_cpusets_made_since_it_was_planned(monkeypatch, path):
+def test_a_carried_narrowing_finds_cpusets_made_since_it_was_planned(monkeypatch, tmp_path,
+                                                                   path):
     """A narrowing carried from region to region (a handoff chain, a linger taken over)
     reads the cpuset tree again at most once a second (RECHECK_S): a cpuset made since,
     with a task that may run on the reserved core, is narrowed once the region's lease
@@ -630,7 +631,8 @@ def test_a_carried_narrowing_finds_cpusets_made_since_it_was_planned(monkeypatch
     from krex.enforce import shield as shield_mod
 
     core = _core()
-    monkeypatch.setenv("KREX_SHIELD_LOCK", f"/tmp/krex-test-shield-{os.getpid()}.lock")
+    lock = tmp_path / "shield.lock"  # this test's own: the machine's may be held
+    monkeypatch.setenv("KREX_SHIELD_LOCK", str(lock))
     guardian = _Guardian()
     shield = shield_mod.Shield(LAYOUT, guardian, "on")
     assert LAYOUT.cpuset is not None
