@@ -104,6 +104,20 @@ def test_status_json_and_table(daemon):
     assert "cpu" in [d["name"] for d in st["devices"]]
     human = run_krex("status")
     assert human.returncode == 0 and "daemon pid" in human.stdout and "cpu" in human.stdout
+    assert "cgroup moves: " in human.stdout  # kept warm, or why not
+
+
+def test_status_says_whether_cgroup_moves_are_kept_warm():
+    from krex.cli.lean import _warm_line
+
+    warm = {"state": "warm", "why": "", "hierarchy": "v2", "period_ms": 4.0, "linger_s": 30.0,
+            "pings": 250, "slow_pings": 1, "ping_mean_us": 41.2}
+    assert _warm_line(warm) == (
+        "cgroup moves: kept warm while regions are taken, warm now (250 pings every 4 ms so "
+        "far, mean 41.2 µs, 1 waited for a grace period)")
+    off = {**warm, "state": "off", "why": "disabled by configuration (--warm-moves-ms 0)"}
+    assert _warm_line(off) == ("cgroup moves: not kept warm (disabled by configuration "
+                               "(--warm-moves-ms 0))")
 
 
 def test_doctor_reports_capabilities():

@@ -328,6 +328,8 @@ def status_lines(st: dict) -> list[str]:
     out += _table("jobs (times in ms: docs/protocol.md, where a job's time went)",
                   ["job", "name", "device", "mode", "kind", "pid", "regions", "waited",
                    "frozen", "set-up", "held"], [_job_row(j) for j in st["jobs"]])
+    if d.get("warm_moves"):
+        out.append(_warm_line(d["warm_moves"]))
     c = st["counters"]
     out.append(f"regions: {c['granted']} granted, {c['released']} released, "
                f"{c['revoked']} revoked, {c['cancelled']} cancelled; re-queued "
@@ -342,6 +344,16 @@ def status_lines(st: dict) -> list[str]:
                         ", ".join(f"{k} {v}" for k, v in p["recycles"].items())]
                        for name, p in pools.items()])
     return out
+
+
+def _warm_line(w: dict) -> str:
+    """The daemon's warm pings of the cgroup rwsem (krex.enforce.warm), in one line."""
+    if w["state"] == "off":
+        return f"cgroup moves: not kept warm ({w['why']})"
+    mean = f", mean {w['ping_mean_us']} µs" if w.get("ping_mean_us") is not None else ""
+    return (f"cgroup moves: kept warm while regions are taken, {w['state']} now "
+            f"({w['pings']} pings every {w['period_ms']:g} ms so far{mean}, "
+            f"{w['slow_pings']} waited for a grace period)")
 
 
 def _job_row(j: dict) -> list:
