@@ -33,7 +33,8 @@ recently) and of 50 ms (none did); results in ``results/migrations.json``.
 do to a move after a quiet spell: N moves of a sleeping process between two cgroup2
 cgroups, each after 100-120 ms without a move of its own (at a random phase of the
 pings), with no pings and with a ``MoveWarmer`` pinging every 2, 4, 8 and 16 ms
-(interleaved rounds); the ping's own cost too; results in ``results/warm_moves.json``.
+(interleaved rounds); the ping's own cost too; and what a warmer in a process of its own
+does to other processes' thread starts and forks; results in ``results/warm_moves.json``.
 
     .venv/bin/python benchmarks/bench_enforce.py [--regions 50] [--out results/enforce.json]
     .venv/bin/python benchmarks/bench_enforce.py --migrations 60
@@ -48,6 +49,7 @@ import platform
 import random
 import subprocess
 import sys
+import threading
 import time
 
 from krex import resultfile
@@ -344,6 +346,57 @@ def warm_moves(n: int, layout: CgroupLayout, periods: tuple[float, ...] = (0, 2,
              if pings[p]["pings"] else None} for p in periods]
 
 
+_WARMER = ("import sys\n"
+           "from krex.enforce.cgroups import CgroupLayout\n"
+           "from krex.enforce.warm import MoveWarmer\n"
+           "w = MoveWarmer.for_layout(CgroupLayout.probe(), 4.0, 3600.0, keep_off=[1])\n"
+           "w.start(); w.touch(); print('ready', flush=True); sys.stdin.read(); w.stop()\n")
+
+
+def warm_side_effects(rounds: int = 10) -> list[dict]:
+    """What a warm daemon does to other processes: thread start + join and fork + wait
+    (µs each, p50/p90 over ``rounds`` rounds of 200 and 50), on the last core, with and
+    without a warmer pinging every 4 ms in a process of its own (as the daemon's does),
+    rounds interleaved."""
+    def threads(n: int = 200) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            th = threading.Thread(target=lambda: None)
+            th.start()
+            th.join()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def forks(n: int = 50) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    every = sorted(os.sched_getaffinity(0))
+    took: dict[str, tuple[list[float], list[float]]] = {"none": ([], []), "4 ms": ([], [])}
+    for _ in range(rounds):
+        for mode, (ts, fs) in took.items():
+            warmer = None
+            if mode != "none":
+                warmer = subprocess.Popen([sys.executable, "-c", _WARMER], text=True,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                assert warmer.stdout is not None and warmer.stdout.readline() == "ready\n"
+            os.sched_setaffinity(0, every[-1:])
+            try:
+                ts.append(threads())
+                fs.append(forks())
+            finally:
+                os.sched_setaffinity(0, every)
+                if warmer is not None:
+                    warmer.communicate("")
+            time.sleep(0.05)
+    return [{"pings": mode, "thread_start_join_us": stats.quantiles(ts, (0.5, 0.9)),
+             "fork_wait_us": stats.quantiles(fs, (0.5, 0.9))} for mode, (ts, fs) in took.items()]
+
+
 def _hierarchies() -> dict[str, str]:
     out = {}
     for kind, path in (("freezer", "/sys/fs/cgroup/freezer"), ("cpuset", "/sys/fs/cgroup/cpuset"),
@@ -389,9 +442,14 @@ def main() -> int:
                   f"(+ after the grant p50 {r['two_slots_after_grant_us']['p50']:6.0f} µs)")
         return 0
     if args.warm_moves:
-        rows = _side_result("warm_moves", warm_moves(args.warm_moves, CgroupLayout.probe()),
-                            args.out)
+        rows = _side_result("warm_moves", warm_moves(args.warm_moves, CgroupLayout.probe())
+                            + warm_side_effects(), args.out)
         for r in rows:
+            if "thread_start_join_us" in r:
+                print(f"pings {r['pings']:>5s}: thread start + join p50 "
+                      f"{r['thread_start_join_us']['p50']:6.1f} µs, fork + wait p50 "
+                      f"{r['fork_wait_us']['p50']:7.1f} µs (another process's)")
+                continue
             print(f"pings every {r['period_ms']:4.0f} ms (0: none): a move after "
                   f"{r['quiet_ms']:.0f} ms p50 {r['move_us']['p50']:7.0f} µs, p90 "
                   f"{r['move_us']['p90']:7.0f} µs; {r['pings']} pings, mean "
