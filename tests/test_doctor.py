@@ -18,6 +18,7 @@ from krex.enforce.doctor import (
     GRACE_PERIOD_MS,
     _moves_check,
     _scratch_base,
+    _warmer,
     move_cost,
     move_verdict,
 )
@@ -65,14 +66,25 @@ def test_the_verdict_turns_on_a_grace_period_and_says_what_to_do():
     assert waited["ok"] is False and "grace period" in waited["why"]
     warmed = move_verdict(5.8, favordynmods_on=False)  # the daemon's default: warm pings
     assert warmed["ok"] is True and warmed["waits"] is True
-    assert "--warm-moves-ms 4" in warmed["why"] and "--warm-linger-s (30 s)" in warmed["why"]
+    assert "--warm-moves-ms, 4 by default" in warmed["why"]
+    assert "--warm-linger-s (30 s by default)" in warmed["why"]
+    # which daemon: none runs (the defaults would warm), one that warms, one that does not
+    assert _warmer(None) == (True, "a daemon started with the defaults (none runs now)")
+    running = {"pid": 7, "warm_moves": {"state": "idle", "why": ""}}
+    assert move_verdict(5.8, False, *_warmer(running))["ok"] is True
+    assert "the running daemon (pid 7) keeps" in move_verdict(5.8, False, *_warmer(running))["why"]
+    off = {"pid": 7, "warm_moves": {"state": "off",
+                                    "why": "disabled by configuration (--warm-moves-ms 0)"}}
+    cold = move_verdict(5.8, False, *_warmer(off))
+    assert cold["ok"] is False and "(pid 7) does not keep them warm: disabled" in cold["why"]
     assert move_verdict(0.23, favordynmods_on=True) == {"ok": True, "waits": False, "why": ""}
     assert "loaded machine" in move_verdict(5.8, favordynmods_on=True)["why"]
     check = _moves_check({"ok": False, "favordynmods": False, "quiet_ms": 60.0,
                           "after_quiet_ms": 5.8, "back_to_back_ms": 0.03, "hierarchy": "v2",
                           "v2_root": "/sys/fs/cgroup", **waited})
     assert not check["ok"]
-    assert check["advice"].startswith("mount -o remount,favordynmods /sys/fs/cgroup")
+    assert check["advice"].startswith("let the daemon keep moves warm")
+    assert "mount -o remount,favordynmods /sys/fs/cgroup " in check["advice"]
     assert "5.8 ms" in check["detail"] and "favordynmods off" in check["detail"]
 
 

@@ -191,6 +191,35 @@ def test_a_program_in_a_warm_worker_starts_the_pings_before_its_first_region(tmp
     assert after["state"] == "warm" and after["pings"] > 0, after
 
 
+def test_doctor_asks_the_running_daemon_whether_it_keeps_moves_warm(tmp_path, monkeypatch):
+    """Where moves wait, ``krex doctor``'s check passes only because a daemon keeps them
+    warm: it asks the running one.  Control: a daemon started with ``--warm-moves-ms 0``
+    makes the same check fail, with the advice."""
+    import json
+
+    from helpers import run_krex
+
+    _waiting_machine()
+    verdicts = {}
+    for name, extra in (("warm", ()), ("off", ("--warm-moves-ms", "0"))):
+        (tmp_path / name).mkdir(mode=0o700)
+        d = Daemon(str(tmp_path / name), *extra).start()
+        try:
+            out = run_krex("doctor", "--json", env={**os.environ, "KREX_SOCKET": d.socket})
+            assert out.returncode == 0, out.stderr
+            checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+            verdicts[name] = (checks["cgroup moves"], d.proc.pid)
+        finally:
+            d.stop()
+    (warm, warm_pid), (off, off_pid) = verdicts["warm"], verdicts["off"]
+    if "waits for an RCU grace period" not in warm["detail"]:
+        pytest.skip(f"doctor's own measurement found no wait this time: {warm['detail']}")
+    assert warm["ok"] and f"the running daemon (pid {warm_pid}) keeps" in warm["detail"]
+    assert not off["ok"], off
+    assert f"(pid {off_pid}) does not keep them warm" in off["detail"]
+    assert off["advice"].startswith("let the daemon keep moves warm")
+
+
 def test_a_warm_moves_period_below_half_a_millisecond_is_refused(tmp_path):
     from helpers import run_krex
 

@@ -137,7 +137,7 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from krex.enforce.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(daemon=_running_daemon())
     if args.json:
         print_json(report)
         return 0
@@ -145,6 +145,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
           [[c["check"], "ok" if c["ok"] else "missing", c["detail"], c.get("advice", "")]
            for c in report["checks"]])
     return 0
+
+
+def _running_daemon() -> dict | None:
+    """The running daemon's own account (``status()["daemon"]``), or None: none runs
+    (doctor never starts one)."""
+    from krex.client.connection import Client
+    from krex.errors import KrexError
+
+    try:
+        with Client(autostart=False, reply_timeout_s=5) as c:
+            return c.status()["daemon"]
+    except (KrexError, OSError):
+        return None
 
 
 __all__ = ["ms"]

@@ -125,13 +125,16 @@ def advice(info: dict, layout: CgroupLayout) -> list[str]:
 GRACE_PERIOD_MS = 1.5
 
 
-def move_cost(layout: CgroupLayout, quiet_s: float = 0.06, n: int = 3) -> dict[str, Any]:
+def move_cost(layout: CgroupLayout, quiet_s: float = 0.06, n: int = 3,
+              daemon: dict[str, Any] | None = None) -> dict[str, Any]:
     """What moving a process between two cgroups costs here after ``quiet_s`` without a
     move, measured (``n`` moves of a sleeping child between two scratch cgroups, p50 ms),
     against back-to-back moves.  The kernel's ``cgroup_threadgroup_rwsem`` makes the first
     move after a quiet spell wait for an RCU grace period unless the cgroup2 mount has
     ``favordynmods``: a region set up after a pause pays it in its ``slot`` step, and its
-    undo again.  ``{"ok": None, "why": ...}`` where no writable cgroup is at hand."""
+    undo again.  ``daemon``: the running daemon's ``status()["daemon"]`` (None: none runs),
+    for the verdict (:func:`move_verdict`).  ``{"ok": None, "why": ...}`` where no
+    writable cgroup is at hand."""
     kind, base = _scratch_base(layout)
     out: dict[str, Any] = {"favordynmods": favordynmods(), "quiet_ms": quiet_s * 1e3,
                            "hierarchy": kind, "v2_root": layout.v2_root, "ok": None}
@@ -170,14 +173,27 @@ def move_cost(layout: CgroupLayout, quiet_s: float = 0.06, n: int = 3) -> dict[s
                 pass
     out["after_quiet_ms"] = round(statistics.median(quiet), 3)
     out["back_to_back_ms"] = round(statistics.median(back), 3)
-    out.update(move_verdict(out["after_quiet_ms"], out["favordynmods"]))
+    out.update(move_verdict(out["after_quiet_ms"], out["favordynmods"], *_warmer(daemon)))
     return out
 
 
+def _warmer(daemon: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether the daemon keeps moves warm, and which daemon that is: the running one as
+    its status says, else one started with the defaults."""
+    if daemon is None:
+        return DEFAULT_PERIOD_MS > 0, "a daemon started with the defaults (none runs now)"
+    warm = daemon.get("warm_moves") or {"state": "off", "why": "a krex too old to say"}
+    who = f"the running daemon (pid {daemon.get('pid')})"
+    if warm["state"] == "off":
+        return False, f"{who} does not keep them warm: {warm['why']}"
+    return True, who
+
+
 def move_verdict(after_quiet_ms: float, favordynmods_on: bool | None,
-                 warmed: bool = True) -> dict[str, Any]:
+                 warmed: bool = True,
+                 by: str = "a daemon started with the defaults") -> dict[str, Any]:
     """``ok``: a move after a quiet spell did not wait for a grace period, or it does and
-    the daemon keeps moves warm while regions are taken (``warmed``: its default,
+    the daemon keeps moves warm while regions are taken (``warmed``, ``by``: which daemon;
     krex.enforce.warm)."""
     waits = after_quiet_ms > GRACE_PERIOD_MS
     if not waits:
@@ -188,10 +204,12 @@ def move_verdict(after_quiet_ms: float, favordynmods_on: bool | None,
         why += " (although the cgroup2 mount has favordynmods: a loaded machine's grace period?)"
     elif warmed:
         return {"ok": True, "waits": True, "why": (
-            why + "; the daemon keeps moves fast while regions are taken (krex serve "
-            f"--warm-moves-ms {DEFAULT_PERIOD_MS:g}): only a region after more than "
-            f"--warm-linger-s ({DEFAULT_LINGER_S:g} s) without one pays it; favordynmods on "
-            "the cgroup2 mount would remove the wait for good")}
+            why + f"; {by} keeps moves fast while regions are taken (krex serve "
+            f"--warm-moves-ms, {DEFAULT_PERIOD_MS:g} by default): only a region after more "
+            f"than --warm-linger-s ({DEFAULT_LINGER_S:g} s by default) without one pays it; "
+            "favordynmods on the cgroup2 mount would remove the wait for good")}
+    if not favordynmods_on:
+        why += f"; {by}"
     return {"ok": False, "waits": True, "why": why}
 
 
@@ -212,10 +230,12 @@ def _read(path: str) -> str:
 # -- krex doctor -----------------------------------------------------------------------------
 
 
-def diagnose(layout: CgroupLayout | None = None) -> dict[str, Any]:
+def diagnose(layout: CgroupLayout | None = None,
+             daemon: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every check ``krex doctor`` shows: ``{"checks": [...], "devices": [...],
     "capabilities": capabilities()}``; each check has ``check``, ``ok``, ``detail``,
-    ``advice`` (empty when ok)."""
+    ``advice`` (empty when ok).  ``daemon``: the running daemon's ``status()["daemon"]``,
+    if one runs (the CLI asks it; this layer has no client)."""
     from krex.devices import discover
 
     layout = layout or CgroupLayout.probe()
@@ -226,7 +246,7 @@ def diagnose(layout: CgroupLayout | None = None) -> dict[str, Any]:
     checks += _cgroup_checks(caps["cgroup_layout"])
     checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
     checks += _enforce_checks(caps)
-    checks.append(_moves_check(move_cost(layout)))
+    checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
     return {"checks": checks, "devices": [d.to_dict() for d in devices], "capabilities": caps}
 
@@ -283,6 +303,7 @@ def _moves_check(cost: dict[str, Any]) -> dict[str, Any]:
         detail += f": {cost['why']}"
     root = cost["v2_root"] or "/sys/fs/cgroup"
     return _check("cgroup moves", cost["ok"], detail,
+                  "let the daemon keep moves warm (krex serve without --warm-moves-ms 0), or "
                   f"mount -o remount,favordynmods {root} (machine-wide; fork and exit get a "
                   "little slower; from Linux 6.18 it stays in effect until reboot)")
 
