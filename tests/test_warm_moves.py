@@ -114,7 +114,7 @@ def test_a_daemon_inside_another_daemons_tree_does_not_ping_and_a_failed_ping_tu
     assert broken.pings == 0 and "a ping failed, warming turned off" in broken.why
 
 
-def _regions_after_pauses(daemon: Daemon, monkeypatch, n: int = 5) -> tuple[list[float], dict]:
+def _regions_after_pauses(daemon: Daemon, monkeypatch, n: int = 7) -> tuple[list[float], dict]:
     """Slot steps (ms) of ``n`` regions each taken after 150 ms of quiet, with a sibling
     job (so the region freezes someone); and the daemon's warm_moves status."""
     import krex
@@ -162,9 +162,11 @@ def test_a_region_after_a_pause_sets_up_without_a_grace_period(tmp_path, monkeyp
         on.stop()
     assert cold_status["state"] == "off" and cold_status["pings"] == 0, cold_status
     assert status["state"] == "warm" and status["pings"] > 0, status
-    # control: without the pings the slot step waits for the grace period
+    # control: without the pings the slot step waits for the grace period (≈ 8 ms here);
+    # with them it does not (0.15-1 ms here; a third of the cold one leaves room for a
+    # loaded machine's waits for a CPU, which a grace period would still exceed)
     assert statistics.median(cold) > GRACE_PERIOD_MS, (cold, warm)
-    assert statistics.median(warm) < GRACE_PERIOD_MS, (warm, cold, status)
+    assert statistics.median(warm) < statistics.median(cold) / 3, (warm, cold, status)
 
 
 def test_a_program_in_a_warm_worker_starts_the_pings_before_its_first_region(tmp_path):
