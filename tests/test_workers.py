@@ -276,6 +276,43 @@ def test_descendants_follow_the_subtree_not_the_whole_machine():
         child.wait()
 
 
+def test_the_snapshot_puts_module_globals_back_and_sees_an_unchanged_heap_in_one_pass():
+    """``snapshot.restore``'s globals step: nothing changed -> nothing named (the one flat
+    pass); a rebound, an added and a deleted global are named and put back (negative
+    controls of the fast path); an added dunder is not the program's change to undo; a
+    "module" whose namespace is a class's mappingproxy is judged too."""
+    import types
+
+    from krex.workers import snapshot
+
+    mod = types.ModuleType("krex_fake_snap")
+    mod.value, mod.gone = [1], "x"
+
+    class Proxy:
+        attr = 1
+
+    sys.modules["krex_fake_snap"], sys.modules["krex_fake_snap_proxy"] = mod, Proxy
+    try:
+        snap = snapshot.take()
+        assert snap.bindings is not None and snap.bindings.unchanged()
+        assert snapshot._restore_globals(snap) == []
+        original = mod.value
+        mod.value, mod.added = [1], 2
+        del mod.gone
+        assert not snap.bindings.unchanged()
+        assert sorted(snapshot._restore_globals(snap)) == [
+            "krex_fake_snap.added", "krex_fake_snap.gone", "krex_fake_snap.value"]
+        assert mod.value is original and mod.gone == "x" and not hasattr(mod, "added")
+        mod.__warningregistry__ = {}  # a dunder: not undone, not named
+        assert snapshot._restore_globals(snap) == []
+        del mod.__warningregistry__
+        assert snap.bindings.unchanged()
+        Proxy.attr = 2
+        assert not snap.bindings.unchanged()
+    finally:
+        del sys.modules["krex_fake_snap"], sys.modules["krex_fake_snap_proxy"]
+
+
 def test_process_state_that_cannot_be_put_back_recycles(pool, tmp_path):
     result, _ = run(pool, write(tmp_path, "nice.py", "import os\nos.nice(1)\n"))
     assert result.ok and result.recycle_reason == "leaked_state: nice"

@@ -11,8 +11,10 @@ reach.
 
 Thousands of bindings are checked twice per evaluation, so both taking and
 checking run at C speed: shallow copies of the namespaces, ``map(id, …)``
-over their values and over the functions' code/defaults, lists of ints
-compared with ``==``.  Identity, never equality: an object whose ``__eq__``
+over their values (looked up again with ``dict.get`` / ``mappingproxy.get``
+mapped over flat lists of namespaces and keys: one pass for all modules, one for
+all classes) and over the functions' code/defaults, lists of ints compared with
+``==``.  Identity, never equality: an object whose ``__eq__``
 says True to anything must not pass for the original.  The snapshot holds
 every object it saw (the namespaces' copies, the code objects, the defaults),
 so none can be freed and its address reused by a replacement while it lives.
@@ -46,14 +48,24 @@ class Bindings:
             if module is not None:
                 self.modules.append(name)
                 self._add_module(name, vars(module))
-        self.keys = [list(copy) for _, _, copy in self.spaces]
-        self.ids = [list(map(id, copy.values())) for _, _, copy in self.spaces]
         values = [v for _, _, copy in self.spaces for v in copy.values()]
         self.wrappers = [v for v in values if isinstance(v, _WRAPPERS)]
         self.wrapped = list(map(_FUNC, self.wrappers))  # held: their addresses stay theirs
         functions = {id(v): v for v in (*values, *self.wrapped) if type(v) is types.FunctionType}
         self.functions = list(functions.values())
         self.parts = [list(map(get, self.functions)) for get in _PARTS]  # held, as above
+        self._flatten()
+
+    def _flatten(self) -> None:
+        """Every binding in flat lists by the kind of its namespace (a module's dict, a
+        class's mappingproxy): one ``map`` at C speed over them all, not one per space."""
+        # by the unbound ``get`` of the namespaces' type: dict.get, mappingproxy.get
+        self.flat: dict[Any, tuple[list[Any], list[str], list[int]]] = {}
+        for _, live, copy in self.spaces:
+            spaces, keys, ids = self.flat.setdefault(type(live).get, ([], [], []))
+            spaces.extend([live] * len(copy))
+            keys.extend(copy)
+            ids.extend(map(id, copy.values()))
 
     def _add_module(self, name: str, namespace: dict[str, Any]) -> None:
         copy = dict(namespace)
@@ -68,9 +80,9 @@ class Bindings:
         return [] if self._same() else self._names()
 
     def _same(self) -> bool:
-        for (_, live, _), keys, ids in zip(self.spaces, self.keys, self.ids, strict=True):
+        for get, (spaces, keys, ids) in self.flat.items():
             # by name, so names added since (a submodule imported later) change nothing
-            if list(map(id, map(live.get, keys, repeat(_MISSING, len(keys))))) != ids:
+            if list(map(id, map(get, spaces, keys, repeat(_MISSING)))) != ids:
                 return False
         if list(map(id, map(_FUNC, self.wrappers))) != list(map(id, self.wrapped)):
             return False
@@ -94,7 +106,7 @@ class Bindings:
         return sorted(out)
 
     def __len__(self) -> int:
-        return sum(len(keys) for keys in self.keys)
+        return sum(len(copy) for _, _, copy in self.spaces)
 
 
 def fingerprint(module_names: list[str]) -> Bindings:

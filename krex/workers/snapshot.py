@@ -45,6 +45,42 @@ class Snapshot:
     streams: tuple[Any, Any, Any]
     fds: dict[int, int]  # fd -> a dup of what it pointed to
     torch: dict[str, Any] = field(default_factory=dict)
+    bindings: _Flat | None = None  # every module's namespace as taken, dunders too
+
+
+class _Flat:
+    """All modules' namespaces in flat lists, so "nothing rebound, added or removed" is
+    one pass at C speed over every binding (``dict.get`` mapped over namespace and key
+    lists, identities compared as lists of ints) instead of a set difference per module.
+    Holds a copy of each namespace: no value it saw can be freed and its id reused.  The
+    rare "module" whose namespace is not a dict (a class in ``sys.modules``, e.g.
+    ``typing.io``) is compared in Python."""
+
+    def __init__(self, modules: dict[str, ModuleType]) -> None:
+        spaces = [ns for ns in map(_namespace, modules.values()) if ns is not None]
+        self.live = [ns for ns in spaces if type(ns) is dict]
+        self.copies = [dict(ns) for ns in self.live]
+        self.lens = list(map(len, self.live))
+        self.spaces = [ns for ns, copy in zip(self.live, self.copies, strict=True) for _ in copy]
+        self.keys = [k for copy in self.copies for k in copy]
+        self.ids = [id(v) for copy in self.copies for v in copy.values()]
+        self.others = [(ns, dict(ns)) for ns in spaces if type(ns) is not dict]
+
+    def unchanged(self) -> bool:
+        """Every namespace has exactly the bindings it had (the same length and the same
+        object under every key it had: nothing added, removed or rebound)."""
+        return (list(map(len, self.live)) == self.lens and list(map(
+            id, map(dict.get, self.spaces, self.keys, itertools.repeat(_MISSING)))) == self.ids
+            and all(len(ns) == len(copy) and all(ns.get(k, _MISSING) is v
+                                                  for k, v in copy.items())
+                    for ns, copy in self.others))
+
+
+def _namespace(module: ModuleType) -> Any:
+    try:
+        return vars(module)
+    except TypeError:
+        return None
 
 
 def take() -> Snapshot:
@@ -58,6 +94,7 @@ def take() -> Snapshot:
         warnings_filters=list(warnings.filters), umask=_umask(), settings=_settings(),
         streams=(sys.stdin, sys.stdout, sys.stderr),
         fds={fd: os.dup(fd) for fd in (0, 1, 2)}, torch=_torch_state(),
+        bindings=_Flat(mods),
     )
 
 
@@ -157,7 +194,10 @@ def _is_extension(module: ModuleType) -> bool:
 
 def _restore_globals(snap: Snapshot) -> list[str]:
     """Thousands of bindings after every program: a module whose bindings are all the
-    saved objects is skipped after one pass at C speed (set difference, ``map``)."""
+    saved objects is skipped after one pass at C speed (set difference, ``map``); when no
+    namespace changed at all (the usual case) one flat pass over them all suffices."""
+    if snap.bindings is not None and snap.bindings.unchanged():
+        return []
     out = []
     for name, saved in snap.globals.items():
         namespace = vars(snap.modules[name])
