@@ -241,6 +241,30 @@ def test_same_at_confidence_does_not_call_a_material_difference_same():
         assert verdicts.count("same") <= 1, verdicts
 
 
+def test_without_an_estimate_the_looks_raise_no_more_false_alarms():
+    """krex.evaluate's settings with ``estimate_calls=0`` (groups sized in the region, a
+    look every ~2.5 ms and on each floor): 60 same-speed runs at 10 % noise raise no more
+    false faster/slower than with the estimate (<= 3 of 60: 95 % right), 40 runs at
+    1.1x and 1/1.1x are called ``same`` at most once each, and a same-speed pair needs
+    no more pairs.  Control: the eager 4-pair floor still raises them this way."""
+    kw = dict(min_pairs=30, early_pairs=10, decisive_only=True, same_at_confidence=True,
+              max_time_s=60.0, timeout_s=60.0)
+    runs = {calls: [_sequential(1.0, 0.1, seed, estimate_calls=calls, **kw)
+                    for seed in range(60)] for calls in (5, 0)}
+    alarms = {calls: sum(c.verdict in ("faster", "slower") for c in rs)
+              for calls, rs in runs.items()}
+    assert alarms[0] <= max(alarms[5], 3), alarms
+    pairs = {calls: sum(c.pairs for c in rs) / len(rs) for calls, rs in runs.items()}
+    assert pairs[0] <= pairs[5] * 1.05, pairs
+    for ratio in (1.1, 1 / 1.1):
+        verdicts = [_sequential(ratio, 0.1, seed, estimate_calls=0, **kw).verdict
+                    for seed in range(40)]
+        assert verdicts.count("same") <= 1, verdicts
+    eager = sum(_sequential(1.0, 0.1, seed, estimate_calls=0, min_pairs=4).verdict
+                in ("faster", "slower") for seed in range(60))
+    assert eager > 3
+
+
 class _PreemptingTimer(FakeTimer):
     """A fake whose samples longer than ``busy_ms`` spent the excess off the CPU."""
 

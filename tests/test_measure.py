@@ -430,5 +430,23 @@ def test_compare_estimate_calls_sets_the_calls_before_the_region():
     default, c5 = calls_outside(5)
     assert default - fewer == 2 * 3  # (first call + 5 samples + warm-up) vs (... + 2 ...)
     assert c2.verdict == c5.verdict == "same"
+    none, c0 = calls_outside(0)  # no estimate: the first call and a 1 ms warm-up per side
+    assert 2 * 2 <= none <= 2 * 3 and c0.verdict == "same"  # (1 ms ± 0.1 %: one or two)
     with pytest.raises(ValueError, match="estimate_calls"):
-        compare(lambda: None, lambda: None, estimate_calls=0)
+        compare(lambda: None, lambda: None, estimate_calls=-1)
+
+
+@pytest.mark.parametrize("b_ms, verdict, pairs", [(0.5, "faster", 10), (1.0, "same", 30)])
+def test_compare_without_an_estimate_looks_on_the_floors(b_ms, verdict, pairs):
+    """``estimate_calls=0`` sizes the groups between looks from the blocks measured in the
+    region and cuts them so that a look falls on the early floor and on ``min_pairs``: a
+    clear effect stops at exactly ``early_pairs``, a clear ``same`` at ``min_pairs``, not
+    a group later (with 1 ms samples a group is one block, 2 pairs, after the first look)."""
+    from krex.measure import compare
+
+    timer = FakeTimer(seed=1)
+    a, b = timer.kernel(1.0, noise_rel=0.001), timer.kernel(b_ms, noise_rel=0.001)
+    c = compare(a, b, timer=timer, region=ScriptedRegions(clock=timer.now_s), cache="hot",
+                estimate_calls=0, warmup_ms=1.0, min_pairs=30, early_pairs=10, min_time_s=0.005,
+                same_within=0.06, decisive_only=True, same_at_confidence=True)
+    assert (c.verdict, c.pairs) == (verdict, pairs)

@@ -37,7 +37,7 @@ MIN_PAIRS = 30  # compare's floor before it may stop on a clear verdict (12 cost
 EARLY_PAIRS = 10  # ... unless the effect is material: the stricter interval wholly beyond
 # the ±2w band (a large true effect needs few pairs; 10 is where a sign-test interval
 # reaches compare's stricter 99.8 % at all)
-WARMUP_MS = 1.0  # one call per side: both were called several times before the timing
+WARMUP_MS = 1.0  # a call or a few per side: both were called several times before the timing
 ANNOUNCE_WITHIN_CHARS = 1 << 20  # stdout read for the reference announcement, at most
 MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
 
@@ -233,7 +233,8 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
               "screen_offcpu": True,  # pairs with a preempted sample set aside (cpu)
               "order": "random",  # ABBA favours B by 1-3 % on cpu: the stopping check runs
               # between blocks, just before every block's first A sample
-              "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS}
+              "min_time_s": MIN_MEASURED_S, "warmup_ms": WARMUP_MS,
+              "estimate_calls": 0}  # both sides ran before: groups sized in the region
     return {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
             "dir": workdir, "device": device, "reference_cases": ref_cases,
             "candidate": specs["candidate"].to_dict(), "cases": cases, "timing": timing,

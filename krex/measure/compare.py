@@ -35,6 +35,7 @@ from krex.measure.timers import Timer
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 EARLY_STOP_ALPHA_DIVISOR = 5.0
+MEASURED_LOOK_MS = 2.5  # without an estimate: wall time between two looks, as measured
 OFFCPU_MIN_MS = 0.05  # a sample whose thread was off its CPU longer than this ...
 OFFCPU_SHARE = 0.02  # ... and than this share of the sample was preempted (screen_offcpu)
 
@@ -188,14 +189,34 @@ class _PairLoop:
         _, low, high = speedup_interval(self.log_ratios(), self.limits.confidence)
         return verdict(low, high, self.limits.same_within) == SAME
 
+    def blocks_to_next_look(self, per_block_s: float | None) -> int:
+        """Without an estimate: one block first; then about ``MEASURED_LOOK_MS`` of blocks
+        as measured in the region (the estimate before it, taken while others still ran,
+        made the groups of the other way one or two blocks of kernels near a
+        millisecond), cut so that a look falls on the pair counts where :meth:`decide`
+        may first stop (the early floor, ``min_pairs``) -- not a group past them."""
+        if not per_block_s:
+            return 1
+        lim, have = self.limits, len(self.a_ms)
+        strict = 1.0 - (1.0 - lim.confidence) / EARLY_STOP_ALPHA_DIVISOR
+        early = max(lim.early_pairs or lim.min_pairs, covering_pairs(strict))
+        wanted = loop.batch_size(per_block_s * 1e3, MEASURED_LOOK_MS)
+        for floor in sorted({min(lim.min_pairs, early), lim.min_pairs}):
+            if floor > have:
+                return max(1, min(wanted, math.ceil((floor - have) / 2)))
+        return wanted
+
     def log_ratios(self) -> list[float]:
         return [
             math.log(a / b) for a, b in zip(self.a_ms, self.b_ms, strict=True) if a > 0 and b > 0
         ]
 
-    def run(self, blocks_per_check: int, block_wall_s: float, hold: loop.Hold) -> tuple[str, float]:
+    def run(self, blocks_per_check: int | None, block_wall_s: float | None,
+            hold: loop.Hold) -> tuple[str, float]:
         """Blocks until a reason to stop; a group of blocks is cut to what fits in the
-        hold's limit (at least one block is taken)."""
+        hold's limit (at least one block is taken).  Without an estimate
+        (``blocks_per_check`` None) the first group is one block and each later one is
+        sized from the blocks measured so far (:meth:`blocks_to_next_look`)."""
         timer = self.a.timer
         start_s = timer.now_s()
         waited = getattr(timer, "waited_s", None) if self.screened else None
@@ -206,8 +227,9 @@ class _PairLoop:
             limit_s = hold.limit(limit_s)
             now = timer.now_s()
             per_block_s = (now - start_s) / blocks if blocks else block_wall_s
-            n = loop.samples_that_fit(limit_s - (now - hold.start_s), per_block_s,
-                                      blocks_per_check)
+            wanted = blocks_per_check or self.blocks_to_next_look(per_block_s)
+            n = loop.samples_that_fit(limit_s - (now - hold.start_s), per_block_s or 0.0,
+                                      wanted)
             if n < 1 and blocks:
                 return limit_reason, timer.now_s() - start_s
             for _ in range(max(1, n)):
@@ -246,19 +268,21 @@ def compare(
 ) -> Comparison:
     """Is ``candidate`` faster than ``baseline``?  Both are timed in one region.
 
-    ``estimate_calls``: samples per side, before the region, that size the batches
-    between two stopping checks (krex.evaluate, whose sides were called many times
-    before, asks for fewer).  ``decisive_only``: from ``min_pairs`` on, stop only when
-    the interval lies within the band or wholly beyond it, not as soon as it excludes
-    1 — identical code under load has a median ratio ~1 % off 1 (position effects),
-    and stopping at the first interval excluding it let noise decide a "slower"
-    (krex.evaluate asks for this).  ``same_at_confidence``: from ``min_pairs`` on, stop
-    on ``same`` once the interval at ``confidence`` (the reported one) lies within the
-    band, not only the stricter one: about a quarter fewer pairs for a same-speed
-    candidate at 9 % pair noise; the looks add a little to the chance that a candidate
-    just outside the band is called ``same`` (2 of 400 simulated runs at a true 1.07x
-    with a ±6 % band, none at 1.09x; tests/test_compare.py).  ``faster``/``slower``
-    still stop only at the stricter confidence (krex.evaluate asks for this too).
+    ``estimate_calls``: samples per side, before the region, that size the batches between
+    two stopping checks; 0: none -- each side is called once and warmed up for ``warmup_ms``
+    by the clock (at least one call), and the batches are sized from the blocks measured in
+    the region (the first check after one block; krex.evaluate, whose sides were called many
+    times before, asks for this). ``decisive_only``: from ``min_pairs`` on, stop only when
+    the interval lies within the band or wholly beyond it, not as soon as it excludes 1 —
+    identical code under load has a median ratio ~1 % off 1 (position effects), and stopping
+    at the first interval excluding it let noise decide a "slower" (krex.evaluate asks for
+    this). ``same_at_confidence``: from ``min_pairs`` on, stop on ``same`` once the interval
+    at ``confidence`` (the reported one) lies within the band, not only the stricter one:
+    about a quarter fewer pairs for a same-speed candidate at 9 % pair noise; the looks add
+    a little to the chance that a candidate just outside the band is called ``same`` (2 of
+    400 simulated runs at a true 1.07x with a ±6 % band, none at 1.09x;
+    tests/test_compare.py). ``faster``/``slower`` still stop only at the stricter confidence
+    (krex.evaluate asks for this too).
     ``screen_offcpu`` (timers that tell a sample's off-CPU time: ``CpuTimer``, or any
     timer with ``offcpu_ms``): a pair either of whose samples was preempted
     (:func:`preempted`) is set aside and measured again -- the hold may run past
@@ -272,21 +296,28 @@ def compare(
                          region=region)
     timer, device = opts.resolve()
     a, b = loop.Plan(baseline, timer, opts.cold), loop.Plan(candidate, timer, opts.cold)
-    if estimate_calls < 1:
-        raise ValueError(f"estimate_calls must be at least 1, not {estimate_calls}")
-    est_a, est_b = (loop.first_call_and_estimate(p, estimate_calls) for p in (a, b))
-    for plan, est in ((a, est_a), (b, est_b)):
-        loop.warm_up(plan, warmup_ms, est.call_ms)
+    if estimate_calls < 0:
+        raise ValueError(f"estimate_calls must be 0 or more, not {estimate_calls}")
+    blocks: int | None = None
+    block_wall_ms: float | None = None
+    if estimate_calls:
+        est_a, est_b = (loop.first_call_and_estimate(p, estimate_calls) for p in (a, b))
+        for plan, est in ((a, est_a), (b, est_b)):
+            loop.warm_up(plan, warmup_ms, est.call_ms)
+        block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
+        blocks = max(1, loop.batch_size(block_wall_ms))
+    else:
+        for plan in (a, b):
+            loop.first_call_and_warm_up(plan, warmup_ms)
     if early_pairs is not None and early_pairs < 1:
         raise ValueError(f"early_pairs must be at least 1, not {early_pairs}")
     limits = _Limits(min_pairs, min_time_s, max_time_s, timeout_s, confidence, same_within,
                      early_pairs, decisive_only, same_at_confidence, screen_offcpu)
-    block_wall_ms = 2 * (est_a.sample_wall_ms + est_b.sample_wall_ms)
-    blocks = max(1, loop.batch_size(block_wall_ms))
 
     def body(hold: loop.Hold) -> _PairLoop:
         pairs = _PairLoop(a, b, limits, order, random.Random(seed))
-        pairs.stop_reason, pairs.elapsed_s = pairs.run(blocks, block_wall_ms / 1e3, hold)
+        pairs.stop_reason, pairs.elapsed_s = pairs.run(
+            blocks, block_wall_ms / 1e3 if block_wall_ms else None, hold)
         pairs.keep_all_if_too_few()
         return pairs
 

@@ -85,6 +85,23 @@ def first_call_and_estimate(plan: Plan, calls: int = ESTIMATE_CALLS) -> Estimate
     return Estimate(call_ms, max(wall_ms, call_ms))
 
 
+def first_call_and_warm_up(plan: Plan, warmup_ms: float) -> int:
+    """Without an estimate: call once (compile, lazy init; with a cold cache a flush
+    after it, as :func:`first_call_and_estimate` does), then call until ``warmup_ms`` of
+    the timer's clock has passed since (at least once more), each call waited for;
+    returns the calls after the first."""
+    plan.fn()
+    if plan.cold:
+        plan.timer.flush_cache()
+    plan.timer.synchronize()
+    start, count = plan.timer.now_s(), 0
+    while count == 0 or (plan.timer.now_s() - start) * 1e3 < warmup_ms:
+        plan.fn()
+        plan.timer.synchronize()
+        count += 1
+    return count
+
+
 def warm_up(plan: Plan, warmup_ms: float, estimate_ms: float) -> int:
     """``warmup_ms`` worth of calls (at least one), the do_bench way; returns the count."""
     count = max(1, int(warmup_ms / estimate_ms))
@@ -94,9 +111,9 @@ def warm_up(plan: Plan, warmup_ms: float, estimate_ms: float) -> int:
     return count
 
 
-def batch_size(sample_wall_ms: float) -> int:
-    """Samples per stopping decision: about CHECK_INTERVAL_MS of wall time."""
-    return max(1, min(MAX_BATCH, int(CHECK_INTERVAL_MS / max(sample_wall_ms, 1e-6))))
+def batch_size(sample_wall_ms: float, interval_ms: float = CHECK_INTERVAL_MS) -> int:
+    """Samples per stopping decision: about ``interval_ms`` of wall time."""
+    return max(1, min(MAX_BATCH, int(interval_ms / max(sample_wall_ms, 1e-6))))
 
 
 def overhead_per_sample_ms(samples_ms: Sequence[float], elapsed_s: float) -> float | None:
