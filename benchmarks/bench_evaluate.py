@@ -178,7 +178,8 @@ def run_krex(device: str, work: list[list[dict[str, Any]]], cache: str,
 def cpu_split(before: dict[str, float] | None = None, wall_s: float = 0.0) -> dict[str, float]:
     """CPU seconds by whom: the daemon (with its workers, the fake device server and the
     guardian: its children, live and reaped), this evaluating process, everything else;
-    and the machine's idle time.  With ``before``: the differences over the run
+    and the machine's idle time.  ``daemon_alone_s`` and ``guardian_s`` are parts of
+    ``daemon_and_workers_s``.  With ``before``: the differences over the run
     (``busy_fraction``: the share of all cores' time that was not idle)."""
     import psutil
 
@@ -187,16 +188,22 @@ def cpu_split(before: dict[str, float] | None = None, wall_s: float = 0.0) -> di
     with Client(autostart=False) as c:
         daemon = psutil.Process(c.status()["daemon"]["pid"])
     t = daemon.cpu_times()
-    krexd = t.user + t.system + t.children_user + t.children_system
+    own_daemon = t.user + t.system
+    krexd = own_daemon + t.children_user + t.children_system
+    guardian = 0.0
     for child in daemon.children(recursive=True):
         try:
             ct = child.cpu_times()
             krexd += ct.user + ct.system
+            if "krex.enforce.guardian" in " ".join(child.cmdline()):
+                guardian += ct.user + ct.system
         except psutil.NoSuchProcess:
             pass
     own = sum(os.times()[:2])
     machine = psutil.cpu_times()
-    now = {"daemon_and_workers_s": krexd, "evaluating_process_s": own,
+    now = {"daemon_and_workers_s": krexd, "daemon_alone_s": own_daemon,
+           "guardian_s": guardian,
+           "evaluating_process_s": own,
            "machine_idle_s": machine.idle + machine.iowait,
            "machine_total_s": sum(machine)}
     if before is None:
