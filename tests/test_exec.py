@@ -50,6 +50,49 @@ def test_each_result_brackets_exactly_its_own_regions(daemon, tmp_path):
         assert len(inside) == 1, (r.started_mono_s, r.ended_mono_s, stamps)
 
 
+LEAVE_OPEN = """
+import krex
+from krex.client import connection
+r = krex.region(label="left-open")
+r.__enter__()  # never left: the program ends holding it
+connection.ACTING_FOR.set("someone-else")
+import gc
+gc.freeze()  # nor will a collection of the dropped module close its connection by chance
+"""
+NEXT = """
+import json, os, sys, time, krex
+from krex.client import connection
+t0 = time.monotonic()
+with krex.region(label="next"):
+    waited = time.monotonic() - t0
+    depth = dict(sys.modules["krex.client.region"]._state.depth)
+with open("seen.json", "w") as f:
+    json.dump({"waited": waited, "depth": depth, "acting_for": connection.ACTING_FOR.get(),
+               "pid": os.getpid()}, f)
+"""
+
+
+def test_a_region_a_program_left_open_ends_with_it(daemon, tmp_path):
+    """A region a program in a warm worker left open is released when the program ends.
+    Before, only a garbage collection of the dropped krex.client module closed its
+    connection -- often at once, sometimes not for a minute: the next program in the
+    worker (the same job) then waited for the revocation at the maximum hold, 60 s (here
+    made certain with ``gc.freeze()``).  The next one starts with no depth and no tenant
+    acted for."""
+    (tmp_path / "leave.py").write_text(LEAVE_OPEN)
+    (tmp_path / "next.py").write_text(NEXT)
+    with daemon.client() as c:
+        first = c.exec(str(tmp_path / "leave.py"), [], cwd=str(tmp_path))
+        second = c.exec(str(tmp_path / "next.py"), [], cwd=str(tmp_path))  # at once
+        records = {r["label"]: r for r in c.regions()}
+    assert first.ok and second.ok, second
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["pid"] == first.worker_pid  # the same warm worker
+    assert seen["waited"] < 10 and seen["depth"] == {"cpu": 1} and seen["acting_for"] is None
+    left = records["left-open"]
+    assert left["outcome"] == "owner_gone" and left["released_mono_s"] <= first.ended_mono_s + 5
+
+
 def test_submit_a_callable_and_see_errors(daemon):
     with daemon.client() as c:
         ok = c.submit(divmod, 17, 5)

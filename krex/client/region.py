@@ -69,6 +69,19 @@ def _connection(fresh: bool = False) -> Connection:
     return conn
 
 
+def close_if_held() -> bool:
+    """A warm worker's program has ended: when it left a region open on this thread, close
+    the connection, so the daemon releases the region now (``owner_gone``) instead of
+    at its maximum hold -- the next program in the worker, the same job, would wait for
+    that.  Returns whether it did."""
+    conn = _state.conn
+    if conn is None or _state.pid != os.getpid() or not any(_state.depth.values()):
+        return False
+    _state.conn, _state.depth, _state.outer = None, {}, {}
+    conn.close()
+    return True
+
+
 def _job_id(conn: Connection, device: str) -> int:
     """The job this process belongs to: the managed one, or an ad-hoc one of its own."""
     env_job = os.environ.get("KREX_JOB_ID")

@@ -97,6 +97,7 @@ class Worker:
         result = runner.run(message["request"], self.snap.environ,
                             self.options.get("pinned_env", []))
         self._end_of_output()
+        _release_left_open()
         restored = [x for x in snapshot.restore(self.snap) if x not in _APPLIED_BY_RUNNER]
         self.served += 1
         try:
@@ -111,6 +112,17 @@ class Worker:
     def _end_of_output(self) -> None:
         for fd in (1, 2):
             os.write(fd, self.sentinel)
+
+
+def _release_left_open() -> None:
+    """A region the program left open ends with it (krex.client's connection is closed);
+    else the next program here waited for the daemon to revoke it at its maximum hold."""
+    region = sys.modules.get("krex.client.region")
+    if region is not None:
+        try:
+            region.close_if_held()
+        except Exception:  # noqa: BLE001, S110  (the daemon still revokes it in the end)
+            pass
 
 
 # What the runner itself sets for every program: putting it back is no news.
