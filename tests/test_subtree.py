@@ -3,6 +3,7 @@ the holder in its slot, undo after crashes (issue 18, issue 11 item 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -350,9 +351,20 @@ def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_pat
 
     # a "pipeline": a shell leading a group of two commands; the job is the first one
     shell = spawn(["sh", "-c", "sleep 30 & sleep 31 & wait"], start_new_session=True)
-    wait_for(lambda: len(psutil.Process(shell.pid).children()) == 2)
-    member, mate = sorted(psutil.Process(shell.pid).children(), key=lambda p: p.cmdline()[-1])
+
+    def sleeps() -> list[psutil.Process]:
+        """The shell's two children once both run `sleep` (a forked child's command line
+        is the shell's, or empty, until it has exec'd: seen as an IndexError in CI)."""
+        try:
+            kids = psutil.Process(shell.pid).children()
+            return kids if len(kids) == 2 and all(
+                k.cmdline()[:1] == ["sleep"] for k in kids) else []
+        except psutil.Error:
+            return []
+
     try:
+        wait_for(lambda: sleeps())
+        member, mate = sorted(sleeps(), key=lambda p: p.cmdline()[-1])
         owner = ProcessRef.of(member.pid)
         job = Job(5, "j", "cpu", "region", "adhoc" if adhoc else "managed", owner,
                   root=None if adhoc else owner, pgid=shell.pid)
@@ -366,8 +378,9 @@ def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_pat
         assert states[member.pid] == "T"
         assert states[mate.pid] == ("S" if adhoc else "T"), states
     finally:
-        for p in (member, mate):
-            p.kill()
+        for p in psutil.Process(shell.pid).children():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         reap(shell)
 
 
