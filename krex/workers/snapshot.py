@@ -49,31 +49,45 @@ class Snapshot:
 
 
 class _Flat:
-    """All modules' namespaces in flat lists, so "nothing rebound, added or removed" is
-    one pass at C speed over every binding (``dict.get`` mapped over namespace and key
-    lists, identities compared as lists of ints) instead of a set difference per module.
-    Holds a copy of each namespace: no value it saw can be freed and its id reused.  The
-    rare "module" whose namespace is not a dict (a class in ``sys.modules``, e.g.
-    ``typing.io``) is compared in Python."""
+    """All modules' namespaces in flat lists, so which of them changed (a binding added,
+    removed or rebound) is found in one pass at C speed over every binding (``dict.get``
+    mapped over namespace and key lists, identities compared as lists of ints, the
+    positions that differ picked by ``itertools.compress``) instead of a set difference
+    per module.  Holds a copy of each namespace: no value it saw can be freed and its id
+    reused.  The rare "module" whose namespace is not a dict (a class in
+    ``sys.modules``, e.g. ``typing.io``) is compared in Python."""
 
     def __init__(self, modules: dict[str, ModuleType]) -> None:
-        spaces = [ns for ns in map(_namespace, modules.values()) if ns is not None]
-        self.live = [ns for ns in spaces if type(ns) is dict]
+        named = [(name, ns) for name, ns in zip(modules, map(_namespace, modules.values()),
+                                                strict=True) if ns is not None]
+        self.names = [name for name, ns in named if type(ns) is dict]
+        self.live = [ns for _, ns in named if type(ns) is dict]
         self.copies = [dict(ns) for ns in self.live]
         self.lens = list(map(len, self.live))
         self.spaces = [ns for ns, copy in zip(self.live, self.copies, strict=True) for _ in copy]
+        self.owners = [name for name, copy in zip(self.names, self.copies, strict=True)
+                       for _ in copy]
         self.keys = [k for copy in self.copies for k in copy]
         self.ids = [id(v) for copy in self.copies for v in copy.values()]
-        self.others = [(ns, dict(ns)) for ns in spaces if type(ns) is not dict]
+        self.others = [(name, ns, dict(ns)) for name, ns in named if type(ns) is not dict]
+
+    def changed(self) -> set[str]:
+        """The modules whose namespace differs from the copy (another length, or another
+        object under a key it had); usually none."""
+        out: set[str] = set()
+        lens = list(map(len, self.live))
+        if lens != self.lens:
+            out.update(itertools.compress(self.names, map(operator.ne, lens, self.lens)))
+        found = list(map(id, map(dict.get, self.spaces, self.keys, itertools.repeat(_MISSING))))
+        if found != self.ids:
+            out.update(itertools.compress(self.owners, map(operator.ne, found, self.ids)))
+        out.update(name for name, ns, copy in self.others
+                   if len(ns) != len(copy) or any(ns.get(k, _MISSING) is not v
+                                                  for k, v in copy.items()))
+        return out
 
     def unchanged(self) -> bool:
-        """Every namespace has exactly the bindings it had (the same length and the same
-        object under every key it had: nothing added, removed or rebound)."""
-        return (list(map(len, self.live)) == self.lens and list(map(
-            id, map(dict.get, self.spaces, self.keys, itertools.repeat(_MISSING)))) == self.ids
-            and all(len(ns) == len(copy) and all(ns.get(k, _MISSING) is v
-                                                  for k, v in copy.items())
-                    for ns, copy in self.others))
+        return not self.changed()
 
 
 def _namespace(module: ModuleType) -> Any:
@@ -194,12 +208,14 @@ def _is_extension(module: ModuleType) -> bool:
 
 def _restore_globals(snap: Snapshot) -> list[str]:
     """Thousands of bindings after every program: a module whose bindings are all the
-    saved objects is skipped after one pass at C speed (set difference, ``map``); when no
-    namespace changed at all (the usual case) one flat pass over them all suffices."""
-    if snap.bindings is not None and snap.bindings.unchanged():
-        return []
+    saved objects is skipped after one pass at C speed (set difference, ``map``); one flat
+    pass over them all (:class:`_Flat`) names the modules worth that look -- usually none."""
+    names = snap.globals if snap.bindings is None else sorted(snap.bindings.changed())
     out = []
-    for name, saved in snap.globals.items():
+    for name in names:
+        saved = snap.globals.get(name)
+        if saved is None:
+            continue
         namespace = vars(snap.modules[name])
         added = [k for k in namespace.keys() - saved.keys() if not k.startswith("__")]
         found = map(namespace.get, saved, itertools.repeat(_MISSING))  # a deleted None too
