@@ -51,17 +51,34 @@ HACKS = {
 }
 
 
+# The background thread fills the output "shortly after" the call returns: on a loaded
+# machine it may not have run when the checks read the output, and the hack is then
+# caught as WRONG_OUTPUT (its timing skipped by the pre-check) -- seen once beside a CPU
+# loop.  Such a run is tried again, up to RACY_TRIES times; the finding must still come.
+RACY = {"hacks.py:background_thread"}
+RACY_TRIES = 4
+
+
+def caught(hack: str, finding: str, **kw):
+    """An evaluation of ``hack`` that is invalid with ``finding``."""
+    for _ in range(RACY_TRIES if hack in RACY else 1):
+        ev = evaluate(hack, **kw)
+        assert ev.verdict == "invalid" and not ev.ok, ev.summary()
+        if finding in ev.codes() or hack not in RACY:
+            break
+        assert "WRONG_OUTPUT" in ev.codes(), ev.summary()  # read before the thread wrote it
+    assert finding in ev.codes(), ev.summary()
+    return ev
+
+
 @pytest.mark.parametrize("hack", sorted(HACKS))
 def test_each_hack_is_caught_with_its_finding(daemon_m, hack):
     for _ in range(REPEATS):
-        ev = evaluate(hack)
-        assert HACKS[hack] in ev.codes(), ev.summary()
-        assert ev.verdict == "invalid" and not ev.ok, ev.summary()
+        caught(hack, HACKS[hack])
 
 
 def test_background_thread_is_caught_with_a_cold_cache_too(daemon_m):
-    ev = evaluate("hacks.py:background_thread", cache="cold")
-    assert "WORK_AFTER_RETURN" in ev.codes(), ev.summary()
+    caught("hacks.py:background_thread", "WORK_AFTER_RETURN", cache="cold")
 
 
 def test_the_cpu_probe_runs_only_where_a_thread_of_the_candidates_was_seen(daemon_m):
