@@ -81,6 +81,28 @@ def test_equal_arrays_pass_at_once_and_only_equal_ones():
     assert kinds(np.arange(4), np.arange(4)) == [] and kinds(np.arange(4), np.ones(4, int))
 
 
+def test_the_evidence_quotes_the_first_mismatches_in_order():
+    rng = np.random.default_rng(1)
+    for shape in [(1,), (7,), (256, 512), (3, 4, 5), (50_000,)]:
+        for share in (1e-4, 0.3, 1.0):
+            mask = rng.random(shape) < share
+            want = [tuple(int(i) for i in ix) for ix in np.argwhere(mask)[:3]]
+            assert values.first_true(mask, 3) == want
+    strided = np.zeros((300, 300), bool)[:, ::2]
+    strided[299, 149] = True  # the last element of a view, past every chunk but the last
+    assert values.first_true(strided, 3) == [(299, 149)]
+    assert values.first_true(np.zeros((9, 9), bool), 3) == []
+    x = np.zeros((64, 64), np.float32)
+    wrong = x.copy()
+    wrong[5, 7], wrong[40, 2] = 1.0, 2.0
+    (problem,) = values.compare(tree(x), tree(wrong))
+    assert [e["index"] for e in problem["examples"]] == [[5, 7], [40, 2]]
+    assert problem["count"] == 2 and [e["got"] for e in problem["examples"]] == [1.0, 2.0]
+    wrong[40, 2] = np.inf
+    (problem,) = values.compare(tree(x), tree(wrong))
+    assert problem["kind"] == "non_finite" and "[[40, 2]]" in problem["detail"]
+
+
 def test_digest_sees_contents_dtype_and_shape():
     x = np.arange(6, dtype=np.float32)
     base = values.tree_digest((x,))
