@@ -19,6 +19,10 @@ truth) for each, in results/bench_evaluate.json.
 
     python benchmarks/bench_evaluate.py [--agents 8] [--candidates 20] [--cache hot]
         [--kcoral-python /path/to/kcoral-venv/bin/python] [--devices cpu,fakegpu:0]
+        [--rounds N]
+
+With ``--rounds N`` the systems run N times each, their order alternating by
+round, and the results hold krex's ratio to KCoral per round and its median.
 """
 
 from __future__ import annotations
@@ -324,6 +328,24 @@ def phases(flat: list[dict[str, Any]]) -> dict[str, Any]:
             "regions_taken": sum(r.get("regions") or 0 for r in flat)}
 
 
+def ratios_to_kcoral(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """krex on cpu over KCoral, evaluations per minute, by round (each round runs both
+    back to back on the same workload), and their median: one 8-second run moves by
+    ±15 % on a shared machine, so one round's ratio is not a result."""
+    import statistics
+
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if r["system"] == "kcoral" or r["device"] == "cpu":
+            by_round.setdefault(r["round"], {})[r["system"]] = r["per_minute"]
+    ratios = [round(v["krex"] / v["kcoral"], 3) for _, v in sorted(by_round.items())
+              if "krex" in v and v.get("kcoral")]
+    if not ratios:
+        return {}
+    return {"by_round": ratios, "median": round(statistics.median(ratios), 3),
+            "lowest": min(ratios)}
+
+
 def compile_krex() -> None:
     """Write krex's bytecode, as pip does for KCoral's installed package: with
     PYTHONDONTWRITEBYTECODE set (as in this project's sessions) an editable checkout is
@@ -346,6 +368,9 @@ def main() -> int:
     p.add_argument("--kcoral-python", help="Python of a venv with kcoral[server] deps; "
                                            "omitted: krex alone")
     p.add_argument("--quick", action="store_true", help="2 agents x 5 candidates")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="the whole workload this many times, the systems' order alternating "
+                        "by round; with KCoral, the ratio per round and its median")
     p.add_argument("--daemon-args", default="", help="extra `krex serve` flags for krex's "
                                                       "private daemon, e.g. '--workers-max 3'")
     args = p.parse_args()
@@ -355,25 +380,33 @@ def main() -> int:
     compile_krex()
     load_before = os.getloadavg()
     runs = []
-    if args.kcoral_python:
-        runs.append(run_kcoral(args.kcoral_python, work))
-    for device in args.devices.split(","):
-        runs.append(run_krex(device, work, args.cache, tuple(args.daemon_args.split())))
-    rows = [(r["system"], r["device"], r["evaluations"], f"{r['wall_s']:.1f}",
+    for i in range(args.rounds):
+        one = [lambda: run_kcoral(args.kcoral_python, work)] if args.kcoral_python else []
+        one += [lambda d=d: run_krex(d, work, args.cache, tuple(args.daemon_args.split()))
+                for d in args.devices.split(",")]
+        for run in one if i % 2 == 0 else one[::-1]:  # each system first in every other round
+            runs.append({**run(), "round": i + 1})
+    rows = [(r["round"], r["system"], r["device"], r["evaluations"], f"{r['wall_s']:.1f}",
              f"{r['per_minute']:.1f}", f"{r['accuracy']:.1%}",
              " ".join(f"{k} {v}" for k, v in r["by_expected"].items()), r["errors"])
             for r in runs]
-    table = md_table(["system", "device", "evaluations", "wall s", "per minute", "accuracy",
-                      "right by truth", "errors"], rows)
+    table = md_table(["round", "system", "device", "evaluations", "wall s", "per minute",
+                      "accuracy", "right by truth", "errors"], rows)
+    ratios = ratios_to_kcoral(runs)
     load = {"before": load_before, "after": os.getloadavg()}
     path = write_results("bench_evaluate", {"agents": args.agents, "load_average": load,
                                             "daemon_args": args.daemon_args,
                                             "candidates": args.candidates, "cache": args.cache,
+                                            "rounds": args.rounds, "ratios": ratios,
                                             "runs": runs, "table": table})
     print(table)
+    if ratios:
+        print(f"\nkrex cpu / KCoral evaluations per minute, by round: {ratios['by_round']}; "
+              f"median {ratios['median']}, lowest {ratios['lowest']}")
     for r in runs:
         if r["system"] == "krex":
-            print(f"\nkrex {r['device']} phases (s, summed over evaluations): "
+            print(f"\nround {r['round']}, krex {r['device']} phases (s, summed over "
+                  "evaluations): "
                   + json.dumps(r["phases"]))
             print(f"krex {r['device']} CPU (s over the run): " + json.dumps(r["cpu"]))
     print(f"\nload average (1/5/15 min) before {load['before']}, after {load['after']}")
