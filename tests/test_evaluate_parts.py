@@ -711,3 +711,34 @@ def test_counting_timer_carries_the_timing_threads_run_delay_per_sample():
         os.sched_setaffinity(0, me)
         timer.close()
     assert alone < 0.5 and shared > 2.0, (alone, shared)
+
+
+def test_timed_calls_keep_no_outputs_so_they_do_not_page_fault_after_warm_up():
+    """The timed side keeps no output of its own: each call's output is freed when the
+    timing loop drops it, and after a call or two the allocator reuses that memory.
+    Outputs kept per input set (as ``Calls`` once did, for nothing) made the heap grow
+    through the first rotation: a candidate's first timed samples paid ~128 page faults
+    each (2-3x its steady time in krex.evaluate on cpu).  Control: the same calls with
+    their outputs kept fault after the same warm-up."""
+    import resource
+
+    from krex.evaluate import probe
+
+    sets = [(np.random.default_rng(s).standard_normal((256, 512)).astype(np.float32),)
+            for s in range(4)]
+
+    def kernel(x):
+        return x * np.sqrt(x * x + np.float32(1.0))
+
+    def faults(call, warm=3, timed=8):
+        for _ in range(warm):
+            call()
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for _ in range(timed):
+            call()
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    calls = probe.Calls(kernel, sets, "candidate")
+    assert faults(calls) < 64  # under half of one output's 128 pages over 8 calls
+    kept: list = []
+    assert faults(lambda: kept.append(calls())) >= 4 * 128  # the control: outputs kept

@@ -40,16 +40,11 @@ class Calls:
     input_sets: list[Any]
     side: str  # "reference" | "candidate"
     calls: int = 0
-    last_outputs: dict[int, Any] = field(default_factory=dict)
-    last_slot: int = -1
 
     def __call__(self) -> Any:
         slot = self.calls % len(self.input_sets)
         self.calls += 1
-        out = self.fn(*self.input_sets[slot])
-        self.last_outputs[slot] = out
-        self.last_slot = slot
-        return out
+        return self.fn(*self.input_sets[slot])
 
 
 @dataclass
