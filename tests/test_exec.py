@@ -51,13 +51,15 @@ def test_each_result_brackets_exactly_its_own_regions(daemon, tmp_path):
 
 
 LEAVE_OPEN = """
-import krex
+import decimal, sys, krex
 from krex.client import connection
 r = krex.region(label="left-open")
 r.__enter__()  # never left: the program ends holding it
+sys.modules["krex.client.region"]._state.conn.rewired = True  # a candidate's tampering
 connection.ACTING_FOR.set("someone-else")
+decimal.getcontext().prec = 5
 import gc
-gc.freeze()  # nor will a collection of the dropped module close its connection by chance
+gc.freeze()  # nor will a collection close its connection by chance
 """
 NEXT = """
 import json, os, sys, time, krex
@@ -65,20 +67,25 @@ from krex.client import connection
 t0 = time.monotonic()
 with krex.region(label="next"):
     waited = time.monotonic() - t0
-    depth = dict(sys.modules["krex.client.region"]._state.depth)
+    state = sys.modules["krex.client.region"]._state
+    depth, rewired = dict(state.depth), getattr(state.conn, "rewired", False)
+import decimal
 with open("seen.json", "w") as f:
     json.dump({"waited": waited, "depth": depth, "acting_for": connection.ACTING_FOR.get(),
-               "pid": os.getpid()}, f)
+               "rewired": rewired, "prec": decimal.getcontext().prec, "pid": os.getpid()}, f)
 """
 
 
 def test_a_region_a_program_left_open_ends_with_it(daemon, tmp_path):
-    """A region a program in a warm worker left open is released when the program ends.
-    Before, only a garbage collection of the dropped krex.client module closed its
-    connection -- often at once, sometimes not for a minute: the next program in the
-    worker (the same job) then waited for the revocation at the maximum hold, 60 s (here
-    made certain with ``gc.freeze()``).  The next one starts with no depth and no tenant
-    acted for."""
+    """A region a program in a warm worker left open is released when the program ends,
+    and nothing of the program's krex.client state or context crosses into the next
+    program: not the connection (one the program tampered with would serve the next
+    evaluation's region), not the region depth, not a context variable (the tenant acted
+    for; decimal's precision leaked into the next program before each program ran in a
+    copy of the worker's context: checked without the copy).  Before, only a garbage
+    collection of the dropped krex.client module closed the connection -- sometimes not
+    for a minute, and the next program (the same job) waited for the revocation at the
+    maximum hold, 60 s (made certain here with ``gc.freeze()``)."""
     (tmp_path / "leave.py").write_text(LEAVE_OPEN)
     (tmp_path / "next.py").write_text(NEXT)
     with daemon.client() as c:
@@ -89,6 +96,7 @@ def test_a_region_a_program_left_open_ends_with_it(daemon, tmp_path):
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["pid"] == first.worker_pid  # the same warm worker
     assert seen["waited"] < 10 and seen["depth"] == {"cpu": 1} and seen["acting_for"] is None
+    assert seen["rewired"] is False and seen["prec"] == 28
     left = records["left-open"]
     assert left["outcome"] == "owner_gone" and left["released_mono_s"] <= first.ended_mono_s + 5
 

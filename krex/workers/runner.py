@@ -11,6 +11,7 @@ worker back afterwards is ``snapshot.restore``'s job.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import ctypes
 import importlib
 import os
@@ -37,14 +38,23 @@ def run(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) ->
     try:
         sys.modules["__main__"] = main
         with _CapturedAtexit(exit_funcs):
-            result.update(_execute(req, main, result))
-            _join_foreground_threads(threads_before)
-            _run_exit_funcs(exit_funcs)
+            # in a copy of the worker's context: context variables the program sets
+            # (decimal's context, krex.client's ACTING_FOR) end with it, as in a process
+            contextvars.copy_context().run(_program, req, main, result, threads_before,
+                                           exit_funcs)
     finally:
         result["ended_mono_s"] = time.monotonic()
         sys.modules["__main__"] = saved_main  # type: ignore[assignment]
         _flush()
     return result
+
+
+def _program(req: dict[str, Any], main: types.ModuleType, result: dict[str, Any],
+             threads_before: set[threading.Thread],
+             exit_funcs: list[tuple[Callable[..., Any], tuple, dict]]) -> None:
+    result.update(_execute(req, main, result))
+    _join_foreground_threads(threads_before)
+    _run_exit_funcs(exit_funcs)
 
 
 def _apply(req: dict[str, Any], base_env: dict[str, str], pinned_env: list[str]) -> None:

@@ -8,7 +8,8 @@ rebound by the program, cwd, os.environ, sys.path/argv/meta_path/path_hooks,
 signal handlers, the signal mask and timers, warnings filters, umask, the
 recursion limit and switch interval, gc settings, trace/profile hooks,
 standard streams and fds 0-2, random state (reseeded as a fresh process
-would be) and torch's defaults when torch is loaded.
+would be) and torch's defaults when torch is loaded.  Context variables need
+no putting back: ``runner`` runs each program in a copy of the worker's context.
 """
 
 from __future__ import annotations
