@@ -83,7 +83,7 @@ def test_equal_arrays_pass_at_once_and_only_equal_ones():
 
 def test_the_evidence_quotes_the_first_mismatches_in_order():
     rng = np.random.default_rng(1)
-    for shape in [(1,), (7,), (256, 512), (3, 4, 5), (50_000,)]:
+    for shape in [(), (1,), (7,), (256, 512), (3, 4, 5), (50_000,)]:
         for share in (1e-4, 0.3, 1.0):
             mask = rng.random(shape) < share
             want = [tuple(int(i) for i in ix) for ix in np.argwhere(mask)[:3]]
