@@ -18,7 +18,10 @@ all classes) and over the functions' code/defaults, lists of ints compared with
 says True to anything must not pass for the original.  The snapshot holds
 every object it saw (the namespaces' copies, the code objects, the defaults),
 so none can be freed and its address reused by a replacement while it lives.
-Only when something differs does a Python loop name the bindings.
+Only when something differs does a Python loop name the bindings.  Where CPython's dict
+version tags can be read (:mod:`krex.workers.dictversion`), a namespace whose tag has not
+moved since its last exact comparison is not compared again: a check is then the tags,
+the functions' parts and the wrappers, not every binding.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import sys
 import types
 from collections.abc import Mapping
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from typing import Any
+
+from krex.workers import dictversion
 
 _WRAPPERS = (staticmethod, classmethod, types.MethodType)  # judged by their __func__ too
 _FUNC = attrgetter("__func__")
@@ -43,6 +48,8 @@ class Bindings:
         # (name prefix, live namespace, its copy as taken): modules, then their classes
         self.spaces: list[tuple[tuple[str, ...], Mapping[str, Any], dict[str, Any]]] = []
         self.modules: list[str] = []  # the names found, in order
+        self.trackers: list[dictversion.Tracker] = []  # one per module, spaces in order
+        self.untracked = False  # a module's spaces not all tracked: compare every binding
         for name in module_names:
             module = sys.modules.get(name)
             if module is not None:
@@ -54,7 +61,9 @@ class Bindings:
         functions = {id(v): v for v in (*values, *self.wrapped) if type(v) is types.FunctionType}
         self.functions = list(functions.values())
         self.parts = [list(map(get, self.functions)) for get in _PARTS]  # held, as above
-        self._flatten()
+        self.ids = [list(map(id, held)) for held in (self.wrapped, *self.parts)]
+        if self.untracked:
+            self._flatten()
 
     def _flatten(self) -> None:
         """Every binding in flat lists by the kind of its namespace (a module's dict, a
@@ -68,11 +77,17 @@ class Bindings:
             ids.extend(map(id, copy.values()))
 
     def _add_module(self, name: str, namespace: dict[str, Any]) -> None:
-        copy = dict(namespace)
-        self.spaces.append(((name,), namespace, copy))
-        for attr, value in copy.items():
-            if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                self.spaces.append(((name, attr), vars(value), dict(vars(value))))
+        """The module's and its classes' namespaces: tracked by their dict version tags
+        where every one's dict is found, the tags read before the copies are taken."""
+        classes = [(attr, value) for attr, value in list(namespace.items())
+                   if isinstance(value, type) and getattr(value, "__module__", None) == name]
+        spaces = [((name,), namespace)] + [((name, a), vars(c)) for a, c in classes]
+        dicts = [namespace] + [dictversion.class_dict(c) for _, c in classes]
+        if dictversion.available() and None not in dicts:
+            self.trackers.append(dictversion.Tracker(dicts))  # type: ignore[arg-type]
+        else:
+            self.untracked = True
+        self.spaces += [(prefix, live, dict(live)) for prefix, live in spaces]
 
     def changed(self) -> list[str]:
         """Names rebound, replaced or removed since the snapshot (new names are not judged),
@@ -80,14 +95,38 @@ class Bindings:
         return [] if self._same() else self._names()
 
     def _same(self) -> bool:
-        for get, (spaces, keys, ids) in self.flat.items():
-            # by name, so names added since (a submodule imported later) change nothing
-            if list(map(id, map(get, spaces, keys, repeat(_MISSING)))) != ids:
+        if not self.untracked:
+            if not self._spaces_same():
                 return False
-        if list(map(id, map(_FUNC, self.wrappers))) != list(map(id, self.wrapped)):
+        else:
+            for get, (spaces, keys, ids) in self.flat.items():
+                # by name, so names added since (a submodule imported later) change nothing
+                if list(map(id, map(get, spaces, keys, repeat(_MISSING)))) != ids:
+                    return False
+        return self._functions_same()
+
+    def _spaces_same(self) -> bool:
+        """By the tags: only the spaces whose tag moved since their last comparison are
+        compared again (by name, so names added since change nothing)."""
+        first = 0
+        for tracker in self.trackers:
+            def differs(i: int, first: int = first) -> bool:
+                _, live, copy = self.spaces[first + i]
+                return any(map(is_not, map(live.get, copy, repeat(_MISSING)), copy.values()))
+
+            if any(tracker.differs(differs)):
+                return False
+            first += len(tracker.answers)
+        return True
+
+    def _functions_same(self) -> bool:
+        """The wrappers still wrap what they did; the functions' parts are the same objects
+        (identities of objects this snapshot holds: their ids cannot be reused)."""
+        wrapped, *parts = self.ids
+        if list(map(id, map(_FUNC, self.wrappers))) != wrapped:
             return False
-        return all(list(map(id, map(get, self.functions))) == list(map(id, held))
-                   for get, held in zip(_PARTS, self.parts, strict=True))
+        return all(list(map(id, map(get, self.functions))) == held
+                   for get, held in zip(_PARTS, parts, strict=True))
 
     def _names(self) -> list[str]:
         """The slow path: which bindings differ, by name."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from krex.workers import dictversion
+
 _UNSETTABLE = {signal.SIGKILL, signal.SIGSTOP}
 _TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
 _SKIP_MODULES = {"__main__"}
@@ -56,13 +58,16 @@ class _Flat:
     positions that differ picked by ``itertools.compress``) instead of a set difference
     per module.  Holds a copy of each namespace: no value it saw can be freed and its id
     reused.  The rare "module" whose namespace is not a dict (a class in
-    ``sys.modules``, e.g. ``typing.io``) is compared in Python."""
+    ``sys.modules``, e.g. ``typing.io``) is compared in Python.  Where CPython's dict
+    version tags can be read (:mod:`krex.workers.dictversion`), only the namespaces whose
+    tag moved since they were last compared are compared again."""
 
     def __init__(self, modules: dict[str, ModuleType]) -> None:
         named = [(name, ns) for name, ns in zip(modules, map(_namespace, modules.values()),
                                                 strict=True) if ns is not None]
         self.names = [name for name, ns in named if type(ns) is dict]
         self.live = [ns for _, ns in named if type(ns) is dict]
+        self.tracker = dictversion.tracker(self.live)  # before the copies
         self.copies = [dict(ns) for ns in self.live]
         self.lens = list(map(len, self.live))
         self.spaces = [ns for ns, copy in zip(self.live, self.copies, strict=True) for _ in copy]
@@ -75,6 +80,8 @@ class _Flat:
     def changed(self) -> set[str]:
         """The modules whose namespace differs from the copy (another length, or another
         object under a key it had); usually none."""
+        if self.tracker is not None:
+            return self._changed_by_tags() | self._others_changed()
         out: set[str] = set()
         lens = list(map(len, self.live))
         if lens != self.lens:
@@ -82,10 +89,23 @@ class _Flat:
         found = list(map(id, map(dict.get, self.spaces, self.keys, itertools.repeat(_MISSING))))
         if found != self.ids:
             out.update(itertools.compress(self.owners, map(operator.ne, found, self.ids)))
-        out.update(name for name, ns, copy in self.others
-                   if len(ns) != len(copy) or any(ns.get(k, _MISSING) is not v
-                                                  for k, v in copy.items()))
-        return out
+        return out | self._others_changed()
+
+    def _changed_by_tags(self) -> set[str]:
+        """Only the namespaces whose tag moved since their last comparison are compared
+        again (:mod:`krex.workers.dictversion`)."""
+        def differs(i: int) -> bool:
+            live, copy = self.live[i], self.copies[i]
+            return len(live) != len(copy) or any(
+                map(operator.is_not, map(live.get, copy, itertools.repeat(_MISSING)),
+                    copy.values()))
+
+        return set(itertools.compress(self.names, self.tracker.differs(differs)))  # type: ignore[union-attr]
+
+    def _others_changed(self) -> set[str]:
+        return {name for name, ns, copy in self.others
+                if len(ns) != len(copy) or any(ns.get(k, _MISSING) is not v
+                                               for k, v in copy.items())}
 
     def unchanged(self) -> bool:
         return not self.changed()
