@@ -313,6 +313,76 @@ def test_the_snapshot_puts_module_globals_back_and_sees_an_unchanged_heap_in_one
         del sys.modules["krex_fake_snap"], sys.modules["krex_fake_snap_proxy"]
 
 
+def test_the_snapshot_puts_class_attributes_back():
+    """``snapshot.restore``'s classes step: a rebound, an added and a removed attribute of
+    a class some module defines are named and put back, past a metaclass that refuses
+    (an enum's); negative control: without the step (``classes=None``) the patch stays."""
+    import enum
+    import json
+
+    from krex.workers import snapshot
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    original = json.JSONEncoder.default
+    mod = type(sys)("krex_fake_classes")
+    mod.Colour, Colour.__module__, Colour.__qualname__ = Colour, "krex_fake_classes", "Colour"
+    sys.modules["krex_fake_classes"] = mod
+    try:
+        snap = snapshot.take()
+        assert snapshot._restore_classes(snap) == []
+        json.JSONEncoder.default = lambda self, o: "patched"
+        json.JSONEncoder.krex_added = 1
+        del json.JSONDecoder.decode
+        type.__setattr__(Colour, "RED", "patched")  # Colour.RED = ... would be refused
+        assert sorted(snapshot._restore_classes(snap)) == [
+            "json.decoder.JSONDecoder.decode", "json.encoder.JSONEncoder.default",
+            "json.encoder.JSONEncoder.krex_added", "krex_fake_classes.Colour.RED"]
+        assert json.JSONEncoder.default is original and Colour.RED.value == 1
+        assert not hasattr(json.JSONEncoder, "krex_added") and hasattr(json.JSONDecoder, "decode")
+        assert snapshot._restore_classes(snap) == []
+        snap.classes = None  # the control
+        json.JSONEncoder.default = lambda self, o: "patched"
+        snapshot.restore(snap)
+        assert json.JSONEncoder.default is not original
+    finally:
+        json.JSONEncoder.default = original
+        del sys.modules["krex_fake_classes"]
+
+
+def test_a_patched_class_is_put_back_for_the_next_program(pool, tmp_path):
+    """One program's class patches never reach the next one in the same worker; a type
+    that cannot be put back (an immutable one, changed through its dict) recycles it."""
+    patch = write(tmp_path, "patch.py", """
+        import json, threading
+        json.JSONEncoder.default = lambda self, o: "patched"
+        threading.Thread.krex_added = 1
+        """)
+    result, _ = run(pool, patch)
+    assert result.ok and result.recycle_reason is None
+    assert "classes:json.encoder.JSONEncoder.default" in result.restored
+    check = write(tmp_path, "check.py", """
+        import json, os, threading
+        print(json.dumps([os.getpid(), json.JSONEncoder.default.__qualname__,
+                          hasattr(threading.Thread, "krex_added")]))
+        """)
+    result, out = run(pool, check)
+    assert result.ok and result.recycle_reason is None
+    pid, default, added = json.loads(out["stdout"])
+    assert default == "JSONEncoder.default" and not added
+    immutable = write(tmp_path, "immutable.py", """
+        import gc
+        import numpy as np
+        next(r for r in gc.get_referents(vars(np.ndarray)) if isinstance(r, dict))["krex_x"] = 1
+        """)
+    result, _ = run(pool, immutable)
+    assert result.ok and result.recycle_reason is not None
+    assert result.recycle_reason.startswith("restore_failed: classes:numpy.ndarray")
+    result, out = run(pool, check)
+    assert json.loads(out["stdout"])[0] != pid  # a fresh worker
+
+
 def test_process_state_that_cannot_be_put_back_recycles(pool, tmp_path):
     result, _ = run(pool, write(tmp_path, "nice.py", "import os\nos.nice(1)\n"))
     assert result.ok and result.recycle_reason == "leaked_state: nice"
@@ -332,12 +402,20 @@ def test_krex_modules_are_preloaded_and_a_replaced_one_recycles(pool, tmp_path):
                    "import krex.measure.stats as s\ns.median = lambda v: 0.0\n")
     result, _ = run(pool, rebind)
     assert result.ok and result.recycle_reason is None
-    # a method of a class replaced (the snapshot does not reach it): recycled (negative control)
+    # a method of a class replaced: put back by the snapshot's classes step, too
     patch = write(tmp_path, "patch.py", """
         from krex.measure.timers import CpuTimer
         CpuTimer.elapsed_ms = lambda self, p: 1.0
         """)
     result, _ = run(pool, patch)
+    assert result.ok and result.recycle_reason is None
+    assert "classes:krex.measure.timers.CpuTimer.elapsed_ms" in result.restored
+    # a method's code swapped (the snapshot does not reach it): recycled (negative control)
+    swap = write(tmp_path, "swap.py", """
+        from krex.measure.timers import CpuTimer
+        CpuTimer.elapsed_ms.__code__ = (lambda self, p: 1.0).__code__
+        """)
+    result, _ = run(pool, swap)
     assert result.ok and result.recycle_reason.startswith("krex_modified: ")
     assert "krex.measure.timers.CpuTimer.elapsed_ms" in result.recycle_reason
 

@@ -76,9 +76,10 @@ def tracker(namespaces: list[dict[str, Any]]) -> Tracker | None:
 
 
 def class_dict(cls: type) -> dict[str, Any] | None:
-    """The dict behind ``vars(cls)`` (a mappingproxy over it), or None if not found."""
+    """The dict behind ``vars(cls)`` (a mappingproxy over it; ctypes' types keep a dict
+    subclass there, the same header), or None if not found."""
     proxy = vars(cls)
-    found = [r for r in gc.get_referents(proxy) if type(r) is dict]
+    found = [r for r in gc.get_referents(proxy) if isinstance(r, dict)]
     if len(found) == 1 and len(found[0]) == len(proxy):
         return found[0]
     return None

@@ -4,7 +4,8 @@
 puts it back after a program and returns the names of what the program had
 changed.  Covered: imported modules (new pure-Python modules are removed;
 extension modules stay, they cannot be initialised twice), module globals
-rebound by the program, cwd, os.environ, sys.path/argv/meta_path/path_hooks,
+rebound by the program, attributes of the classes the modules define, cwd,
+os.environ, sys.path/argv/meta_path/path_hooks,
 signal handlers, the signal mask and timers, warnings filters, umask, the
 recursion limit and switch interval, gc settings, trace/profile hooks,
 standard streams and fds 0-2, random state (reseeded as a fresh process
@@ -29,6 +30,7 @@ from typing import Any
 from krex.workers import dictversion
 
 _UNSETTABLE = {signal.SIGKILL, signal.SIGSTOP}
+RESTORE_FAILED = "restore-failed"  # in what restore() names: the worker must be recycled
 _TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
 _SKIP_MODULES = {"__main__"}
 
@@ -49,6 +51,7 @@ class Snapshot:
     fds: dict[int, int]  # fd -> a dup of what it pointed to
     torch: dict[str, Any] = field(default_factory=dict)
     bindings: _Flat | None = None  # every module's namespace as taken, dunders too
+    classes: _Classes | None = None  # the namespaces of the classes the modules define
 
 
 class _Flat:
@@ -111,6 +114,46 @@ class _Flat:
         return not self.changed()
 
 
+class _Classes:
+    """The classes each module defines (``__module__`` is its name) and their namespaces as
+    taken: a program that rebinds, adds or removes a class attribute
+    (``json.JSONEncoder.default``, ``threading.Thread.run``) would otherwise hand the
+    change to the next program.  Watched by their dicts' version tags where found
+    (:mod:`krex.workers.dictversion`), the rest compared after every program."""
+
+    def __init__(self, modules: dict[str, ModuleType]) -> None:
+        found: dict[int, type] = {}
+        for name, module in modules.items():
+            namespace = _namespace(module)
+            if type(namespace) is dict:
+                for value in list(namespace.values()):
+                    if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                        found.setdefault(id(value), value)
+        self.classes = list(found.values())
+        dicts = [dictversion.class_dict(c) for c in self.classes]
+        self.tracked = [i for i, d in enumerate(dicts) if d is not None]
+        self.tracker = dictversion.tracker([dicts[i] for i in self.tracked])  # type: ignore[misc]
+        if self.tracker is None:
+            self.tracked = []
+        kept = set(self.tracked)
+        self.untracked = [i for i in range(len(self.classes)) if i not in kept]
+        self.copies = [dict(vars(c)) for c in self.classes]  # after the tags were read
+
+    def _differs(self, i: int) -> bool:
+        live, copy = vars(self.classes[i]), self.copies[i]
+        return len(live) != len(copy) or any(
+            map(operator.is_not, map(live.get, copy, itertools.repeat(_MISSING)),
+                copy.values()))
+
+    def changed(self) -> list[int]:
+        """Indices of the classes whose namespace differs from its copy; usually none."""
+        out = [i for i in self.untracked if self._differs(i)]
+        if self.tracker is not None:
+            answers = self.tracker.differs(lambda j: self._differs(self.tracked[j]))
+            out += [self.tracked[j] for j in itertools.compress(range(len(answers)), answers)]
+        return out
+
+
 def _namespace(module: ModuleType) -> Any:
     try:
         return vars(module)
@@ -129,7 +172,7 @@ def take() -> Snapshot:
         warnings_filters=list(warnings.filters), umask=_umask(), settings=_settings(),
         streams=(sys.stdin, sys.stdout, sys.stderr),
         fds={fd: os.dup(fd) for fd in (0, 1, 2)}, torch=_torch_state(),
-        bindings=_Flat(mods),
+        bindings=_Flat(mods), classes=_Classes(mods),
     )
 
 
@@ -140,7 +183,7 @@ def restore(snap: Snapshot) -> list[str]:
         try:
             changed.extend(f"{name}:{x}" if x else name for x in fn(snap))
         except Exception as e:  # noqa: BLE001  (one failed step must not skip the others)
-            changed.append(f"{name}:restore-failed:{type(e).__name__}")
+            changed.append(f"{name}:{RESTORE_FAILED}:{type(e).__name__}")
     reseed()
     return changed
 
@@ -253,6 +296,30 @@ def _restore_globals(snap: Snapshot) -> list[str]:
 
 
 _MISSING = object()
+
+
+def _restore_classes(snap: Snapshot) -> list[str]:
+    """Class attributes rebound, added or removed by the program, put back through
+    ``type.__setattr__`` (a metaclass's own ``__setattr__``, e.g. an enum's, is not asked);
+    a class that refuses (an immutable type, changed through its dict) is named
+    ``restore-failed`` and the worker is recycled."""
+    if snap.classes is None:
+        return []
+    out = []
+    for i in snap.classes.changed():
+        cls, saved = snap.classes.classes[i], snap.classes.copies[i]
+        live, name = vars(cls), f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            for key in [k for k in live if k not in saved]:
+                type.__delattr__(cls, key)
+                out.append(f"{name}.{key}")
+            for key, value in saved.items():
+                if live.get(key, _MISSING) is not value:
+                    type.__setattr__(cls, key, value)
+                    out.append(f"{name}.{key}")
+        except (TypeError, AttributeError):
+            out.append(f"{name}:{RESTORE_FAILED}")
+    return out
 
 
 def _restore_process(snap: Snapshot) -> list[str]:
@@ -375,7 +442,7 @@ _TORCH_SETTERS = {
 # Order matters: modules first (so globals of removed modules are not
 # touched), then everything else.
 _RESTORERS = (
-    ("modules", _restore_modules), ("globals", _restore_globals),
+    ("modules", _restore_modules), ("globals", _restore_globals), ("classes", _restore_classes),
     ("process", _restore_process), ("sys", _restore_sys), ("settings", _restore_settings),
     ("signals", _restore_signals), ("warnings", _restore_warnings), ("fds", _restore_fds),
     ("torch", _restore_torch),

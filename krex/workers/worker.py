@@ -100,12 +100,15 @@ class Worker:
         _release_left_open()
         restored = [x for x in snapshot.restore(self.snap) if x not in _APPLIED_BY_RUNNER]
         self.served += 1
+        failed = [x for x in restored if snapshot.RESTORE_FAILED in x]
         try:
             reason = canary.verdict(self.canary, self.context,
                                     self.options.get("memory_growth_limit_mb", 512.0),
                                     self.options.get("check_libraries", True))
         except Exception as e:  # noqa: BLE001  (a worker that cannot check itself is unfit)
             reason = f"check_failed: {type(e).__name__}: {e}"
+        if failed and not reason:  # state this worker could not put back
+            reason = "restore_failed: " + ", ".join(failed[:3])
         return {"t": "done", "seq": message["seq"], "result": result, "recycle": reason,
                 "restored": restored}
 
