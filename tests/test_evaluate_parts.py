@@ -741,4 +741,6 @@ def test_timed_calls_keep_no_outputs_so_they_do_not_page_fault_after_warm_up():
     calls = probe.Calls(kernel, sets, "candidate")
     assert faults(calls) < 64  # under half of one output's 128 pages over 8 calls
     kept: list = []
-    assert faults(lambda: kept.append(calls())) >= 4 * 128  # the control: outputs kept
+    # the control: outputs kept.  Some fit in heap the calls' temporaries freed (365 faults
+    # for 8 kept outputs in one CI run, 512+ in others): at least two outputs' pages
+    assert faults(lambda: kept.append(calls())) >= 2 * 128
