@@ -741,6 +741,6 @@ def test_timed_calls_keep_no_outputs_so_they_do_not_page_fault_after_warm_up():
     calls = probe.Calls(kernel, sets, "candidate")
     assert faults(calls) < 64  # under half of one output's 128 pages over 8 calls
     kept: list = []
-    # the control: outputs kept.  Some fit in heap the calls' temporaries freed (365 faults
-    # for 8 kept outputs in one CI run, 512+ in others): at least two outputs' pages
-    assert faults(lambda: kept.append(calls())) >= 2 * 128
+    # the control: outputs kept.  Many fit in heap the calls' temporaries freed (238 and
+    # 365 faults for 8 kept outputs in two CI runs, 512+ in others): at least one output's
+    assert faults(lambda: kept.append(calls())) >= 128
