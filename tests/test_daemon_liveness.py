@@ -378,3 +378,38 @@ def test_programs_in_flight_per_connection_are_capped(runtime_dir, tmp_path):
             assert third["result"]["status"] == "ok"
     finally:
         d.stop()
+
+
+def test_an_idle_daemon_exits_with_its_warm_workers(runtime_dir, tmp_path):
+    """``--idle-exit-s``: warm workers alone do not keep a daemon alive (before the fix
+    an auto-started daemon that had run one program stayed up for hours, holding its
+    workers).  Control: a program still running in a worker, its client gone, keeps
+    the daemon up past the limit; the daemon exits once it ends, workers and all."""
+    from helpers import descendants, run_krex
+
+    prog = tmp_path / "p.py"
+    prog.write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+    d = Daemon(str(runtime_dir), "--idle-exit-s", "1").start()
+    env = {**os.environ, "KREX_SOCKET": d.socket}
+    try:
+        assert run_krex("exec", str(prog), "0", env=env).returncode == 0  # workers warm
+        client = subprocess.Popen([PY, "-m", "krex", "exec", str(prog), "5"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert d.proc is not None
+
+        def busy() -> bool:
+            with d.client() as c:
+                return any(w["busy"] for w in c.status()["pools"]["cpu"]["workers"])
+
+        wait_for(busy, 15, 0.05)
+        reap(client)  # its connection closes; the program runs on
+        t0 = time.monotonic()
+        kids = descendants(d.proc.pid)
+        time.sleep(2.5)  # past the limit with no connection: the program keeps it up
+        assert d.proc.poll() is None, "exited with a program still running in a worker"
+        d.proc.wait(30)  # the program ends after ~5 s: then idle, and out
+        assert time.monotonic() - t0 > 2.0
+        wait_for(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE
+                                 for k in kids), 10)
+    finally:
+        d.stop()

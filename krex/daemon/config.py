@@ -108,7 +108,8 @@ class DaemonConfig:
     keep_jobs: int = field(default=5000, metadata=flag(
         "ended jobs' records kept for `krex jobs` (about 0.6 KB each)"))
     idle_exit_s: float | None = field(default=None, metadata=flag(
-        "exit after this long with nothing to do"))
+        "exit after this long with nothing to do: no connection, region or job, and no "
+        "program running in a warm worker (idle warm workers are stopped with it)"))
     group_access: bool = field(default=False, metadata=flag(
         "let the socket's group connect (owner-only by default)"))
     freeze: str = field(default="auto", metadata=flag(

@@ -467,8 +467,12 @@ class Daemon:
             return self.holds.held()
 
     def idle(self) -> bool:
+        """Nothing to serve: no region, no job but the warm workers, no program in them.
+        Warm workers alone do not keep an idle daemon (and their devices' contexts) alive."""
         with self.locked():
-            return not self.holds.regions and not self.jobs.jobs
+            if self.holds.regions or any(j.kind != "worker" for j in self.jobs.jobs.values()):
+                return False
+        return self.pools.idle()
 
     # -- helpers ---------------------------------------------------------------------------
 

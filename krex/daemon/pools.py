@@ -65,6 +65,7 @@ class Pools:
         self._lock = threading.Lock()
         self.per_connection = per_connection
         self._in_flight: dict[Any, int] = {}  # session -> programs running for it
+        self._running = 0  # programs running on the node, their connections open or not
 
     def pool(self, device: str) -> WorkerPool:
         """The device's pool, started on first use.
@@ -109,6 +110,7 @@ class Pools:
             if sum(self._in_flight.values()) >= MAX_EXEC_THREADS:
                 raise LimitExceeded(f"{MAX_EXEC_THREADS} programs are in flight on this node")
             self._in_flight[session] = mine + 1
+            self._running += 1
         try:
             threading.Thread(target=self._run, args=(session, msg, device, tenant),
                              daemon=True, name=f"krex-exec-{msg.id}").start()
@@ -116,8 +118,14 @@ class Pools:
             self._done(session)
             raise LimitExceeded(f"no thread for the program: {exc}") from None
 
+    def idle(self) -> bool:
+        """No program running and no pool starting: warm workers only wait."""
+        with self._lock:
+            return not self._running and not self._starting
+
     def _done(self, session: Session) -> None:
         with self._lock:
+            self._running -= 1
             left = self._in_flight.get(session, 1) - 1
             if left > 0:
                 self._in_flight[session] = left
