@@ -110,6 +110,7 @@ while go_on:
     steps = {st["name"]: st["apply_ms"] for st in host.get("steps", [])}
     x = {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
          "handed": bool(host.get("handed_over")),
+         "prep": bool(host.get("handover_prepared")),
          "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
          "en": rep.get("enforce_s"), "un": rep.get("unclaimed_s") or 0.0,
          "back": time.monotonic_ns(),
@@ -275,6 +276,8 @@ def held_fraction(jobs: int, hold_ms: float, seconds: float, pipelined: bool = F
     return {"jobs": jobs, "hold_ms": hold_ms, "seconds": round(wall / 1e9, 3),
             "regions": len(spans), "held_fraction": round(held / wall, 4),
             "regions_per_job": per_job, "overlaps": overlaps,
+            "handed_over": sum(carried(s) for s in spans),
+            "prepared": sum(bool(s[4].get("prep")) for s in spans),
             "gap_us": quantiles(gaps), **split_gaps(spans), "steps_p50_ms": breakdown(spans),
             "gap_parts_p50_us": gap_breakdown(spans), "daemon_threads": threads}
 
@@ -377,6 +380,9 @@ def main() -> None:
               f"{_q(r['handoff_us_set_up'])}; held-run gap µs handed over "
               f"{_q(r['held']['gap_us_handed_over'])}, set up {_q(r['held']['gap_us_set_up'])}")
         print(f"{name}: pipelined handoffs handed over: {r['handoffs_pipelined_handed_over']}")
+        print(f"{name}: held-run grants handed over {r['held'].get('handed_over')}, of them "
+              f"prepared after the previous grant {r['held'].get('prepared')}; pipelined "
+              f"{r['held_pipelined'].get('handed_over')} / {r['held_pipelined'].get('prepared')}")
         print(f"{name}: handoff gap parts p50 µs: {json.dumps(r['handoff_parts_p50_us'])}")
         print(f"{name}: held-run gap parts p50 µs: {json.dumps(r['held']['gap_parts_p50_us'])}")
         c = r["daemon_counters"]

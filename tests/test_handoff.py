@@ -827,7 +827,7 @@ class _PrefetchNoting(_ThreadNoting):
         super().__init__()
         self.prefetched: list[int] = []
 
-    def prefetch(self, held, job) -> bool:
+    def prefetch(self, held, job, siblings=None, others=()) -> bool:
         self.prefetched.append(job.job_id)
         return True
 
@@ -880,3 +880,92 @@ def test_a_handoff_takes_the_prefetched_processes_only_when_the_cgroup_holds_the
     for pids in ([200, 300, 400], [200], []):  # controls
         assert _same_processes(JobTarget(1, cgroups=Cgroups(pids)), pre) is None  # type: ignore[arg-type]
     assert _same_processes(same, None) is None
+
+
+def test_handoffs_are_planned_after_the_grant_and_replanned_when_a_job_arrives(daemon):
+    """Two pipelined loops through a real daemon: their handoffs use the operations worked
+    out after the previous grant (``host.handover_prepared``).  A job that registers
+    mid-chain changes the jobs the plan was made for: every region granted after it
+    counts it among the frozen siblings (a plan kept for the old jobs would count one
+    sibling: the control, checked by hand with the key comparison removed)."""
+    from test_regions_pipelined import JOB, daemon_freeze
+
+    if daemon_freeze(daemon) == "off":
+        pytest.skip("no freeze backend here: nothing is handed over")
+    n, start = 400, time.monotonic() + 1.5
+    loops = [subprocess.Popen([PY, JOB, "pipelined", str(n), "3", str(start)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    late = None
+    try:
+        time.sleep(max(0.0, start - time.monotonic()) + 0.3)  # the chain is under way
+        t_launch = time.monotonic()
+        late = subprocess.Popen([PY, "-m", "krex", "run", "--", PY, "-c",
+                                 "import time; time.sleep(60)"])
+
+        created = wait_for(lambda: _late_job(daemon, late.pid), 30)
+        t_reg = created - (time.time() - time.monotonic())  # made then, on this clock
+        rows = []
+        for p in loops:
+            out, _ = p.communicate(timeout=180)
+            assert p.returncode == 0
+            rows += json.loads(out)
+    finally:
+        for p in [*loops, *([late] if late else [])]:
+            reap(p)
+    rows.sort(key=lambda r: r["granted"])
+    handed = [r for r in rows if r["handed_over"]]
+    assert len(handed) >= n, rows
+    assert sum(r["prepared"] for r in handed) >= 0.8 * len(handed), handed
+    before = [r for r in rows if r["released"] < t_launch]
+    # handed over (the previous region released) after the job was made: 1 ms of margin
+    # for a handoff under way as it was made (its siblings read before)
+    after = [b for a, b in zip(rows, rows[1:], strict=False) if a["released"] > t_reg + 1e-3]
+    assert before and all(r["siblings_frozen"] == 1 for r in before), before
+    assert len(after) >= 10, (t_reg, rows[-1])
+    assert all(r["siblings_frozen"] == 2 for r in after), after
+    assert sum(r["prepared"] for r in after if r["handed_over"]) >= 5, after
+
+
+def _late_job(daemon, pid: int) -> float | None:
+    """When ``krex run`` (process ``pid``) made its job (wall clock), once it has (its
+    command, started in the job's cgroup under the frozen device parent, is frozen
+    until the chain ends)."""
+    from krex.client.connection import Client
+
+    with Client(daemon.socket, autostart=False) as c:
+        return next((j["created_wall_s"] for j in c.jobs() if j.get("owner_pid") == pid
+                     and j.get("ended_wall_s") is None), None)
+
+
+def test_a_prepared_handoff_is_taken_once_and_only_for_the_same_jobs():
+    """``job_key`` changes with every input of a handoff's operations (a new sibling, a
+    process joining a job, another cgroup), and a prepared handoff is given out once,
+    only under its own key.  Control: the same jobs give the same key."""
+    from types import SimpleNamespace
+
+    from krex.daemon.jobs import Job
+    from krex.enforce.handoff import Prepared, job_key, take_prepared
+
+    def job(i: int) -> Job:
+        return Job(i, f"j{i}", "cpu", "region", "managed", ProcessRef(100 + i, 1),
+                   root=ProcessRef(200 + i, 1), cgroups=object())
+
+    a, b, c = job(1), job(2), job(3)
+    key = job_key(a, [b], [])
+    assert job_key(a, [b], []) == key  # control: nothing changed
+    assert job_key(a, [b, c], []) != key  # a new sibling
+    assert job_key(a, [b], [c]) != key  # a new job on another device
+    assert job_key(b, [a], []) != key  # another holder
+    b.members.add(ProcessRef(300, 1))
+    assert job_key(a, [b], []) != key  # a process joined a sibling
+    key = job_key(a, [b], [])
+    a.cgroups = object()
+    assert job_key(a, [b], []) != key  # other cgroups
+    old = SimpleNamespace(prepared=None)
+    made = Prepared(key, None, [], [], [])  # type: ignore[arg-type]
+    old.prepared = made
+    assert take_prepared(old, job_key(a, [b, c], [])) is None  # type: ignore[arg-type]
+    assert old.prepared is None  # a mismatch drops it: never used later either
+    old.prepared = made
+    assert take_prepared(old, key) is made  # type: ignore[arg-type]
+    assert take_prepared(old, key) is None  # type: ignore[arg-type]  # once

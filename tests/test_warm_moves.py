@@ -229,3 +229,56 @@ def test_a_warm_moves_period_below_half_a_millisecond_is_refused(tmp_path):
     assert out.returncode != 0
     assert "--warm-moves-ms below 0.5" in out.stderr
     assert not os.path.exists(tmp_path / "rt" / "krexd.sock")
+
+
+def test_a_chain_of_handoffs_keeps_moves_warm_without_pings(tmp_path, monkeypatch):
+    """The daemon's own slot moves count as pings: while two loops hand the device back
+    and forth (a move every ~2 ms) the warmer pings (almost) nothing; control: the same
+    daemon, warm and idle for as long right after, pings every period."""
+    import json
+    import subprocess
+
+    from test_regions_pipelined import JOB
+
+    layout = CgroupLayout.probe()
+    if MoveWarmer.for_layout(layout, 4.0, 30.0).root is None:
+        pytest.skip("warm pings are off on this machine")
+    (tmp_path / "rt").mkdir(mode=0o700)
+    d = Daemon(str(tmp_path / "rt")).start()
+    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    try:
+        with d.client() as c:
+            if (c.status().get("enforcement") or {}).get("freeze", "off") == "off":
+                pytest.skip("no freeze backend here: no slot moves")
+        start = time.monotonic() + 1.5
+        loops = [subprocess.Popen([PY, JOB, "pipelined", "300", "1", str(start)],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        rows = []
+        try:
+            time.sleep(max(0.0, start - 0.05 - time.monotonic()))
+            with d.client() as c:
+                ahead = c.status()["daemon"]["warm_moves"]  # the loops wait for start
+            for p in loops:
+                out, _ = p.communicate(timeout=120)
+                assert p.returncode == 0
+                rows += json.loads(out)
+        finally:
+            for p in loops:
+                reap(p)
+        rows.sort(key=lambda r: r["granted"])
+        chain_s = rows[-1]["released"] - rows[0]["granted"]
+        with d.client() as c:
+            after = c.status()["daemon"]["warm_moves"]  # warm for linger_s from here on
+            time.sleep(chain_s)
+            idle = c.status()["daemon"]["warm_moves"]
+    finally:
+        d.stop()
+    assert sum(r["handed_over"] for r in rows) >= 400, rows
+    periods = chain_s / 4e-3
+    idle_pings = idle["pings"] - after["pings"]
+    assert idle_pings > 0.4 * periods, (idle_pings, periods, idle)  # the control
+    # the chain's: at most one per long gap (no move for a period), plus those of the
+    # 50 ms before it and of the time until the status read after it
+    gaps = [b["granted"] - a["released"] for a, b in zip(rows, rows[1:], strict=False)]
+    allowed = 0.1 * periods + sum(g > 4e-3 for g in gaps) + 15
+    assert after["pings"] - ahead["pings"] <= allowed, (after, ahead, periods, allowed)

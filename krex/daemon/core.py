@@ -364,12 +364,16 @@ class Daemon:
 
     def siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
         """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
+        return self.siblings_of(req.job_id, req.device)
+
+    def siblings_of(self, job_id: int, device: str) -> tuple[list[Job], list[Job]]:
+        """:meth:`siblings` of a region ``job_id`` would hold on ``device`` (locked)."""
         node = self.config.freeze_scope == "node"
         siblings: list[Job] = []
         others: list[Job] = []
         for job in self.jobs.jobs.values():
-            if job.job_id != req.job_id:
-                (siblings if node or job.device == req.device else others).append(job)
+            if job.job_id != job_id:
+                (siblings if node or job.device == device else others).append(job)
         return siblings, others
 
     def record_region(self, uid: int, report: RegionReport) -> None:

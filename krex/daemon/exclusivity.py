@@ -28,6 +28,7 @@ from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
+from krex.enforce.handoff import job_key, prepare, take_prepared
 from krex.enforce.job import JobTarget
 from krex.enforce.process import PROTECTED, ProcessRef, threads_of
 from krex.enforce.slot import HolderSlot
@@ -293,10 +294,16 @@ class Exclusivity:
             if drain is None or not isinstance(held.drain, GateDrain):
                 return None
         hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
-        enforcement = self.enforcer.hand_over(
-            held.enforcement, self.target(holder), [self.target(j) for j in siblings],
-            max_hold_s=hold, others=[self.target(j) for j in others],
-            pre_ops=[drain] if drain else [])
+        ready = take_prepared(held.enforcement, job_key(holder, siblings, list(others)))
+        if ready is not None:  # worked out after the previous grant (handoff.prepare)
+            enforcement = self.enforcer.hand_over(
+                held.enforcement, ready.holder, ready.siblings, max_hold_s=hold,
+                others=ready.others, pre_ops=[drain] if drain else [], prepared=ready.ops)
+        else:
+            enforcement = self.enforcer.hand_over(
+                held.enforcement, self.target(holder), [self.target(j) for j in siblings],
+                max_hold_s=hold, others=[self.target(j) for j in others],
+                pre_ops=[drain] if drain else [])
         if enforcement is None:
             return None
         if is_gpu(request.device) and not self.config.gate:
@@ -305,12 +312,19 @@ class Exclusivity:
                 "GPU work may run during the region", disabled=True))
         return _Region(enforcement, drain, None)
 
-    def prefetch(self, held: Held, job: Any) -> bool:
+    def prefetch(self, held: Held, job: Any, siblings: Sequence[Any] | None = None,
+                 others: Sequence[Any] = ()) -> bool:
         """After ``held``'s grant: read ``job``'s counters while it is frozen, for the
-        handoff that may grant it next (:meth:`Enforcement.prefetch`)."""
+        handoff that may grant it next (:meth:`Enforcement.prefetch`); with its
+        ``siblings`` and ``others`` then, work that handoff's operations out too
+        (:func:`krex.enforce.handoff.prepare`)."""
         if not isinstance(held, _Region) or not held.can_hand_over():
             return False
-        return held.enforcement.prefetch(self.target(job))
+        holder = self.target(job)
+        if siblings is not None:
+            prepare(held.enforcement, job_key(job, list(siblings), list(others)), holder,
+                    [self.target(j) for j in siblings], [self.target(j) for j in others])
+        return held.enforcement.prefetch(holder)
 
     def _all_off(self, device: str) -> bool:
         c = self.config

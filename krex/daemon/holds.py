@@ -372,6 +372,7 @@ class Holds:
             with self.d.locked():
                 self._abort(st, EnforcementFailed(f"enforcement could not be set up: {exc!r}"))
             return
+        self._moved(held)
         with self.d.locked():
             st.held = held
             st.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
@@ -391,17 +392,19 @@ class Holds:
         """After a grant (sent), still in the lane's turn: the counters of the job the
         scheduler would grant next on the device, frozen now, are read for its handoff
         (:meth:`krex.enforce.enforcer.Enforcement.prefetch`) — one read less on the next
-        handed-over grant's path."""
+        handed-over grant's path — and that handoff's operations are worked out
+        (:func:`krex.enforce.handoff.prepare`), used if the jobs are the same then."""
         prefetch = getattr(self.d.exclusivity, "prefetch", None)
         if prefetch is None or st.held is None:
             return
         with self.d.locked():
             job_id = self.d.scheduler.next_job(st.request.device)
             job = self.d.jobs.get(job_id) if job_id is not None else None
-        if job is None or job.job_id == st.request.job_id:
-            return
+            if job is None or job.job_id == st.request.job_id:
+                return
+            siblings, others = self.d.siblings_of(job.job_id, st.request.device)
         try:
-            prefetch(st.held, job)
+            prefetch(st.held, job, siblings, others)
         except Exception:  # a job that just ended, say: its handoff reads them itself
             log.debug("region %d: prefetch for job %d failed", st.region, job.job_id,
                       exc_info=True)
@@ -466,6 +469,7 @@ class Holds:
             self._undo(st)
             self._enter(nxt)
             return
+        self._moved(held)
         with self.d.locked():
             nxt.held = held
             nxt.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
@@ -497,11 +501,18 @@ class Holds:
         if not defer:
             rest()
 
+    def _moved(self, held: Held) -> None:
+        """Enforcement with a holder slot moves processes between cgroups: those moves
+        keep cgroup moves fast as the warm pings do (krex.enforce.warm)."""
+        if slot_paths(held):
+            self.d.warmer.moved()
+
     def _undo(self, st: RegionState) -> None:
         evidence: Evidence | None = None
         if st.held is not None:
             try:
                 evidence = st.held.exit()
+                self._moved(st.held)  # the undo moved its holder back (unless handed over)
             except Exception as exc:
                 log.exception("region %d: undoing its enforcement failed", st.region)
                 evidence = Evidence(HostEvidence(), None, [Reason(

@@ -39,6 +39,7 @@ from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
 
 if TYPE_CHECKING:
     from krex.enforce.guardian import GuardianClient
+    from krex.enforce.handoff import Prepared
 
 FREEZE_CHOICES = ("auto", "cgroup2", "cgroup1", "signal", "off")
 _SUBTREE_KINDS = {"cgroup2": "v2", "cgroup1": "freezer"}  # backends that freeze a subtree
@@ -185,13 +186,15 @@ class Enforcer:
 
     def hand_over(self, old: Enforcement, holder: JobTarget, siblings: list[JobTarget], *,
                   max_hold_s: float, others: list[JobTarget] | tuple = (),
-                  pre_ops: list[Operation] | tuple = ()) -> Enforcement | None:
+                  pre_ops: list[Operation] | tuple = (),
+                  prepared: list | None = None) -> Enforcement | None:
         """The next region on ``old``'s device, taken over without undoing what both
-        need (:mod:`krex.enforce.handoff`); None when it cannot be, and nothing changed."""
+        need (:mod:`krex.enforce.handoff`); None when it cannot be, and nothing changed.
+        ``prepared``: its operations from :func:`krex.enforce.handoff.prepare`."""
         from krex.enforce.handoff import hand_over
 
         return hand_over(old, holder, siblings, list(others),
-                         max_hold_s + self.config.lease_margin_s, pre_ops)
+                         max_hold_s + self.config.lease_margin_s, pre_ops, prepared)
 
 
 def _backend(op: object) -> str:
@@ -220,11 +223,13 @@ class Enforcement:
         self.leased: list[dict] | None = None
         self.ended_ns: int | None = None  # set by a handoff: the region ended there
         self.handed_from: int | None = None  # the lease id it was handed over from
+        self.handed_prepared = False  # ... with operations from handoff.prepare
         self.pending_lease: tuple[Enforcement, float] | None = None  # handoff: see handoff.py
         self._early: set[int] = set()  # ops reverted ahead of the stack (_thaw_first)
         # job id -> its counters, read while it is frozen in a subtree this region holds
         # frozen (prefetch): the next holder's handoff then reads none on the grant path
         self.prefetched: dict[int, HolderCounters] = {}
+        self.prepared: Prepared | None = None  # the next handoff's operations (handoff.prepare)
 
     def start(self, ops: list, lease_s: float) -> None:
         usable = [op for op in ops if self._check(op)]
@@ -400,6 +405,7 @@ class Enforcement:
             holder_cores=list(c.cores) if c is not None else None,
             shield=shield_evidence(self.applied, self.enforcer.shield),
             handed_over=self.handed_from is not None,
+            handover_prepared=self.handed_prepared,
         )
 
 

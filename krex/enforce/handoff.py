@@ -26,6 +26,14 @@ siblings stay closed (no close, no drain wait), the outgoing holder's gate is
 closed and only its queued GPU work is waited for — before it is moved among
 the frozen — and the incoming holder's gate is opened.
 
+The next holder's operations are worked out ahead (:func:`prepare`, after the
+grant, while the likely next holder is frozen): at the handoff, when the holder,
+its siblings and the other jobs are the same jobs in the same state as then
+(:func:`job_key`), only the checks that can change in between run on the grant
+path (the outgoing region not revoked or reported, its lease not expired, the
+holder inside its cgroup, the GPU step's match), not the building and matching
+of every operation.
+
 A handoff is refused (``None``: the caller undoes and sets up as before)
 when something applied cannot be carried as it is: a checkpoint-lock GPU
 step, per-process or signal freezing, processes outside their cgroups, other
@@ -36,7 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from krex.enforce.freeze import SubtreeFreeze
 from krex.enforce.gatedrain import GateDrain
@@ -78,13 +87,7 @@ def _matches(old: object, fresh: object, outgoing: int) -> bool:
 def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
          others: list[JobTarget], exclude: set[int], pre_ops: list | tuple = ()) -> list | None:
     """The next region's operations, if every one can take over the applied one."""
-    if old.report is not None or old.revoked or not old.applied:
-        return None
-    if any(not isinstance(op, CARRIED) for op in old.applied):
-        return None
-    if not any(isinstance(op, SubtreeFreeze) for op in old.applied):
-        return None
-    if holder.may_run_outside():
+    if not _carriable_now(old, holder):
         return None
     fresh, skipped = old.enforcer._ops(holder, siblings, others, exclude)
     fresh = list(pre_ops) + fresh
@@ -93,20 +96,79 @@ def plan(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     outgoing = old.holder.job_id
     if not all(_matches(o, f, outgoing) for o, f in zip(old.applied, fresh, strict=True)):
         return None
+    return fresh if _lease_alive(old) else None
+
+
+def _carriable_now(old: Enforcement, holder: JobTarget) -> bool:
+    if old.report is not None or old.revoked or not old.applied:
+        return False
+    if any(not isinstance(op, CARRIED) for op in old.applied):
+        return False
+    if not any(isinstance(op, SubtreeFreeze) for op in old.applied):
+        return False
+    return not holder.may_run_outside()
+
+
+def _lease_alive(old: Enforcement) -> bool:
     guardian = old.enforcer.guardian
-    if guardian is not None and old.lease_id in guardian.expired():
-        return None  # the guardian undid it already: nothing left to carry
-    return fresh
+    return guardian is None or old.lease_id not in guardian.expired()  # else: undone already
+
+
+def job_key(holder: Any, siblings: list, others: list) -> tuple:
+    """What the targets and operations of a handoff are made from, for the daemon's jobs:
+    the same key, the same operations (the same jobs, anchors, groups and cgroups)."""
+    return tuple((j.job_id, id(j), j.root, j.pgid, id(j.cgroups), j.kind, j.owner,
+                  frozenset(j.members)) for j in (holder, *siblings, None, *others)
+                 if j is not None) + (len(siblings),)
+
+
+@dataclass
+class Prepared:
+    """A handoff's targets and operations (but a GPU step), worked out ahead."""
+
+    key: tuple
+    holder: JobTarget
+    siblings: list[JobTarget]
+    others: list[JobTarget]
+    ops: list
+
+
+def prepare(old: Enforcement, key: tuple, holder: JobTarget, siblings: list[JobTarget],
+            others: list[JobTarget]) -> bool:
+    """After ``old``'s grant: the operations a handoff to ``holder`` would apply, kept
+    on ``old`` for that handoff (:func:`take_prepared`).  False: it could not take over."""
+    old.prepared = None
+    if not _carriable_now(old, holder):
+        return False
+    fresh, skipped = old.enforcer._ops(holder, siblings, others, set())
+    gpu = len(old.applied) - len(fresh)  # the GPU step comes at the handoff (pre_ops)
+    if skipped or gpu not in (0, 1) or (gpu and not isinstance(old.applied[0], GateDrain)):
+        return False
+    outgoing = old.holder.job_id
+    if not all(_matches(o, f, outgoing) for o, f in zip(old.applied[gpu:], fresh, strict=True)):
+        return False
+    old.prepared = Prepared(key, holder, siblings, others, fresh)
+    return True
+
+
+def take_prepared(old: Enforcement, key: tuple) -> Prepared | None:
+    """The prepared handoff, once, if it was made for exactly these jobs as they are."""
+    prepared, old.prepared = old.prepared, None
+    return prepared if prepared is not None and prepared.key == key else None
 
 
 def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
               others: list[JobTarget], lease_s: float,
-              pre_ops: list | tuple = ()) -> Enforcement | None:
+              pre_ops: list | tuple = (), prepared: list | None = None) -> Enforcement | None:
     """The next region's enforcement, taken over from ``old`` (which then only reports).
-    ``pre_ops``: the next region's GPU step (a :class:`GateDrain`), as for ``enter``."""
+    ``pre_ops``: the next region's GPU step (a :class:`GateDrain`), as for ``enter``.
+    ``prepared``: the rest of its operations from :func:`prepare`, for these targets."""
     # No holder process may be outside its cgroup (plan checks), so nothing needs
     # excluding from a signal freeze, and its cgroup lists all of it.
-    fresh = plan(old, holder, siblings, others, set(), pre_ops)
+    if prepared is None:
+        fresh = plan(old, holder, siblings, others, set(), pre_ops)
+    else:
+        fresh = _prepared_ops(old, holder, list(pre_ops), prepared)
     if fresh is None:
         return None
     new = type(old)(old.enforcer, holder, siblings)  # an Enforcement (no import: no cycle)
@@ -134,9 +196,24 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
         old.ended_ns = None  # not handed over: it ends when it is undone
         raise
     new.handed_from = old.lease_id
+    new.handed_prepared = prepared is not None
     new.pending_lease = (old, lease_s)  # sent by lease_handed(), after the grant
     new.t0_ns = time.monotonic_ns()
     return new
+
+
+def _prepared_ops(old: Enforcement, holder: JobTarget, pre_ops: list,
+                  prepared: list) -> list | None:
+    """``plan``'s answer from a prepared one: what can change since it was made."""
+    if not _carriable_now(old, holder):
+        return None
+    fresh = pre_ops + prepared
+    if len(fresh) != len(old.applied):
+        return None  # a GPU step now and none then, or the other way round
+    outgoing = old.holder.job_id
+    if pre_ops and not _matches(old.applied[0], pre_ops[0], outgoing):
+        return None
+    return fresh if _lease_alive(old) else None
 
 
 def _same_processes(holder: JobTarget, pre: HolderCounters | None) -> list | None:
@@ -215,4 +292,5 @@ def _step(enf: Enforcement, op: object) -> Step:
     return next(s for s in enf.steps if s.name == name)
 
 
-__all__ = ["CARRIED", "hand_over", "lease_handed", "plan"]
+__all__ = ["CARRIED", "Prepared", "hand_over", "job_key", "lease_handed", "plan", "prepare",
+           "take_prepared"]

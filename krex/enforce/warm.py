@@ -19,7 +19,11 @@ every ``period_s`` (``krex serve --warm-moves-ms``, 4 ms by default: measured
 here, pings every 8 ms kept moves fast and every 16 ms was at the edge), from a
 region's acquire or release, a job's registration or a program's start in a warm
 worker until ``linger_s`` later (``--warm-linger-s``).  An idle daemon pings
-nothing.  Costs while warm: one ≈ 30-45 µs write per period (≈ 1 % of one
+nothing.  The daemon's own moves count as pings (:meth:`MoveWarmer.moved`): the
+next ping is due a period after the last move of either kind, so a chain of
+handoffs (a move every few milliseconds) keeps the rwsem warm by itself and is
+not pinged in between — a ping is a cgroup write and ≈ 0.1 ms of a core, on the
+cores the handoffs run on.  Costs while warm: one ≈ 30-45 µs write per period (≈ 1 % of one
 core), and forks, exits and thread starts on the machine take the rwsem's slower
 reader path, as they do for good with ``favordynmods``.  The thread keeps off
 the holders' reserved cores.  Where the mount has
@@ -69,6 +73,7 @@ class MoveWarmer:
         self.pings = self.slow_pings = 0
         self.ping_ns = 0
         self._until = 0.0
+        self._moved = 0.0  # monotonic time of the daemon's last own move (moved())
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,6 +113,11 @@ class MoveWarmer:
         if not self._wake.is_set():
             self._wake.set()
 
+    def moved(self) -> None:
+        """The daemon just moved a process between cgroups (a region's set-up, handoff
+        or undo): that took the rwsem as a ping would, so no ping is due for a period."""
+        self._moved = time.monotonic()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -136,6 +146,10 @@ class MoveWarmer:
             if time.monotonic() >= self._until:
                 self._wake.wait()
                 self._wake.clear()
+                continue
+            wait = self._moved + self.period_s - time.monotonic()
+            if wait > 0:  # the daemon's own move kept it warm: due a period after it
+                self._stop.wait(wait)
                 continue
             if not self._ping():
                 return

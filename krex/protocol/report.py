@@ -140,6 +140,8 @@ class HostEvidence:
     shield: dict[str, Any] | None = None  # unmanaged tasks kept off the cores (shield.py)
     # taken over from the previous region on the device (a handoff: nothing set up anew)
     handed_over: bool = False
+    # ... with its operations worked out after the previous grant (nothing built at the handoff)
+    handover_prepared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
