@@ -269,11 +269,19 @@ class Daemon:
         elif self.config.requeue_ms > 0 and st.asked is not None:
             job = self.jobs.get(st.request.job_id)
             if job is not None and self.holds.may_requeue(st, job):
-                try:  # the job's likely next region, queued before it is frozen
-                    self._on_acquire(session, dataclasses.replace(st.asked, id=None),
-                                     requeue=True)
-                except KrexError:  # nobody asked: nothing to answer
-                    pass
+                asked = st.asked
+
+                def requeue() -> None:
+                    """The job's likely next region, queued once the device is handed on
+                    (off the grant path: the handoff's choice and chain bound leave the
+                    releasing job out; frozen, it cannot ask before this release's reply)."""
+                    try:
+                        self._on_acquire(session, dataclasses.replace(asked, id=None),
+                                         requeue=True)
+                    except KrexError:  # nobody asked: nothing to answer
+                        pass
+
+                st.requeue = requeue
         return self.holds.release(session, msg)
 
     def _on_cancel(self, session: Session, msg: m.Cancel) -> dict[str, Any]:

@@ -103,6 +103,9 @@ class RegionState:
     # granted by a handoff while re-queued: the outgoing region's undo, run once it is
     # claimed or ends (see Holds._hand_over)
     after_claim: Callable[[], None] | None = None
+    # its release re-queues its job (Daemon._on_release): done (locked) after the handoff's
+    # grant, off the grant path, or before its undo when there is no handoff
+    requeue: Callable[[], None] | None = None
     claimed_mono_s: float | None = None  # re-queued, granted, then asked for by its job
 
     @property
@@ -414,7 +417,16 @@ class Holds:
         if nxt is not None:
             self._hand_over(st, *nxt)
             return
+        self._requeue(st)
         self._undo(st)
+
+    def _requeue(self, st: RegionState) -> None:
+        """The re-queueing its release asked for, now (see :attr:`RegionState.requeue`).
+        Its job is frozen (or about to be) and cannot ask before its release's reply."""
+        requeue, st.requeue = st.requeue, None
+        if requeue is not None:
+            with self.d.locked():
+                requeue()
 
     def _next_holder(self, st: RegionState) -> tuple[RegionState, Job, list[Job],
                                                     list[Job]] | None:
@@ -466,6 +478,7 @@ class Holds:
         if held is None:
             st.handed_mono_s = None
             nxt.chain = ()
+            self._requeue(st)
             self._undo(st)
             self._enter(nxt)
             return
@@ -480,6 +493,7 @@ class Holds:
             else:
                 nxt.phase = Phase.CLOSING
                 nxt.ending_mono_s = time.monotonic()
+        self._requeue(st)  # the grant is sent: the outgoing job's next region queued now
         def rest() -> None:
             held.lease()  # the guardian's records, after the grant (krex.enforce.handoff)
             self._undo(st)  # the outgoing report: confirmation, counts, contention
@@ -565,6 +579,7 @@ class Holds:
         if deferred is not None:  # the outgoing region's undo first, in order
             self.d.on_lane(st.request.device, deferred)
         if st.held is None:
+            self._requeue(st)
             self._closed(st, None)
         else:
             self._on_lane(st.request.device, lambda: self._exit(st), here)

@@ -24,6 +24,7 @@ else:
         done.append(r)
 print(json.dumps([{"job": r.report.job_id, "requested": r.report.requested_mono_s,
                    "granted": r.report.granted_mono_s, "released": r.report.released_mono_s,
+                   "unclaimed": r.report.unclaimed_s,
                    "handed_over": bool(r.report.host and r.report.host.handed_over),
                    "prepared": bool(r.report.host and r.report.host.handover_prepared),
                    "siblings_frozen": r.report.host.siblings_frozen if r.report.host else 0}
