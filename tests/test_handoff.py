@@ -888,31 +888,24 @@ def test_handoffs_are_planned_after_the_grant_and_replanned_when_a_job_arrives(d
     mid-chain changes the jobs the plan was made for: every region granted after it
     counts it among the frozen siblings (a plan kept for the old jobs would count one
     sibling: the control, checked by hand with the key comparison removed)."""
-    from test_regions_pipelined import JOB, daemon_freeze
+    from test_regions_pipelined import daemon_freeze, loop_rows, start_loops
 
     if daemon_freeze(daemon) == "off":
         pytest.skip("no freeze backend here: nothing is handed over")
-    n, start = 400, time.monotonic() + 1.5
-    loops = [subprocess.Popen([PY, JOB, "pipelined", str(n), "3", str(start)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    n = 400
+    loops, start = start_loops("pipelined", n, 3)
     late = None
     try:
         time.sleep(max(0.0, start - time.monotonic()) + 0.3)  # the chain is under way
         t_launch = time.monotonic()
         late = subprocess.Popen([PY, "-m", "krex", "run", "--", PY, "-c",
                                  "import time; time.sleep(60)"])
-
         created = wait_for(lambda: _late_job(daemon, late.pid), 30)
         t_reg = created - (time.time() - time.monotonic())  # made then, on this clock
-        rows = []
-        for p in loops:
-            out, _ = p.communicate(timeout=180)
-            assert p.returncode == 0
-            rows += json.loads(out)
     finally:
-        for p in [*loops, *([late] if late else [])]:
-            reap(p)
-    rows.sort(key=lambda r: r["granted"])
+        rows = loop_rows(loops)
+        if late is not None:
+            reap(late)
     handed = [r for r in rows if r["handed_over"]]
     assert len(handed) >= n, rows
     assert sum(r["prepared"] for r in handed) >= 0.8 * len(handed), handed

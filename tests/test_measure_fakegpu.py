@@ -64,21 +64,34 @@ def _measure_in_child(kernel_ms: float) -> dict:
 # host thread, credited with the wall time it spins (a descheduled slice no longer
 # stretches a kernel: 10 ms once read 14-19 ms beside a CPU loop), but a measuring
 # process that waits for a core between its event and its launch still adds the wait,
-# so the best of up to 5 attempts counts (a krex region isolates the holder's core).
+# so the best of up to 5 attempts counts (a krex region isolates the holder's core);
+# an attempt during which the VM's host stole CPU time counts as no attempt (up to 10).
 @pytest.mark.parametrize("kernel_ms, median_rel", [(1.0, 0.02), (10.0, 0.01)])
 def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
     seen = []
-    for _ in range(5):
+    clean = 0
+    while clean < 5 and len(seen) < 10:
+        stolen = _steal_ms()
         m = _measure_in_child(kernel_ms)
+        stolen = _steal_ms() - stolen
         assert m["timer"] == "fakegpu-events" and m["iterations"] >= 5
         assert not [w for w in m["warnings"] if w["warning"] == "PLAUSIBILITY_FAILED"]
-        seen.append((m["min_ms"], m["median_ms"]))
+        seen.append((m["min_ms"], m["median_ms"], stolen))
+        clean += stolen == 0
         if m["min_ms"] == pytest.approx(kernel_ms, rel=0.01) and m["median_ms"] == pytest.approx(
             kernel_ms, rel=median_rel
         ):
             return
-    pytest.fail(f"{kernel_ms} ms kernel, (min, median) ms of 5 attempts: {seen}; "
-                f"{_busiest()}")
+    pytest.fail(f"{kernel_ms} ms kernel, (min, median, steal) ms of {len(seen)} attempts "
+                f"({clean} with no steal): {seen}; {_busiest()}")
+
+
+def _steal_ms() -> int:
+    """The machine's steal time so far (a VM's vCPUs run by its host for others), ms: an
+    attempt the host took cores from is tried again (up to 10 attempts, 5 without)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0
 
 
 def _busiest() -> str:

@@ -30,20 +30,32 @@ JOB = os.path.join(REPO, "tests", "jobs", "regions_loop.py")
 N, HOLD_MS = 40, 3.0
 
 
-def _two_jobs(how: str) -> list[dict]:
-    start = time.monotonic() + 1.5  # both registered and warm before the first region
-    procs = [subprocess.Popen([PY, JOB, how, str(N), str(HOLD_MS), str(start)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+def start_loops(how: str, n: int, hold_ms: float, count: int = 2
+                ) -> tuple[list[subprocess.Popen], float]:
+    """``count`` jobs taking ``n`` regions of ``hold_ms`` back to back (tests/jobs/
+    regions_loop.py), all from the returned monotonic start, 1.5 s from now (registered
+    and warm by then); :func:`loop_rows` collects them."""
+    start = time.monotonic() + 1.5
+    return [subprocess.Popen([PY, JOB, how, str(n), str(hold_ms), str(start)],
+                             stdout=subprocess.PIPE, text=True) for _ in range(count)], start
+
+
+def loop_rows(procs: list[subprocess.Popen]) -> list[dict]:
+    """Every region the loops took (their daemon times), in grant order; all reaped."""
     try:
         rows = []
         for p in procs:
-            out, _ = p.communicate(timeout=120)
+            out, _ = p.communicate(timeout=180)
             assert p.returncode == 0
             rows += json.loads(out)
     finally:
         for p in procs:
             reap(p)
     return sorted(rows, key=lambda r: r["granted"])
+
+
+def _two_jobs(how: str) -> list[dict]:
+    return loop_rows(start_loops(how, N, HOLD_MS)[0])
 
 
 def _chain_ends(rows: list[dict]) -> int:

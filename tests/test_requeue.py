@@ -295,23 +295,11 @@ def test_a_release_re_queues_its_job_after_the_handoff_not_before(daemon):
     is handed on: in the event log each job's ``requeued`` comes after the grant of the
     region handed over at that release.  Control, run by hand against the previous code
     (which re-queued before the handoff): 0 of 77 after, 76 before."""
-    from test_regions_pipelined import JOB
+    from test_regions_pipelined import loop_rows, start_loops
 
     if not _freezes(daemon):
         pytest.skip("no freeze backend here: nothing is handed over or re-queued")
-    start = time.monotonic() + 1.5
-    procs = [subprocess.Popen([PY, JOB, "plain", "40", "3", str(start)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    rows = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=120)
-            assert p.returncode == 0
-            rows += json.loads(out)
-    finally:
-        for p in procs:
-            reap(p)
-    rows.sort(key=lambda r: r["granted"])
+    rows = loop_rows(start_loops("plain", 40, 3)[0])
     with open(daemon.events_path) as f:
         events = [json.loads(line) for line in f]
     requeued = [e for e in events if e["event"] == "requeued"]

@@ -235,10 +235,7 @@ def test_a_chain_of_handoffs_keeps_moves_warm_without_pings(tmp_path, monkeypatc
     """The daemon's own slot moves count as pings: while two loops hand the device back
     and forth (a move every ~2 ms) the warmer pings (almost) nothing; control: the same
     daemon, warm and idle for as long right after, pings every period."""
-    import json
-    import subprocess
-
-    from test_regions_pipelined import JOB
+    from test_regions_pipelined import loop_rows, start_loops
 
     layout = CgroupLayout.probe()
     if MoveWarmer.for_layout(layout, 4.0, 30.0).root is None:
@@ -250,22 +247,13 @@ def test_a_chain_of_handoffs_keeps_moves_warm_without_pings(tmp_path, monkeypatc
         with d.client() as c:
             if (c.status().get("enforcement") or {}).get("freeze", "off") == "off":
                 pytest.skip("no freeze backend here: no slot moves")
-        start = time.monotonic() + 1.5
-        loops = [subprocess.Popen([PY, JOB, "pipelined", "300", "1", str(start)],
-                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
-        rows = []
+        loops, start = start_loops("pipelined", 300, 1)
         try:
             time.sleep(max(0.0, start - 0.05 - time.monotonic()))
             with d.client() as c:
                 ahead = c.status()["daemon"]["warm_moves"]  # the loops wait for start
-            for p in loops:
-                out, _ = p.communicate(timeout=120)
-                assert p.returncode == 0
-                rows += json.loads(out)
         finally:
-            for p in loops:
-                reap(p)
-        rows.sort(key=lambda r: r["granted"])
+            rows = loop_rows(loops)
         chain_s = rows[-1]["released"] - rows[0]["granted"]
         with d.client() as c:
             after = c.status()["daemon"]["warm_moves"]  # warm for linger_s from here on
