@@ -65,11 +65,32 @@ def _chain_ends(rows: list[dict]) -> int:
                if a["job"] != b["job"] and b["requested"] > a["released"])
 
 
+def _on_daemon(tmp_path, monkeypatch, name: str, *args: str) -> list[dict]:
+    """Two plain loops on a daemon of their own, started with ``args``."""
+    from helpers import Daemon
+
+    (tmp_path / name).mkdir(mode=0o700)
+    d = Daemon(str(tmp_path / name), *args)
+    d.start()
+    try:
+        with monkeypatch.context() as mp:
+            mp.setenv("KREX_SOCKET", d.socket)
+            return _two_jobs("plain")
+    finally:
+        d.stop()
+
+
 def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon, tmp_path,
                                                                  monkeypatch):
     if daemon_freeze(daemon) == "off":
         pytest.skip("no freeze backend here: a job is not frozen while another holds")
-    plain, pipelined = _two_jobs("plain"), _two_jobs("pipelined")
+    pipelined = _two_jobs("pipelined")
+    # plain: the daemon queues each job again at its release (--requeue-ms), and the
+    # thawed job claims that region when it asks.  The default window (5 ms) is about
+    # what a thawed job takes beside a CPU loop (4.9 ms seen), and a claim the host
+    # stole past it lapses and backs off (a CI run: 18 of 40 set up): the mechanism is
+    # tested with a window noise does not reach; bench_regions.py measures the default.
+    plain = _on_daemon(tmp_path, monkeypatch, "rt50", "--requeue-ms", "50")
     for rows in (plain, pipelined):
         assert len(rows) == 2 * N
         assert all(b["granted"] >= a["released"] for a, b in zip(rows, rows[1:], strict=False))
@@ -80,22 +101,11 @@ def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon, tmp_path
     assert switches >= N and _chain_ends(pipelined) <= 2, pipelined
     # ... taken over, not set up anew (the report says so); the first region is set up
     assert sum(not r["handed_over"] for r in pipelined) <= 3, pipelined
-    # plain: the daemon queued each job again at its release (--requeue-ms), so most
-    # handoffs went straight to it too (a thawed job slower than the claim window to
-    # ask, on a loaded machine, ends a chain)
+    # plain: re-queued, most handoffs went straight to the other job too
     assert sum(not r["handed_over"] for r in plain) <= N // 4, plain
     # control: without re-queueing, the plain loop's outgoing holder is frozen before it
     # asks again, and its chains end
-    from helpers import Daemon
-
-    bare = Daemon(str(tmp_path / "rt0"), "--requeue-ms", "0")
-    (tmp_path / "rt0").mkdir(mode=0o700)
-    bare.start()
-    monkeypatch.setenv("KREX_SOCKET", bare.socket)
-    try:
-        plain = _two_jobs("plain")
-    finally:
-        bare.stop()
+    plain = _on_daemon(tmp_path, monkeypatch, "rt0", "--requeue-ms", "0")
     assert _chain_ends(plain) >= N // 4, plain
     assert sum(not r["handed_over"] for r in plain) >= N // 4, plain
 
