@@ -230,3 +230,11 @@ def skip_if_another_daemon_owns_the_shield() -> None:
     owner = shield_owner()
     if owner is not None:
         pytest.skip(f"the machine's shield is owned by another krex daemon (pid {owner})")
+
+
+def steal_ms() -> int:
+    """The machine's steal time so far (a VM's vCPUs run by its host for others), ms: a
+    timing test's evidence that an attempt lost cores it did not know of."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from helpers import PY, reap, spawn
+from helpers import PY, reap, spawn, steal_ms
 
 fakegpu = pytest.importorskip("krex.devices.fakegpu")
 pytestmark = pytest.mark.skipif(not fakegpu.available(), reason="fakegpu was not built")
@@ -71,9 +71,9 @@ def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
     seen = []
     clean = 0
     while clean < 5 and len(seen) < 10:
-        stolen = _steal_ms()
+        stolen = steal_ms()
         m = _measure_in_child(kernel_ms)
-        stolen = _steal_ms() - stolen
+        stolen = steal_ms() - stolen
         assert m["timer"] == "fakegpu-events" and m["iterations"] >= 5
         assert not [w for w in m["warnings"] if w["warning"] == "PLAUSIBILITY_FAILED"]
         seen.append((m["min_ms"], m["median_ms"], stolen))
@@ -84,14 +84,6 @@ def test_known_device_duration_within_one_percent(kernel_ms, median_rel):
             return
     pytest.fail(f"{kernel_ms} ms kernel, (min, median, steal) ms of {len(seen)} attempts "
                 f"({clean} with no steal): {seen}; {_busiest()}")
-
-
-def _steal_ms() -> int:
-    """The machine's steal time so far (a VM's vCPUs run by its host for others), ms: an
-    attempt the host took cores from is tried again (up to 10 attempts, 5 without)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0
 
 
 def _busiest() -> str:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import PY, REPO, Daemon, reap, wait_for
+from helpers import PY, REPO, Daemon, reap, steal_ms, wait_for
 
 from krex.client.connection import Client
 
@@ -272,22 +272,38 @@ def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
     """Two plain loops alone: every job the chain freezes is queued (re-queued at its
     release), so nobody starves and the chain goes on past ``MAX_REQUEUED_CHAIN``
     handoffs (cutting it would cost a set-up every 33 regions).  The control, where a
-    frozen job is not queued and the bound ends the chain, is the test above."""
-    # A claim window wide enough that a loaded machine's late claim does not lapse (a
-    # lapse ends a chain too, and under heavy load every 5 ms window lapsed).
-    with _freezing_daemon(runtime_dir, "--requeue-ms", "300") as (d, procs):
-        procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
-        a, b = _rows(procs[0]), _rows(procs[1])
+    frozen job is not queued and the bound ends the chain, is the test above.
+
+    A chain also ends where a loaded machine delays a claim past its window or a
+    handoff's checks (seen once in CI beside a CPU loop: 34 in a row): up to three
+    attempts, each with what the host stole meanwhile; a bound that cut every chain at
+    33 would fail all three."""
     from krex.daemon.holds import MAX_REQUEUED_CHAIN
 
-    if not any(r["report"]["host"].get("handed_over") for r in a + b):
-        # A region whose enforcement reports a problem is set up each time, never handed
-        # over (seen: another krex daemon on the machine held the cores to isolate).
-        pytest.skip("no region was handed over here: " + "; ".join(sorted(
-            {r["message"] for x in a + b for r in x["report"]["reasons"]}))[:300])
-
-    assert _longest_chain(a, b) > 2 * MAX_REQUEUED_CHAIN, [
-        r["report"]["host"].get("handed_over") for r in sorted(a + b, key=lambda r: r["entered"])]
+    seen = []
+    for attempt in range(3):
+        rt = runtime_dir / f"try{attempt}"
+        rt.mkdir(mode=0o700)
+        stolen = steal_ms()
+        # A claim window wide enough that a loaded machine's late claim does not lapse (a
+        # lapse ends a chain too, and under heavy load every 5 ms window lapsed).
+        with _freezing_daemon(rt, "--requeue-ms", "300") as (d, procs):
+            procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
+            a, b = _rows(procs[0]), _rows(procs[1])
+        if not any(r["report"]["host"].get("handed_over") for r in a + b):
+            # A region whose enforcement reports a problem is set up each time, never
+            # handed over (seen: another krex daemon on the machine held the cores to
+            # isolate).
+            pytest.skip("no region was handed over here: " + "; ".join(sorted(
+                {r["message"] for x in a + b for r in x["report"]["reasons"]}))[:300])
+        longest = _longest_chain(a, b)
+        seen.append((longest, steal_ms() - stolen, [
+            r["report"]["host"].get("handed_over")
+            for r in sorted(a + b, key=lambda r: r["entered"])]))
+        if longest > 2 * MAX_REQUEUED_CHAIN:
+            return
+    pytest.fail(f"no chain past {2 * MAX_REQUEUED_CHAIN} handoffs in {len(seen)} attempts "
+                f"(longest, steal ms, handed over in order): {seen}")
 
 
 def test_a_release_re_queues_its_job_after_the_handoff_not_before(daemon):

@@ -2,11 +2,10 @@
 outside) from ``start`` (monotonic) for ``seconds``; print one JSON line: this job's
 region count and time held (its own clock)."""
 
-import json
 import sys
 import time
 
-from b2b_common import busy, warm_up_then_wait
+from b2b_common import busy, emit, warm_up_then_wait
 
 import krex
 
@@ -22,4 +21,4 @@ while time.monotonic() < start + seconds:
         held += time.monotonic() - t0
     regions += 1
     busy(gap_ms)
-print(json.dumps({"regions": regions, "held_s": held}), flush=True)
+emit({"regions": regions, "held_s": held})

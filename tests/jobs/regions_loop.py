@@ -2,10 +2,9 @@
 krex.region()`` in a loop) or pipelined (``krex.regions(n)``); wait for ``start``
 (monotonic) first.  Print one JSON line: each region's daemon times."""
 
-import json
 import sys
 
-from b2b_common import busy, warm_up_then_wait
+from b2b_common import busy, emit, warm_up_then_wait
 
 import krex
 
@@ -22,10 +21,10 @@ else:
         with krex.region("cpu") as r:
             busy(hold_ms)
         done.append(r)
-print(json.dumps([{"job": r.report.job_id, "requested": r.report.requested_mono_s,
+emit([{"job": r.report.job_id, "requested": r.report.requested_mono_s,
                    "granted": r.report.granted_mono_s, "released": r.report.released_mono_s,
                    "unclaimed": r.report.unclaimed_s,
                    "handed_over": bool(r.report.host and r.report.host.handed_over),
                    "prepared": bool(r.report.host and r.report.host.handover_prepared),
                    "siblings_frozen": r.report.host.siblings_frozen if r.report.host else 0}
-                  for r in done]), flush=True)
+                  for r in done])

@@ -8,13 +8,12 @@ sleep outside any region, ``t<path>`` touch a file, ``w<path>`` wait for a file.
 one JSON line per region: when it was asked for and entered (this process's monotonic
 clock) and the daemon's report."""
 
-import json
 import os
 import sys
 import time
 import warnings
 
-from b2b_common import busy
+from b2b_common import busy, emit
 
 import krex
 
@@ -30,15 +29,14 @@ for step in sys.argv[1:]:
                 busy(float(hold) * 1e3)
             while kind == "R" and not os.path.exists(hold):
                 time.sleep(0.002)
-        print(json.dumps({"asked": asked, "entered": entered, "report": r.report.to_dict()}),
-              flush=True)
+        emit({"asked": asked, "entered": entered, "report": r.report.to_dict()})
     elif kind == "p":
         n, _, hold = arg.partition("x")
         prev = None
         for r in krex.regions(int(n), "cpu"):
             if prev is not None and prev[0].report is not None:  # set as this one began
-                print(json.dumps({"asked": prev[1], "entered": prev[1],
-                                  "report": prev[0].report.to_dict()}), flush=True)
+                emit({"asked": prev[1], "entered": prev[1],
+                      "report": prev[0].report.to_dict()})
             prev = (r, time.monotonic())
             busy(float(hold) * 1e3)
     elif kind == "s":
