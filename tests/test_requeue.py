@@ -223,6 +223,7 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_
         assert late.wait(timeout=40) == 0
         assert all(p.poll() is None for p in procs[:2]), "the loops ended first"
         assert len(_rows(late)) == 3
+        ends = _counters(d)["chain_ends"]  # the daemon says which chains the bound ended
         loops = [_rows_so_far(p) for p in procs[:2]]
         if not any(r["report"]["host"].get("handed_over") for rows in loops for r in rows):
             # no chain at all, so nothing to end (seen: another krex daemon on the
@@ -230,6 +231,7 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_
             pytest.skip("no region was handed over here: " + "; ".join(sorted(
                 {x["message"] for rows in loops for r in rows
                  for x in r["report"]["reasons"]}))[:300])
+        assert ends.get("chain_bound", 0) >= 1, ends
 
 
 def _rows_so_far(p: subprocess.Popen) -> list[dict]:
@@ -290,6 +292,8 @@ def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
         with _freezing_daemon(rt, "--requeue-ms", "300") as (d, procs):
             procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
             a, b = _rows(procs[0]), _rows(procs[1])
+            with Client(d.socket, autostart=False) as c:
+                ends = c.status()["counters"]["chain_ends"]  # why chains ended
         if not any(r["report"]["host"].get("handed_over") for r in a + b):
             # A region whose enforcement reports a problem is set up each time, never
             # handed over (seen: another krex daemon on the machine held the cores to
@@ -297,13 +301,13 @@ def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
             pytest.skip("no region was handed over here: " + "; ".join(sorted(
                 {r["message"] for x in a + b for r in x["report"]["reasons"]}))[:300])
         longest = _longest_chain(a, b)
-        seen.append((longest, steal_ms() - stolen, [
+        seen.append((longest, steal_ms() - stolen, ends, [
             r["report"]["host"].get("handed_over")
             for r in sorted(a + b, key=lambda r: r["entered"])]))
         if longest > 2 * MAX_REQUEUED_CHAIN:
             return
     pytest.fail(f"no chain past {2 * MAX_REQUEUED_CHAIN} handoffs in {len(seen)} attempts "
-                f"(longest, steal ms, handed over in order): {seen}")
+                f"(longest, steal ms, chain ends, handed over in order): {seen}")
 
 
 def test_a_release_re_queues_its_job_after_the_handoff_not_before(daemon):

@@ -335,6 +335,11 @@ def status_lines(st: dict) -> list[str]:
                f"{c['revoked']} revoked, {c['cancelled']} cancelled; re-queued "
                f"{c.get('requeued', 0)} ({c.get('requeue_claimed', 0)} claimed, "
                f"{c.get('requeue_lapsed', 0)} lapsed)")
+    ends = c.get("chain_ends") or {}
+    if c.get("handed_over") or ends:
+        out.append(f"handoffs: {c.get('handed_over', 0)} handed over; not handed over after "
+                   + (", ".join(f"{n} ({why.replace('_', ' ')})"
+                                for why, n in sorted(ends.items())) or "none"))
     pools = st.get("pools") or {}
     if pools:
         out += _table("warm workers", ["device", "workers", "busy", "served", "queued",

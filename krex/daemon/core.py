@@ -86,6 +86,9 @@ class Counters:
     requeued: int = 0  # regions the daemon queued again at a release (krex.daemon.holds)
     requeue_claimed: int = 0  # ... that their jobs asked for
     requeue_lapsed: int = 0  # ... that ended unclaimed
+    handed_over: int = 0  # grants that took the previous region's enforcement over
+    # releases after which the device was not handed over, by why (Holds._chain_end)
+    chain_ends: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class Daemon:

@@ -434,10 +434,12 @@ class Holds:
         enforcement over (see :meth:`_hand_over`): the scheduler is told of the
         release now, before anything is undone."""
         if st.held is None or not getattr(st.held, "can_hand_over", lambda: False)():
+            self._chain_end("not_carriable" if st.held is not None else "nothing_enforced")
             return None
         with self.d.locked():
             if _stopped_held(st.held) and self._chain_must_end(
                     st, self.d.scheduler.queue(st.request.device).queued_jobs()):
+                self._chain_end("chain_bound")
                 return None  # undone, then the next grant set up: the frozen are thawed
             now = time.monotonic()
             frozen = st.frozen_jobs if _stopped_held(st.held) else []
@@ -446,6 +448,8 @@ class Holds:
                          and self._takes_over(st, self.regions.get(d.request.region))), None)
             self.apply([d for d in decisions if d is not pick])
             if pick is None:
+                self._chain_end("next_not_exclusive" if any(
+                    isinstance(d, Grant) for d in decisions) else "nobody_queued")
                 return None
             nxt = self.regions[pick.request.region]
             holder = self.d.jobs.get(nxt.request.job_id)
@@ -456,6 +460,13 @@ class Holds:
             nxt.chain = (*st.chain, st.request.job_id)
             st.handed_mono_s = now
             return nxt, holder, siblings, others
+
+    def _chain_end(self, why: str) -> None:
+        """A release after which the device is not handed over, counted by why (``krex
+        status``: a loaded machine's lapses and refused handoffs end chains)."""
+        with self.d.lock:
+            ends = self.d.counters.chain_ends
+            ends[why] = ends.get(why, 0) + 1
 
     def _takes_over(self, st: RegionState, nxt: RegionState | None) -> bool:
         if nxt is None or nxt.outcome is not None or nxt.phase is not Phase.QUEUED:
@@ -476,6 +487,7 @@ class Holds:
             log.exception("region %d: handoff to region %d failed", st.region, nxt.region)
             held = None
         if held is None:
+            self._chain_end("handoff_refused")
             st.handed_mono_s = None
             nxt.chain = ()
             self._requeue(st)
@@ -484,6 +496,7 @@ class Holds:
             return
         self._moved(held)
         with self.d.locked():
+            self.d.counters.handed_over += 1
             nxt.held = held
             nxt.frozen_jobs = [j.job_id for j in siblings if j.may_have_processes()]
             gone = nxt.outcome is not None
