@@ -8,7 +8,8 @@ runs in its own process group and, where the machine allows, its own cgroup
 ``KREX_SOCKET``, ``KREX_JOB_ID`` and ``KREX_DEVICE`` in its environment; and
 whatever happens, what it left in its group is signalled, the hold released
 and the job ended.  :func:`run_job` inherits our stdout/stderr (output
-streams live), forwards our signals, and the command's exit code becomes ours.
+streams live; pipes through :mod:`krex.client.relay`), forwards our signals, and
+the command's exit code becomes ours.
 """
 
 from __future__ import annotations
@@ -141,11 +142,25 @@ def _imports_krex(python: str, env: dict[str, str]) -> bool:
 def run_job(argv: list[str], *, device: str | None = None, name: str | None = None,
             mode: str = "region", client: Client | None = None,
             env: dict[str, str] | None = None) -> int:
-    """Run ``argv`` as a managed job; return its exit code."""
-    with ManagedJob(client or Client(), device=device, name=name or os.path.basename(argv[0]),
-                    mode=mode) as job:
-        job.spawn(argv, {**os.environ, **(env or {})})
-        return job.wait(forward_signals=True)
+    """Run ``argv`` as a managed job; return its exit code.  Where our stdout or stderr
+    is a pipe, the command writes through :mod:`krex.client.relay` (a frozen command's
+    long write to a pipe would come back short)."""
+    from krex.client.relay import Relay
+
+    relay = Relay()
+    started = False
+    try:
+        with ManagedJob(client or Client(), device=device,
+                        name=name or os.path.basename(argv[0]), mode=mode) as job:
+            job.spawn(argv, {**os.environ, **(env or {})}, **relay.popen())
+            relay.start()
+            started = True
+            return job.wait(forward_signals=True)
+    finally:  # after what the command left in its group was signalled (ManagedJob)
+        if started:
+            relay.finish()
+        else:
+            relay.close_unstarted()
 
 
 def _wait_forwarding_signals(proc: subprocess.Popen) -> int:
