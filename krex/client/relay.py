@@ -15,7 +15,10 @@ every partial write included.  A command's write then waits only when the relay 
 backlog of :data:`BACKLOG` bytes (its reader stopped reading).  A stream that is the
 same file for both (``2>&1``) keeps one pipe, so its lines keep their order.  When our
 reader goes away, the relay closes the command's pipe: its next write fails as it
-would have.  Files and terminals are passed as they are.
+would have.  Files and terminals are passed as they are.  When the command has ended
+(and what it left in its process group was signalled), ``krex run`` waits up to 5 s for
+whatever still holds its pipe, a process that left the group; what that writes later
+goes nowhere (its write fails with ``EPIPE``).
 """
 
 from __future__ import annotations
