@@ -133,7 +133,7 @@ class Relay:
         if _needs_relay(1):
             self.streams[1] = _Stream(1)
         if _needs_relay(2):
-            if 1 in self.streams and _same_file(1, 2):
+            if 1 in self.streams and same_file(1, 2):
                 self.streams[2] = self.streams[1]
             else:
                 self.streams[2] = _Stream(2)
@@ -160,7 +160,8 @@ class Relay:
             s.finish(timeout_s)
 
 
-def _same_file(a: int, b: int) -> bool:
+def same_file(a: int, b: int) -> bool:
+    """Whether descriptors ``a`` and ``b`` are the same file (pipe, socket, tty...)."""
     try:
         sa, sb = os.fstat(a), os.fstat(b)
     except OSError:

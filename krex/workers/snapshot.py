@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from krex.client.relay import same_file
 from krex.workers import dictversion
 
 _UNSETTABLE = {signal.SIGKILL, signal.SIGSTOP}
@@ -393,18 +394,10 @@ def _restore_warnings(snap: Snapshot) -> list[str]:
 def _restore_fds(snap: Snapshot) -> list[str]:
     out = []
     for fd, saved in snap.fds.items():
-        if not _same_file(fd, saved):
+        if not same_file(fd, saved):
             os.dup2(saved, fd)
             out.append(str(fd))
     return out
-
-
-def _same_file(a: int, b: int) -> bool:
-    try:
-        sa, sb = os.fstat(a), os.fstat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _restore_torch(snap: Snapshot) -> list[str]:
