@@ -31,6 +31,8 @@ import select
 import stat
 import threading
 
+from krex.workers.launcher import same_file
+
 PIPE_SIZE = 1 << 20  # the command's pipe: what it may write at once without waiting
 BACKLOG = 64 << 20  # what the relay keeps for a slow reader before it stops reading
 CHUNK = 1 << 16
@@ -158,12 +160,3 @@ class Relay:
     def finish(self, timeout_s: float = 5.0) -> None:
         for s in set(self.streams.values()):
             s.finish(timeout_s)
-
-
-def same_file(a: int, b: int) -> bool:
-    """Whether descriptors ``a`` and ``b`` are the same file (pipe, socket, tty...)."""
-    try:
-        sa, sb = os.fstat(a), os.fstat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

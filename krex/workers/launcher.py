@@ -75,3 +75,13 @@ class DefaultLauncher:
 
     def exited(self, pid: int) -> None:
         pass
+
+
+def same_file(a: int, b: int) -> bool:
+    """Whether descriptors ``a`` and ``b`` are the same file (pipe, socket, tty...): a
+    started process's streams (``krex run``'s relay, a worker's restored fds)."""
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from krex.client.relay import same_file
 from krex.workers import dictversion
+from krex.workers.launcher import same_file
 
 _UNSETTABLE = {signal.SIGKILL, signal.SIGSTOP}
 RESTORE_FAILED = "restore-failed"  # in what restore() names: the worker must be recycled
