@@ -202,6 +202,15 @@ class RegionRevoked(KrexError):
     default_hint = "the region exceeded its maximum hold; raise max_hold_s or shorten the region"
 
 
+class OfferLapsed(KrexError):
+    """A region claimed from the daemon's offer (:class:`krex.protocol.messages.Offer`)
+    was no longer the job's when the claim arrived: its body ran without the device."""
+
+    code = "offer_lapsed"
+    default_hint = ("the region's body ran without the device to itself: time it again "
+                    "(a job slower than the daemon's --requeue-ms to ask again loses its turn)")
+
+
 class EnforcementFailed(KrexError):
     code = "enforcement_failed"
     default_hint = "run `krex doctor` to see which mechanisms this machine supports"

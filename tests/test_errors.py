@@ -114,6 +114,7 @@ def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives(
     conn._ids = iter(range(1, 100))
     conn.reply_timeout_s, conn._patient = 10.0, set()
     conn._pipelined, conn._early = set(), {}
+    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
     from krex.protocol import messages as m
 
     conn.call(m.Hello(version=m.VERSION))

@@ -174,6 +174,7 @@ def test_a_pipelined_reply_read_early_is_kept_for_its_own_wait():
     conn._ids = iter(range(1, 100))
     conn.reply_timeout_s, conn._patient = 5.0, set()
     conn._pipelined, conn._early = set(), {}
+    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
 
     def answer(order: list[int], data: dict[int, dict]) -> None:
         reader = FrameReader(theirs)

@@ -103,14 +103,14 @@ def test_a_requeued_region_nobody_asks_for_lapses_and_the_device_moves_on(tmp_pa
     rd.mkdir(mode=0o700)
     x, y, counters, regions = _with_loop(rd, None, *["r0.01"] * 5, "s4")
     assert len(x) == 5 and len(y) == 150
-    assert counters["requeue_lapsed"] >= 1, counters
+    assert counters["requeue_lapsed"] >= 1, json.dumps(counters)
     assert _longest_gap(y) < 0.5, y  # the claim window (+ the ticker's wake-up)
     assert len(regions) == 155, regions  # X's and Y's: the lapsed one is no region
     assert all(r["outcome"] == "released" for r in regions), regions
     rd = tmp_path / "b"
     rd.mkdir(mode=0o700)
     x, y, counters, _ = _with_loop(rd, "1500", *["r0.01"] * 5, "s4")
-    assert counters["requeue_lapsed"] >= 1, counters
+    assert counters["requeue_lapsed"] >= 1, json.dumps(counters)
     assert _longest_gap(y) > 1.0, y  # control: the window is what ended it
 
 

@@ -29,8 +29,10 @@ whatever the connection held or waited for.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import os
+import select
 import socket
 import sys
 import threading
@@ -45,6 +47,7 @@ from krex.errors import (
     DaemonNotRunning,
     DaemonUnresponsive,
     KrexError,
+    OfferLapsed,
     from_wire,
 )
 from krex.protocol import messages as m
@@ -55,6 +58,9 @@ from krex.protocol.liveness import PATIENT, Watch, lock_pid, reply_timeout_from_
 from krex.workers.spec import ExecRequest, ExecResult
 
 CANCEL_TIMEOUT_S = 5.0
+# An offer is taken only while more than this is left of its claim window (the daemon's
+# --requeue-ms, 5 ms by default): the claim must reach the daemon before it closes.
+OFFER_MARGIN_S = 0.001
 # The tenant this thread's programs run for, where a trusted peer (the HTTP/MCP service)
 # acts for one: ``exec``/``submit``/``execute`` send it unless given a ``tenant``.
 ACTING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("krex_acting_for",
@@ -81,6 +87,12 @@ class Connection:
         self._patient: set[int] = set()
         self._pipelined: set[int] = set()  # sent ahead: their replies are kept, not skipped
         self._early: dict[int, dict[str, Any]] = {}  # such replies, read while waiting
+        # Offers (messages.Offer) of re-queued regions, by region; the acquires sent to
+        # take one, by region (their replies are read before the region's release); the
+        # newest region granted here (a later offer of it is stale: it was asked for).
+        self.offers: dict[int, dict[str, Any]] = {}
+        self._claims: dict[int, int] = {}
+        self._newest_region = 0
         self.reader = FrameReader(self.sock)
         self._ids = itertools.count(1)
         self.revoked: dict[int, str] = {}
@@ -131,6 +143,8 @@ class Connection:
             if said is not None:  # it refused us first (the per-uid connection cap)
                 raise said from None
             raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+        if isinstance(message, m.Release) and message.region in self._claims:
+            self._settle_claim(message.region)
         if message.type in PATIENT:
             self._patient.add(rid)
         if pipelined:
@@ -153,14 +167,90 @@ class Connection:
             raise
 
     def acquire(self, message: m.Acquire) -> dict[str, Any]:
-        """Acquire a region; if waiting for the grant is interrupted, withdraw it."""
-        return self.await_grant(self.send(message))
+        """Acquire a region; if waiting for the grant is interrupted, withdraw it.  A
+        fresh offer this acquire may take is taken at once (see :meth:`_offer_for`)."""
+        offer = self._offer_for(message)
+        if offer is None:
+            return self.await_grant(self.send(message))
+        region = int(offer["region"])
+        rid = self.send(dataclasses.replace(message, claim=region), pipelined=True)
+        self._newest_region = max(self._newest_region, region)
+        if time.monotonic() < float(offer["claim_by_mono_s"]):
+            # Sent within the window: the daemon reads it before the region can lapse.
+            self._claims[region] = rid
+            return {"region": region, "device": offer["device"], "exclusive": True,
+                    "offered": True}
+        try:  # this process stalled past the window: the claim's answer decides
+            return self.await_grant(rid)
+        except OfferLapsed:  # the device moved on; nothing ran: ask as usual
+            return self.await_grant(self.send(message))
+
+    def _offer_for(self, message: m.Acquire) -> dict[str, Any] | None:
+        """An offer (of a re-queued region, granted: its job thawed) that ``message``, a
+        plain acquire of that job, device and tenant, takes; only while more than
+        :data:`OFFER_MARGIN_S` of its claim window is left, so that the claim arrives
+        before the window closes.  If it does not (this process stalled in between), the
+        daemon answers ``offer_lapsed`` and the region's release raises it.  Every offer
+        is for one acquire: the others are dropped."""
+        if message.whole_job or message.claim is not None:
+            return None
+        self._read_ready()
+        offers, self.offers = self.offers, {}
+        now = time.monotonic()
+        for o in offers.values():
+            device = message.device == o.get("device") or (
+                message.device is None and bool(o.get("job_device")))
+            tenant = message.tenant == o.get("tenant") or (
+                message.tenant is None and bool(o.get("job_tenant")))
+            if int(o.get("region", 0)) > self._newest_region and \
+                    o.get("job_id") == message.job_id and device and tenant and \
+                    now < float(o.get("claim_by_mono_s", 0.0)) - OFFER_MARGIN_S:
+                return o
+        return None
+
+    def _read_ready(self) -> None:
+        """Read the frames already here, without waiting (offers pushed meanwhile)."""
+        while self.reader.buffered() or select.select([self.sock], [], [], 0)[0]:
+            try:
+                self.sock.settimeout(0.0)
+                data = self.reader.read()
+            except (BlockingIOError, TimeoutError):
+                return  # part of a frame: the rest is read by the next blocking read
+            except (ConnectionClosed, OSError) as exc:
+                raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
+            self._aside(data)
+
+    def _aside(self, data: dict[str, Any]) -> bool:
+        """Keep a frame that is not the reply being waited for: an offer, a revocation,
+        a pipelined request's reply.  False: none of these."""
+        kind = data.get("type")
+        if kind == "offer":
+            if int(data.get("region", 0)) > self._newest_region:  # else: asked for already
+                self.offers[int(data["region"])] = data
+            return True
+        if kind == "revoked":
+            self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
+            return True
+        if data.get("re") in self._pipelined and kind != "output":
+            self._early[int(data["re"])] = data  # its own wait_reply takes it
+            return True
+        return False
+
+    def _settle_claim(self, region: int) -> None:
+        """The reply to the acquire that took ``region``'s offer, before its release: the
+        daemon's error is raised (``offer_lapsed`` cannot be, for a claim sent within the
+        window, unless the daemon broke its word: the region's body then ran without the
+        device, and its release says so)."""
+        self.wait_reply(self._claims.pop(region))
 
     def await_grant(self, rid: int) -> dict[str, Any]:
         """The grant of the acquire sent as request ``rid``; withdrawn if the wait is
         interrupted."""
         try:
-            return self.wait_reply(rid)
+            grant = self.wait_reply(rid)
+            # an offer of this region read before its grant (it was pushed first) is stale
+            self._newest_region = max(self._newest_region, int(grant.get("region") or 0))
+            return grant
         except KrexError as exc:
             if isinstance(exc, DaemonNotRunning):
                 self.broken = True
@@ -215,12 +305,11 @@ class Connection:
                 watch.pinged(self.send(m.Ping()))
                 continue
             kind = data.get("type")
-            if kind == "revoked":
-                self.revoked[int(data.get("region", 0))] = str(data.get("reason", ""))
+            if kind in ("revoked", "offer"):
+                self._aside(data)
                 continue
             if data.get("re") not in (rid, None):
-                if data.get("re") in self._pipelined and kind != "output":
-                    self._early[int(data["re"])] = data  # its own wait_reply takes it
+                self._aside(data)
                 continue
             if kind == "output":
                 if on_output is not None:

@@ -74,7 +74,8 @@ class DaemonConfig:
     requeue_ms: float = field(default=5.0, metadata=flag(
         "a job that releases while others wait is queued again for its next region, "
         "before the device is handed on and the job frozen; granted in its turn, that "
-        "region is the job's if it asks within this long, else it lapses (0: off)"))
+        "region is offered to the job, and is the job's if it asks within this long; it "
+        "lapses after twice this long (a claim's time to be read) (0: off)"))
     warm_moves_ms: float = field(default=DEFAULT_PERIOD_MS, metadata=flag(
         "while regions are taken, the daemon moves itself into its own cgroup this often "
         "so that the kernel's cgroup rwsem stays in its fast state: a region's cgroup moves "

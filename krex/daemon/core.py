@@ -48,6 +48,7 @@ from krex.errors import (
     BadRequest,
     KrexError,
     LimitExceeded,
+    OfferLapsed,
     ProcessGone,
     ShuttingDown,
     UnknownJob,
@@ -86,6 +87,9 @@ class Counters:
     requeued: int = 0  # regions the daemon queued again at a release (krex.daemon.holds)
     requeue_claimed: int = 0  # ... that their jobs asked for
     requeue_lapsed: int = 0  # ... that ended unclaimed
+    offered: int = 0  # ... offered to their jobs at the grant (messages.Offer)
+    offers_claimed: int = 0  # acquires that took an offer
+    offers_lapsed: int = 0  # ... that came too late (their reply: offer_lapsed)
     handed_over: int = 0  # grants that took the previous region's enforcement over
     # releases after which the device was not handed over, by why (Holds._chain_end)
     chain_ends: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -248,6 +252,20 @@ class Daemon:
         if job.mode != "none":
             self.ledger.check(tenant, self.quota.region_s_per_min, time.monotonic())
         requeued = None if requeue else self.holds.requeued(session, job.job_id, device)
+        if msg.claim is not None:  # an offer taken: the region is granted, or lapsed
+            ok = requeued is not None and requeued.region == msg.claim and \
+                not msg.whole_job and requeued.request.tenant == tenant and \
+                requeued.phase is Phase.HELD
+            if ok:
+                assert requeued is not None
+                req = self._request(session, job, device, msg, tenant, number=False)
+                ok = self.holds.claim(requeued, msg, req.max_hold_s, req.timeout_s, req.label)
+            if not ok:
+                self.counters.offers_lapsed += 1
+                raise OfferLapsed(f"region {msg.claim}: its offer lapsed before this claim "
+                                  "arrived (the device moved on)", region=msg.claim)
+            self.counters.offers_claimed += 1
+            return None
         if requeued is not None and not msg.whole_job and requeued.request.tenant == tenant:
             req = self._request(session, job, device, msg, tenant, number=False)
             if self.holds.claim(requeued, msg, req.max_hold_s, req.timeout_s, req.label):
@@ -264,7 +282,7 @@ class Daemon:
     def _on_release(self, session: Session, msg: m.Release) -> dict[str, Any] | None:
         st = self.holds.releasable(session, msg.region)
         if msg.again is not None and st.asked is not None:
-            again = dataclasses.replace(st.asked, id=msg.again)
+            again = dataclasses.replace(st.asked, id=msg.again, claim=None)  # its parameters
             try:  # queued before the release hands the device on (and freezes this job)
                 self._on_acquire(session, again)
             except KrexError as exc:  # the release goes ahead; the new acquire is answered
@@ -279,7 +297,7 @@ class Daemon:
                     (off the grant path: the handoff's choice and chain bound leave the
                     releasing job out; frozen, it cannot ask before this release's reply)."""
                     try:
-                        self._on_acquire(session, dataclasses.replace(asked, id=None),
+                        self._on_acquire(session, dataclasses.replace(asked, id=None, claim=None),
                                          requeue=True)
                     except KrexError:  # nobody asked: nothing to answer
                         pass

@@ -28,6 +28,14 @@ already set up).  Granted and not asked for within the claim window, it
 the time stays charged to the tenant), the device moves on, and the job is
 re-queued less often (after ``n`` lapses in a row, ``2**n - 1`` releases are
 let pass, at most 63) until it asks for one again.
+
+Offers.  At the grant (the job being thawed) the job's connection is sent an
+``offer``: its next plain acquire takes the region at once, sending a *claim*
+it does not wait for (:meth:`krex.client.connection.Connection.acquire`).  A
+claim sent within the window must never find the region lapsed, or the job
+would have run its region's body without the device: so a region offered lapses
+only after twice the window (the second window is the claim's time to be read),
+and a client whose claim left after the window waits for its answer.
 """
 
 from __future__ import annotations
@@ -103,6 +111,7 @@ class RegionState:
     # granted by a handoff while re-queued: the outgoing region's undo, run once it is
     # claimed or ends (see Holds._hand_over)
     after_claim: Callable[[], None] | None = None
+    claim_window_s: float = 0.0  # a re-queued region's: its offer's claim window
     # its release re-queues its job (Daemon._on_release): done (locked) after the handoff's
     # grant, off the grant path, or before its undo when there is no handoff
     requeue: Callable[[], None] | None = None
@@ -136,7 +145,8 @@ class Holds:
         st = RegionState(req, session, msg.id, uid, time.time(), asked=msg)
         if claim_window_s is not None:
             st.requeued = st.gone = True  # nobody to answer until the job asks
-            req.max_hold_s = claim_window_s
+            st.claim_window_s = claim_window_s
+            req.max_hold_s = 2 * claim_window_s  # the offer's window, then its grace
         self.regions[req.region] = st
         self.by_session.setdefault(session, set()).add(req.region)
         self.d.counters.requeued += st.requeued
@@ -559,7 +569,21 @@ class Holds:
         if not st.requeued:  # a re-queued region is announced when its job asks
             self._announce(st)
         else:  # its claim window runs from now: the ticker must wake for it
+            self._offer(st, now)
             self.d.deadlines_changed()
+
+    def _offer(self, st: RegionState, now: float) -> None:
+        """Tell the job its re-queued region is granted (it is being thawed): its next
+        plain acquire may take it without waiting for a reply (docs/protocol.md)."""
+        req = st.request
+        job = self.d.jobs.get(req.job_id)
+        if job is None:
+            return
+        self.d.counters.offered += 1
+        self.d.push(st.session, m.Offer(
+            region=st.region, job_id=req.job_id, device=req.device, tenant=str(req.tenant),
+            claim_by_mono_s=now + st.claim_window_s, job_device=req.device == job.device,
+            job_tenant=req.tenant == job.tenant))
 
     def _announce(self, st: RegionState) -> None:
         req = st.request

@@ -114,6 +114,9 @@ class Acquire(Message):
     timeout_s: float | None = None
     whole_job: bool = False
     tenant: str | None = None  # charge this region to a tenant (trusted peers only)
+    # the region of an ``offer`` this acquire takes: granted already, or an error
+    # (``offer_lapsed``), never queued
+    claim: int | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,25 @@ class Revoked(Message):
     type: ClassVar[str] = "revoked"
     region: int
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Offer(Message):
+    """Pushed when the region the daemon re-queued for a job at its release is granted
+    (the job thawed): the job's next plain ``acquire`` on this connection may take it
+    at once with ``claim`` (docs/protocol.md, "Offers").  ``claim_by_mono_s``: when it
+    lapses (CLOCK_MONOTONIC); ``job_device`` / ``job_tenant``: the region is on the
+    job's own device / charged to the job's own tenant (an acquire that names neither
+    may take it)."""
+
+    type: ClassVar[str] = "offer"
+    region: int
+    job_id: int
+    device: str
+    tenant: str
+    claim_by_mono_s: float
+    job_device: bool = True
+    job_tenant: bool = True
 
 
 @dataclass(frozen=True)
