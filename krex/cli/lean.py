@@ -119,7 +119,7 @@ class Link:
         watch = Watch(self.limit_s, message["type"] in PATIENT)
         while True:
             data = self._read(watch)
-            if data.get("re") not in (rid, None) or data.get("type") == "revoked":
+            if data.get("re") not in (rid, None) or data.get("type") in ("revoked", "offer"):
                 continue
             if data.get("type") == "output":
                 _echo(str(data.get("stream")), str(data.get("data", "")))

@@ -32,7 +32,6 @@ import contextvars
 import dataclasses
 import itertools
 import os
-import select
 import socket
 import sys
 import threading
@@ -88,7 +87,7 @@ class Connection:
         self._pipelined: set[int] = set()  # sent ahead: their replies are kept, not skipped
         self._early: dict[int, dict[str, Any]] = {}  # such replies, read while waiting
         # Offers (messages.Offer) of re-queued regions, by region; the acquires sent to
-        # take one, by region (their replies are read before the region's release); the
+        # take one, by region (their replies are read as the region's release is sent); the
         # newest region granted here (a later offer of it is stale: it was asked for).
         self.offers: dict[int, dict[str, Any]] = {}
         self._claims: dict[int, int] = {}
@@ -209,13 +208,14 @@ class Connection:
         return None
 
     def _read_ready(self) -> None:
-        """Read the frames already here, without waiting (offers pushed meanwhile)."""
-        while self.reader.buffered() or select.select([self.sock], [], [], 0)[0]:
+        """Read the frames already here, without waiting (offers pushed meanwhile).  A
+        frame's first part stays in the reader for the next (blocking) read."""
+        self.sock.settimeout(0.0)  # every blocking use sets its own timeout first
+        while True:
             try:
-                self.sock.settimeout(0.0)
                 data = self.reader.read()
             except (BlockingIOError, TimeoutError):
-                return  # part of a frame: the rest is read by the next blocking read
+                return
             except (ConnectionClosed, OSError) as exc:
                 raise DaemonNotRunning(f"connection to the daemon lost: {exc}") from None
             self._aside(data)
@@ -237,10 +237,10 @@ class Connection:
         return False
 
     def _settle_claim(self, region: int) -> None:
-        """The reply to the acquire that took ``region``'s offer, before its release: the
-        daemon's error is raised (``offer_lapsed`` cannot be, for a claim sent within the
-        window, unless the daemon broke its word: the region's body then ran without the
-        device, and its release says so)."""
+        """The reply to the acquire that took ``region``'s offer, read as the region's
+        release is sent (it comes first): the daemon's error is raised (``offer_lapsed``
+        cannot be, for a claim sent within the window, unless the daemon broke its word:
+        the region's body then ran without the device, and its release says so)."""
         self.wait_reply(self._claims.pop(region))
 
     def await_grant(self, rid: int) -> dict[str, Any]:

@@ -61,10 +61,6 @@ class FrameReader:
         self.max_frame = max_frame
         self._buf = bytearray()
 
-    def buffered(self) -> bool:
-        """Whether bytes of a next frame were read already."""
-        return bool(self._buf)
-
     def read(self) -> dict[str, Any]:
         self._fill(HEADER.size, at_boundary=True)
         (length,) = HEADER.unpack_from(self._buf)
