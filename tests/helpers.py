@@ -238,3 +238,18 @@ def steal_ms() -> int:
     with open("/proc/stat") as f:
         fields = f.readline().split()
     return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0
+
+
+def bare_connection(sock, reply_timeout_s: float = 5.0):
+    """A :class:`krex.client.connection.Connection` over ``sock`` (one end of a
+    socketpair), without the daemon's hello: tests that play the daemon's part."""
+    from krex.client.connection import Connection
+    from krex.protocol.framing import FrameReader
+
+    conn = Connection.__new__(Connection)
+    conn.path, conn.sock, conn.reader, conn.revoked = "", sock, FrameReader(sock), {}
+    conn._ids = iter(range(1, 100))
+    conn.reply_timeout_s, conn._patient = reply_timeout_s, set()
+    conn._pipelined, conn._early = set(), {}
+    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
+    return conn

@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from helpers import REPO
+from helpers import REPO, bare_connection
 
 from krex import errors
 from krex.errors import (
@@ -91,7 +91,6 @@ def test_enforcement_failed_carries_host_evidence_off_the_wire():
 
 
 def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives():
-    from krex.client.connection import Connection
     from krex.daemon.config import DaemonConfig
     from krex.daemon.server import Server, Session
     from krex.enforce.process import ProcessRef
@@ -109,12 +108,7 @@ def test_a_bug_in_the_daemon_becomes_an_internal_error_and_the_session_survives(
     session = Session(theirs, peer_of(theirs), ProcessRef.of(os.getpid()))
     loop = threading.Thread(target=server._session_loop, args=(session, FrameReader(theirs)))
     loop.start()
-    conn = Connection.__new__(Connection)
-    conn.path, conn.sock, conn.reader, conn.revoked = "", ours, FrameReader(ours), {}
-    conn._ids = iter(range(1, 100))
-    conn.reply_timeout_s, conn._patient = 10.0, set()
-    conn._pipelined, conn._early = set(), {}
-    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
+    conn = bare_connection(ours, reply_timeout_s=10.0)
     from krex.protocol import messages as m
 
     conn.call(m.Hello(version=m.VERSION))

@@ -15,12 +15,11 @@ import socket
 import subprocess
 import time
 
-from helpers import PY, REPO
+from helpers import PY, REPO, bare_connection
 from test_requeue import _freezing_daemon, _rows, _start
 
 from krex.client.connection import Client, Connection
 from krex.protocol import messages as m
-from krex.protocol.framing import FrameReader
 
 LATE = os.path.join(REPO, "tests", "jobs", "offer_late.py")
 
@@ -53,7 +52,7 @@ def _late(runtime_dir, mode: str, window_ms: int = 20,
     """offer_late.py in ``mode`` beside a loop of 20 ms regions, the offer let go for
     ``windows`` claim windows; its line and the daemon's counters."""
     with _freezing_daemon(runtime_dir, "--requeue-ms", str(window_ms)) as (d, procs):
-        procs.append(_start(d, *["r0.02"] * 150))
+        procs.append(_start(d, *["r0.02"] * 3000))  # reaped once offer_late.py is done
         env = {**os.environ, "KREX_SOCKET": d.socket}
         x = subprocess.Popen([PY, LATE, mode, str(window_ms / 1e3), str(windows)],
                              stdout=subprocess.PIPE, text=True, env=env)
@@ -99,13 +98,7 @@ def test_a_claim_that_arrives_within_the_grace_is_honoured(runtime_dir):
 
 def _conn() -> tuple[Connection, socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = Connection.__new__(Connection)
-    conn.path, conn.sock, conn.reader, conn.revoked = "", ours, FrameReader(ours), {}
-    conn._ids = iter(range(1, 100))
-    conn.reply_timeout_s, conn._patient = 5.0, set()
-    conn._pipelined, conn._early = set(), {}
-    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
-    return conn, theirs
+    return bare_connection(ours), theirs
 
 
 def test_an_offer_is_taken_only_by_its_own_jobs_plain_acquire():

@@ -19,10 +19,10 @@ import threading
 import time
 
 import pytest
-from helpers import PY, REPO, reap, steal_ms
+from helpers import PY, REPO, bare_connection, reap, steal_ms
 
 import krex
-from krex.client.connection import Client, Connection
+from krex.client.connection import Client
 from krex.protocol import messages as m
 from krex.protocol.framing import FrameReader, encode_frame
 
@@ -169,12 +169,7 @@ def test_a_pipelined_reply_read_early_is_kept_for_its_own_wait():
     the release's wait keeps that grant for the acquire's.  Control: a request not sent
     as pipelined has its stray reply skipped, as before."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = Connection.__new__(Connection)
-    conn.path, conn.sock, conn.reader, conn.revoked = "", ours, FrameReader(ours), {}
-    conn._ids = iter(range(1, 100))
-    conn.reply_timeout_s, conn._patient = 5.0, set()
-    conn._pipelined, conn._early = set(), {}
-    conn.offers, conn._claims, conn._newest_region = {}, {}, 0
+    conn = bare_connection(ours)
 
     def answer(order: list[int], data: dict[int, dict]) -> None:
         reader = FrameReader(theirs)

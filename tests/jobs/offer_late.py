@@ -1,7 +1,10 @@
 """A job that is offered its re-queued region and lets the offer go stale, then asks.
 
-It takes plain regions until, after a release, an offer comes (another job waited at
-that release, so the daemon re-queued this one; its turn came and it was thawed).  It
+It takes plain regions back to back (taking no offer), so that it and the other job
+are queued at each other's releases, until, after a release, an offer comes (the
+daemon re-queued this job; its turn came and it was thawed).  (A job that paused
+between its regions was seldom queued at the other's release: it is frozen while
+the other holds, so it asks only in the gaps.)  It
 then sleeps past the claim window and its grace (argv[2]: the daemon's --requeue-ms in
 seconds; argv[3], default 3: the sleep, in windows), so the daemon lapses the region,
 and asks again:
@@ -15,6 +18,7 @@ and asks again:
 Prints one JSON line: the offered region, the region it got, whether that came from
 the offer, and the error code its release raised (if any)."""
 
+import json
 import sys
 import time
 
@@ -29,17 +33,30 @@ windows = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
 c = Client(autostart=False)
 job = c.register()["job_id"]
 offer = None
-for _ in range(20):
+take_offers = c.conn._offer_for
+c.conn._offer_for = lambda message: None  # type: ignore[method-assign]
+for i in range(300):
     r = c.acquire(job, "cpu")["region"]
     busy(5)
     c.release(r)
-    until = time.monotonic() + 2
-    while not c.conn.offers and time.monotonic() < until:
+    if i < 5:  # the chain of handoffs forms
+        continue
+    def fresh() -> list[dict]:  # not of a region this job was granted already
+        return [o for o in c.conn.offers.values() if o["region"] > c.conn._newest_region]
+
+    until = time.monotonic() + 0.3  # the other's region (20 ms), then this job's offer
+    while not fresh() and time.monotonic() < until:
         c.conn._read_ready()
         time.sleep(0.001)
-    if c.conn.offers:
-        offer = dict(max(c.conn.offers.values(), key=lambda o: o["region"]))
+    if fresh():
+        offer = dict(max(fresh(), key=lambda o: o["region"]))
         break
+c.conn._offer_for = take_offers  # type: ignore[method-assign]
+if offer is None:
+    st = c.status()
+    print(json.dumps({"counters": st["counters"], "early": list(c.conn._early),
+                      "revoked": c.conn.revoked, "newest": c.conn._newest_region,
+                      "scheduler": st["scheduler"]}), file=sys.stderr)
 assert offer is not None, "no offer came"
 time.sleep(windows * window_s)  # by default the window and its grace passed: lapsed
 c.conn._read_ready()
