@@ -23,7 +23,7 @@ class ConnectionClosed(EOFError):
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), default=_default).encode()
+    body = _ENCODER.encode(message).encode()
     if len(body) > MAX_FRAME:
         raise FrameTooLarge(f"frame of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
     return HEADER.pack(len(body)) + body
@@ -37,9 +37,15 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} in a frame")
 
 
+# One encoder and one decoder for every frame: ``json.dumps``/``loads`` build an
+# encoder and detect the encoding on each call, on every grant's path (UTF-8 only here).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_default)
+_DECODER = json.JSONDecoder()
+
+
 def decode_body(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        data = _DECODER.decode(body.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"malformed frame: body is not UTF-8 JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -114,7 +114,7 @@ class Step:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return cls(**{k: data[k] for k in _field_names(cls) if k in data})
 
 
 @dataclass
@@ -152,8 +152,7 @@ class HostEvidence:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostEvidence:
-        host = cls(**{f.name: data[f.name] for f in fields(cls)
-                      if f.name in data and f.name != "steps"})
+        host = cls(**{k: data[k] for k in _field_names(cls) if k in data and k != "steps"})
         host.steps = [Step.from_dict(s) for s in data.get("steps") or []]
         host.drain_acks_ms = {int(k): float(v) for k, v in (host.drain_acks_ms or {}).items()}
         host.lock_acks_ms = {int(k): float(v) for k, v in (host.lock_acks_ms or {}).items()}
@@ -247,8 +246,8 @@ class RegionReport:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": REPORT_FORMAT}
-        for f in fields(self):
-            out[f.name] = getattr(self, f.name)
+        for name in _field_names(type(self)):
+            out[name] = getattr(self, name)
         out["outcome"] = self.outcome.value
         out["host"] = self.host.to_dict() if self.host is not None else None
         out["device_audit"] = self.device_audit.to_dict() if self.device_audit else None
@@ -261,8 +260,8 @@ class RegionReport:
         if data.get("format") != REPORT_FORMAT:
             raise ValueError(f"not a region report of format {REPORT_FORMAT}: "
                              f"format {data.get('format')!r}")
-        plain = {f.name for f in fields(cls)} - _TYPED_FIELDS
-        report = cls(**{k: data[k] for k in plain if k in data})
+        report = cls(**{k: data[k] for k in _field_names(cls)
+                        if k in data and k not in _TYPED_FIELDS})
         report.outcome = Outcome(data.get("outcome", Outcome.RELEASED.value))
         host, audit = data.get("host"), data.get("device_audit")
         report.host = HostEvidence.from_dict(host) if host is not None else None
@@ -283,6 +282,18 @@ _TYPED_FIELDS = {"outcome", "host", "device_audit", "reasons"}  # (de)serialised
 _RECORD_FIELDS = ("region", "job_id", "job", "tenant", "device", "label", "nested", "exclusive",
                   "waited_s", "enforce_s", "held_s", "requested_mono_s", "granted_mono_s",
                   "released_mono_s", "jobs_served_while_waiting")
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A report class's field names, looked up once: a thawed job decodes its previous
+    region's report on its next grant's path, where ``fields()`` was half its Python."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def finite_or_none(seconds: float | None) -> float | None:
