@@ -788,7 +788,8 @@ def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
     region's start: the handoff to B reads none of B's threads on the grant path, and
     B's report still counts the CPU B used in its region.  Control: without the
     prefetch the handoff reads them.  The holder itself is never prefetched."""
-    from krex.enforce import schedstat
+    from krex.enforce import cgroups, schedstat
+    from krex.enforce.slot import HolderSlot
 
     layout = layout_or_skip(backend)
     jobs = _jobs(layout, instance, tmp_path)
@@ -797,6 +798,9 @@ def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
     real = schedstat.thread_counts
     monkeypatch.setattr(schedstat, "thread_counts",
                         lambda pid, tid: (reads.append(pid), real(pid, tid))[1])
+    listed: list[str] = []  # the cgroup.procs files read
+    real_procs = cgroups._procs
+    monkeypatch.setattr(cgroups, "_procs", lambda d: (listed.append(d), real_procs(d))[1])
     try:
         enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
         first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
@@ -804,11 +808,20 @@ def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
         if prefetched:
             assert first.prefetch(b.target)
         time.sleep(0.1)
-        mark = len(reads)
+        mark, listed_mark = len(reads), len(listed)
         used = psutil.Process(b.proc.pid).cpu_times()
         second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
         assert second is not None
         on_path = reads[mark:]
+        slot = next(op for op in second.applied if isinstance(op, HolderSlot))
+        assert b.proc.pid in slot.pids()  # moved
+        # B's members are read once when prefetched and the check that they are the
+        # prefetched processes read the directory moved from (v2): that read is the
+        # move's.  Controls: not prefetched, or the freezer moved (v1), the move reads too.
+        b_dirs = b.target.cgroups.own()
+        one = prefetched and slot.moves[slot._lead()][0] == b_dirs[0]
+        on_path_listed = [d for d in listed[listed_mark:] if d in b_dirs]
+        assert len(on_path_listed) == (1 if one else 2), on_path_listed
         lease_handed(second)
         first.exit()
         time.sleep(0.3)  # B, a busy loop, runs in its region
@@ -884,6 +897,26 @@ def test_a_handoff_takes_the_prefetched_processes_only_when_the_cgroup_holds_the
     for pids in ([200, 300, 400], [200], []):  # controls
         assert _same_processes(JobTarget(1, cgroups=Cgroups(pids)), pre) is None  # type: ignore[arg-type]
     assert _same_processes(same, None) is None
+
+
+def test_the_slot_move_takes_a_read_of_its_members_only_of_its_own_frozen_directory(
+        monkeypatch):
+    """A handoff's read of the incoming holder's members stands for the slot move's own
+    read only when it is of the directory moved from, and that job is frozen."""
+    from krex.enforce import slot as slot_module
+    from krex.enforce.job import JobTarget
+    from krex.enforce.slot import HolderSlot
+
+    calls: list = []
+    monkeypatch.setattr(slot_module, "move_all",
+                        lambda src, dst, rounds=4, known=None: calls.append(known) or [])
+    slot = HolderSlot(JobTarget(1))
+    slot.moves = {"v2": ("/cg/job-1", "/cg/hold")}
+    slot.apply(source_frozen=True, members=("/cg/job-1", [5, 7]))
+    slot.apply(source_frozen=True, members=("/cg/job-2", [5, 7]))  # control: another dir
+    slot.apply(source_frozen=False, members=("/cg/job-1", [5, 7]))  # control: not frozen
+    slot.apply(source_frozen=True)
+    assert calls == [[5, 7], None, None, None]
 
 
 def test_handoffs_are_planned_after_the_grant_and_replanned_when_a_job_arrives(daemon):

@@ -230,12 +230,13 @@ def _origin(pid: int, paths: dict[str, str | None], mounts: dict[str, str]) -> d
     return out
 
 
-def move_all(src: str, dst: str, rounds: int = 4) -> list[int]:
+def move_all(src: str, dst: str, rounds: int = 4, known: list[int] | None = None) -> list[int]:
     """Move every process of ``src`` into ``dst`` (again while forks keep adding); the
-    PIDs moved.  O(processes of ``src``)."""
+    PIDs moved.  O(processes of ``src``).  ``known``: ``src``'s members as just read,
+    taken for the first round's read (only where none can have joined since)."""
     moved: list[int] = []
-    for _ in range(rounds):
-        pids = _procs(src)
+    for i in range(rounds):
+        pids = known if i == 0 and known is not None else _procs(src)
         if not pids:
             break
         for pid in pids:

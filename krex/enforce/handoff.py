@@ -178,12 +178,15 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     # are when its processes are the same ones.
     pre = old.prefetched.pop(holder.job_id, None)
     refs = _same_processes(holder, pre)
+    members = None
     if refs is None:
         refs = holder.processes()
         same = pre is not None and set(pre.refs) == set(refs)
         new.counters = pre if pre is not None and same else HolderCounters.begin(refs)
     else:
         new.counters = pre
+        assert holder.cgroups is not None  # the cgroup read just made: the slot move's own
+        members = (holder.cgroups.own()[0], sorted(r.pid for r in refs))
     new.prefetched, old.prefetched = old.prefetched, {}  # the subtree stays frozen
     old.ended_ns = time.monotonic_ns()
     for was in old.applied:
@@ -191,7 +194,7 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
             was.settle()  # seen frozen before the outgoing holder joins the subtree
     incoming: set[int] = set()
     try:
-        _take_over(old, new, fresh, holder, refs, incoming)
+        _take_over(old, new, fresh, holder, refs, incoming, members)
     except BaseException:
         old.ended_ns = None  # not handed over: it ends when it is undone
         raise
@@ -231,14 +234,16 @@ def _same_processes(holder: JobTarget, pre: HolderCounters | None) -> list | Non
 
 
 def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarget,
-               refs: list, incoming: set[int]) -> None:
+               refs: list, incoming: set[int],
+               members: tuple[str, list[int]] | None = None) -> None:
     for was, op in zip(old.applied, fresh, strict=True):
         t0 = time.perf_counter()
         if isinstance(op, GateDrain):  # first: the outgoing holder's GPU work drains
             was.hand_over(op, holder.job_id)
         elif isinstance(op, HolderSlot):
             was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
-            op.apply(source_frozen=True)  # the incoming holder out of it, onto the reserved cores
+            # the incoming holder out of it, onto the reserved cores
+            op.apply(source_frozen=True, members=members)
             incoming |= set(op.pids())
         elif isinstance(op, SubtreeFreeze):
             was.hand_over(op, incoming)

@@ -50,13 +50,18 @@ class HolderSlot:
     def undo_records(self) -> list[dict]:
         return []  # see the module docstring
 
-    def apply(self, source_frozen: bool = False) -> None:
+    def apply(self, source_frozen: bool = False,
+              members: tuple[str, list[int]] | None = None) -> None:
         """``source_frozen``: the job cgroup is under a frozen parent (a handoff), so no
-        process of it can fork meanwhile and one read of its members finds them all."""
+        process of it can fork meanwhile and one read of its members finds them all;
+        ``members``: (directory, PIDs), that read made already by the handoff (taken
+        when it is of the directory moved from)."""
         self.applied = True
         lead = next((k for k in ("v2", "freezer") if k in self.moves), None)
         if lead is not None:
-            self.moved = move_all(*self.moves[lead], rounds=1 if source_frozen else 4)
+            src, dst = self.moves[lead]
+            known = members[1] if source_frozen and members and members[0] == src else None
+            self.moved = move_all(src, dst, rounds=1 if source_frozen else 4, known=known)
         else:  # only the cpuset moves, and a v1 one is shared: the job's PIDs, no more
             assert self.holder.cgroups is not None
             self.moved = self.holder.cgroups.pids()
