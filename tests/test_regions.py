@@ -155,6 +155,41 @@ def test_region_report_fields(daemon):
     assert rep.clean is (not rep.reasons)
 
 
+def test_a_report_is_decoded_when_first_read_and_one_of_another_format_refused_at_release(
+        daemon, monkeypatch):
+    """A release keeps its report as received (off the path to the job's next grant);
+    the first read decodes it, once.  Control: a report the client cannot read still
+    fails the release, not a later read."""
+    import krex as k
+    from krex.client.connection import Connection
+    from krex.protocol.report import RegionReport
+
+    replies: list = []
+    real = Connection.wait_reply
+
+    def spy(self, rid, *args, **kwargs):
+        replies.append(real(self, rid, *args, **kwargs))
+        return replies[-1]
+
+    monkeypatch.setattr(Connection, "wait_reply", spy)
+    with k.region(label="lazy") as r:
+        pass
+    data = replies[-1]["report"]
+    assert r._report_data is data  # not decoded yet
+    assert r.report == RegionReport.from_dict(data) and r.report.label == "lazy"
+    assert r._report_data is None and r.report is r.report
+
+    def other_format(self, rid, *args, **kwargs):
+        reply = real(self, rid, *args, **kwargs)
+        if "report" in reply:
+            reply["report"]["format"] = 99
+        return reply
+
+    monkeypatch.setattr(Connection, "wait_reply", other_format)
+    with pytest.raises(ValueError, match="format 99"), k.region():
+        pass
+
+
 def test_decorator_form(daemon):
     import krex as k
 

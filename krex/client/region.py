@@ -33,7 +33,7 @@ from krex.devices.discovery import parse_device
 from krex.errors import DaemonNotRunning
 from krex.protocol import messages as m
 from krex.protocol.address import socket_path
-from krex.protocol.report import Outcome, RegionReport
+from krex.protocol.report import REPORT_FORMAT, Outcome, RegionReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,6 +53,9 @@ class _State(threading.local):
 _state = _State()
 _jobs: dict[tuple[Any, ...], int] = {}
 _jobs_lock = threading.Lock()
+
+
+_REVOKED = Outcome.REVOKED.value
 
 
 def _connection(fresh: bool = False) -> Connection:
@@ -113,11 +116,25 @@ class Region:
         self.max_hold_s = max_hold_s
         self.label = label
         self.timeout_s = timeout_s
-        self.report: RegionReport | None = None
+        self._report: RegionReport | None = None
+        self._report_data: dict[str, Any] | None = None  # as received, until first read
         self.grant: dict[str, Any] | None = None
         self._nested = False
         self._t0 = 0.0
         self._watch: Any = None  # a nested region's own counters (krex.enforce.contention)
+
+    @property
+    def report(self) -> RegionReport | None:
+        """The daemon's evidence of this region, once it is released: decoded when first
+        read, not on the way from the release to the job's next grant (a loop that
+        releases and acquires again pays for it only if it looks)."""
+        if self._report_data is not None:
+            self._report, self._report_data = RegionReport.from_dict(self._report_data), None
+        return self._report
+
+    @report.setter
+    def report(self, value: RegionReport | None) -> None:
+        self._report, self._report_data = value, None
 
     @property
     def region_id(self) -> int | None:
@@ -190,10 +207,14 @@ class Region:
             if pending is not None:
                 conn.cancel(pending[1])
             raise
-        self.report = self._judged(RegionReport.from_dict(reply["report"]))
+        data = reply["report"]
+        if self._watch is not None or data.get("format") != REPORT_FORMAT:
+            self.report = self._judged(RegionReport.from_dict(data))  # (a bad one raises now)
+        else:
+            self.report, self._report_data = None, data
         pushed = conn.revoked.pop(rid, None)
-        if self.report.revoked:
-            reason = pushed or self.report.why_not_clean()
+        if data.get("outcome") == _REVOKED:
+            reason = pushed or self.report.why_not_clean()  # type: ignore[union-attr]
             warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
                           stacklevel=3)
         return pending
