@@ -10,13 +10,15 @@ job's release ``sendto``:
 - ``first_file_op``: the daemon's first ``openat`` after that (Python before it);
 - ``incoming_moved``: the next job's processes are moved (``cgroup_attach_task``);
 - ``reply_read``: that job, thawed, reads its previous release's reply;
-- ``ask_sent``: it sends its ``acquire``;
-- ``ask_read`` / ``grant_sent``: the daemon reads it and answers;
-- ``grant_read``: the job has its grant (its region starts).
+- ``ask_sent``: it sends its ``acquire``.  When it took the daemon's offer (docs/
+  protocol.md, "Offers") that is a ``claim`` and its region starts here: it reads
+  nothing more until its release;
+- else ``ask_read`` / ``grant_sent``: the daemon reads it and answers, and
+  ``grant_read``: the job has its grant (its region starts).
 
-Only handoffs to a re-queued region with every mark in order are counted.  Prints
-the median of each segment; writes results/trace_handoff.json.  Tracing adds a few
-µs to every marked step.
+Only handoffs to a re-queued region with every mark in order are counted, each flow
+(offered, asked) apart.  Prints the median of each segment; writes
+results/trace_handoff.json.  Tracing adds a few µs to every marked step.
 
 Usage: python benchmarks/trace_handoff.py [--seconds S] [--trace-s T]
 """
@@ -42,14 +44,18 @@ TRACING = "/sys/kernel/tracing"
 EVENTS = ("sched:sched_switch", "sched:sched_wakeup", "syscalls:sys_enter_sendto",
           "syscalls:sys_exit_recvfrom", "syscalls:sys_enter_openat",
           "cgroup:cgroup_attach_task")
-MARKS = ("release_read", "first_file_op", "incoming_moved", "reply_read", "ask_sent",
-         "ask_read", "grant_sent", "grant_read")
+MARKS = ("release_read", "first_file_op", "incoming_moved", "reply_read", "ask_sent")
+ASKED = ("ask_read", "grant_sent", "grant_read")  # after an ask that did not take an offer
+BUSY_US = 3000  # a job that reads or sends nothing for this long holds its region
 LINE = re.compile(r"\s*.+?-(\d+)\s+\[\d+\]\s+\S+\s+([\d.]+):\s+(\w+):?\s*(.*)")
 
 
-def _tracefs() -> None:
-    if not os.path.exists(f"{TRACING}/trace"):
-        subprocess.run(["mount", "-t", "tracefs", "nodev", TRACING], check=True)
+def _tracefs() -> bool:
+    """Mount tracefs where it is not; True when mounted here (unmounted at the end)."""
+    if os.path.exists(f"{TRACING}/trace"):
+        return False
+    subprocess.run(["mount", "-t", "tracefs", "nodev", TRACING], check=True)
+    return True
 
 
 def _set(name: str, value: str) -> None:
@@ -60,7 +66,7 @@ def _set(name: str, value: str) -> None:
 def record(seconds: float, trace_s: float) -> tuple[str, dict, dict[int, tuple[str, set[int]]]]:
     """(the trace's text, held_fraction's result, pid -> (its command line, thread ids))
     of the processes alive when the trace stopped)."""
-    _tracefs()
+    mounted = _tracefs()
     _set("tracing_on", "0")
     _set("trace", "")
     _set("buffer_size_kb", "16384")
@@ -92,6 +98,8 @@ def record(seconds: float, trace_s: float) -> tuple[str, dict, dict[int, tuple[s
         _set("tracing_on", "0")
         _set("set_event", "")
         _set("trace", "")
+        if mounted:
+            subprocess.run(["umount", TRACING], check=False)
     return text, result, tasks
 
 
@@ -104,7 +112,9 @@ def _cmdline(pid: int) -> str:
 
 
 def handoffs(text: str, daemon: set[int], jobs: set[int]) -> list[dict[str, float]]:
-    """Per counted handoff: µs from the release ``sendto`` to each mark."""
+    """Per counted handoff: µs from the release ``sendto`` to each mark, and to
+    ``region_start`` (``ask_sent`` for an offered one, ``grant_read`` else); ``offered``:
+    1.0 when the next job's ask was a claim of its offer."""
     ev = []
     for line in text.splitlines():
         m = LINE.match(line)
@@ -119,7 +129,7 @@ def handoffs(text: str, daemon: set[int], jobs: set[int]) -> list[dict[str, floa
             continue
         marks = _marks(ev, i, tid, daemon, jobs)
         if marks is not None:
-            out.append({k: v - t0 for k, v in marks.items()})
+            out.append({k: v if k == "offered" else v - t0 for k, v in marks.items()})
     return out
 
 
@@ -127,7 +137,7 @@ def _is_release(ev: list, i: int, tid: int) -> bool:
     """A job's send after its region: ≥ 3 ms since its last grant read (a busy hold)."""
     for t, who, name, _ in reversed(ev[:i]):
         if who == tid and name == "sys_exit_recvfrom":
-            return ev[i][0] - t > 3000
+            return ev[i][0] - t > BUSY_US
     return False
 
 
@@ -135,11 +145,14 @@ def _marks(ev: list, i: int, out_tid: int, daemon: set[int],
            jobs: set[int]) -> dict[str, float] | None:
     marks: dict[str, float] = {}
     nxt: int | None = None
-    want = iter(MARKS)
+    want = iter(MARKS + ASKED)
     mark = next(want)
     for t, tid, name, rest in ev[i + 1:]:
         if t - ev[i][0] > 20000:
             return None
+        if mark in ASKED and tid == nxt and t - marks["ask_sent"] > BUSY_US:
+            # its next call comes after a region held since its ask: a claim of an offer
+            return _started({k: marks[k] for k in MARKS}, "ask_sent", offered=True)
         hit = False
         if mark == "release_read":
             hit = tid in daemon and name == "sys_exit_recvfrom"
@@ -149,13 +162,16 @@ def _marks(ev: list, i: int, out_tid: int, daemon: set[int],
             pid = int(re.search(r" pid=(\d+)", rest).group(1))  # type: ignore[union-attr]
             if pid in jobs and pid != out_tid:
                 nxt, hit = pid, True
-        elif mark in ("reply_read", "grant_read"):
+        elif mark == "reply_read":
             hit = tid == nxt and name == "sys_exit_recvfrom"
-        elif mark == "ask_sent":
-            if tid == nxt and name == "sys_sendto":
-                hit = True
-            elif tid == nxt and name == "sys_exit_recvfrom":
-                return None  # a second reply before its ask: not a re-queued grant
+        elif mark == "ask_sent" and tid == nxt and name == "sys_sendto":
+            if t - marks["reply_read"] > BUSY_US:
+                return None  # its grant was the reply read, this is its release: not re-queued
+            hit = True  # (reads in between: its offer)
+        elif mark in ("ask_read", "grant_read") and tid == nxt and name == "sys_exit_recvfrom":
+            if mark == "ask_read":
+                return None  # the job read before the daemon answered: not traced whole
+            hit = True
         elif mark == "ask_read":
             hit = tid in daemon and name == "sys_exit_recvfrom"
         elif mark == "grant_sent":
@@ -164,8 +180,24 @@ def _marks(ev: list, i: int, out_tid: int, daemon: set[int],
             marks[mark] = t
             mark = next(want, "")
             if not mark:
-                return marks
+                return _started(marks, "grant_read", offered=False)
     return None
+
+
+def _started(marks: dict[str, float], start: str, offered: bool) -> dict[str, float]:
+    return {**marks, "region_start": marks[start], "offered": float(offered)}
+
+
+def _segments(rows: list[dict[str, float]], marks: tuple[str, ...]) -> dict:
+    seg = {}
+    prev = "release_sent"
+    for mark in marks:
+        seg[f"{prev} → {mark}"] = stats.quantiles([r[mark] - r.get(prev, 0.0) for r in rows],
+                                                  (0.5, 0.9))
+        prev = mark
+    seg["release_sent → region start (total)"] = stats.quantiles(
+        [r["region_start"] for r in rows], (0.5, 0.9))
+    return seg
 
 
 def main() -> None:
@@ -184,20 +216,19 @@ def main() -> None:
     if not rows or not daemon:
         sys.exit(f"trace_handoff: no handoff traced ({len(jobs)} jobs, daemon threads "
                  f"{len(daemon)}); is the run too short?")
-    seg = {}
-    prev = "release_sent"
-    for mark in MARKS:
-        seg[f"{prev} → {mark}"] = stats.quantiles(
-            [r[mark] - r.get(prev, 0.0) for r in rows], (0.5, 0.9))
-        prev = mark
-    seg["release_sent → grant_read (total)"] = stats.quantiles(
-        [r["grant_read"] for r in rows], (0.5, 0.9))
+    flows = {"offered (claim)": ([r for r in rows if r["offered"]], MARKS),
+             "asked (acquire, grant)": ([r for r in rows if not r["offered"]], MARKS + ASKED)}
+    segments = {name: {"handoffs": len(flow), "segments_us": _segments(flow, marks)}
+                for name, (flow, marks) in flows.items() if flow}
     path = write_results("trace_handoff", {
         "seconds": args.seconds, "trace_s": args.trace_s, "handoffs": len(rows),
-        "held_fraction": result["held_fraction"], "segments_us": seg})
-    print(f"{len(rows)} handoffs traced; held {100 * result['held_fraction']:.1f} %\n")
-    print(md_table(["segment", "p50 µs", "p90 µs"],
-                   [[k, f"{q['p50']:.0f}", f"{q['p90']:.0f}"] for k, q in seg.items()]))
+        "held_fraction": result["held_fraction"], "flows": segments})
+    print(f"{len(rows)} handoffs traced; held {100 * result['held_fraction']:.1f} %")
+    for name, flow in segments.items():
+        print(f"\n{name}: {flow['handoffs']} handoffs\n")
+        print(md_table(["segment", "p50 µs", "p90 µs"],
+                       [[k, f"{q['p50']:.0f}", f"{q['p90']:.0f}"]
+                        for k, q in flow["segments_us"].items()]))
     print(f"\nwritten {path}")
 
 
