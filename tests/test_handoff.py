@@ -112,6 +112,46 @@ def test_a_handoff_keeps_the_device_frozen_and_moves_only_the_holders(
 
 
 @pytest.mark.parametrize("backend", CGROUP_BACKENDS)
+@pytest.mark.parametrize("thaw", [True, False], ids=["thawed-in-its-region", "control"])
+def test_a_region_that_hands_its_frozen_subtree_over_is_judged_by_it_at_its_end(
+        backend, thaw, tmp_path, instance, monkeypatch):
+    """A region whose frozen subtree passes to the next holder still answers for it: a
+    subtree someone thawed during A's region makes A's freeze step timed out (A is
+    not clean) though the chain goes on.  Control: untouched, A's freeze is confirmed.
+    Either way the handoff itself reads no freeze state (confirmed after the grant)."""
+    layout = layout_or_skip(backend)
+    jobs = _jobs(layout, instance, tmp_path)
+    a, b, c = jobs
+    control, thawed = CONTROL[backend]
+    parent = layout.device(instance).parent[KIND[backend]]
+    reads: list[str] = []
+    real = freeze_mod.read
+    monkeypatch.setattr(freeze_mod, "read", lambda p: (reads.append(p), real(p))[1])
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        time.sleep(0.05)
+        if thaw:  # another root process, say
+            with open(os.path.join(parent, control), "w") as f:
+                f.write(thawed)
+        mark = len(reads)
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        assert not [p for p in reads[mark:] if p.startswith(parent)], reads[mark:]
+        lease_handed(second)
+        report = first.exit()
+        step = next(s for s in report.steps if s.name == "freeze")
+        if thaw:
+            assert step.timed_out and not step.ok and "thawed" in (step.error or ""), step
+        else:
+            assert step.ok and not step.timed_out, step
+        second.exit()
+    finally:
+        for s in jobs:
+            s.kill()
+
+
+@pytest.mark.parametrize("backend", CGROUP_BACKENDS)
 def test_a_handoff_is_refused_when_a_sibling_runs_outside_its_cgroup(backend, tmp_path,
                                                                     instance):
     """A sibling without a cgroup is SIGSTOPped per process: not carried over (None,
@@ -789,6 +829,7 @@ def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
     B's report still counts the CPU B used in its region.  Control: without the
     prefetch the handoff reads them.  The holder itself is never prefetched."""
     from krex.enforce import cgroups, schedstat
+    from krex.enforce import slot as slot_module
     from krex.enforce.slot import HolderSlot
 
     layout = layout_or_skip(backend)
@@ -800,7 +841,8 @@ def test_a_handoff_takes_the_counters_read_while_its_holder_was_frozen(
                         lambda pid, tid: (reads.append(pid), real(pid, tid))[1])
     listed: list[str] = []  # the cgroup.procs files read
     real_procs = cgroups._procs
-    monkeypatch.setattr(cgroups, "_procs", lambda d: (listed.append(d), real_procs(d))[1])
+    for module in (cgroups, slot_module):
+        monkeypatch.setattr(module, "_procs", lambda d: (listed.append(d), real_procs(d))[1])
     try:
         enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
         first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
@@ -910,13 +952,36 @@ def test_the_slot_move_takes_a_read_of_its_members_only_of_its_own_frozen_direct
     calls: list = []
     monkeypatch.setattr(slot_module, "move_all",
                         lambda src, dst, rounds=4, known=None: calls.append(known) or [])
+    monkeypatch.setattr(slot_module, "_procs", lambda d: [9])  # the move's own read
     slot = HolderSlot(JobTarget(1))
     slot.moves = {"v2": ("/cg/job-1", "/cg/hold")}
     slot.apply(source_frozen=True, members=("/cg/job-1", [5, 7]))
     slot.apply(source_frozen=True, members=("/cg/job-2", [5, 7]))  # control: another dir
-    slot.apply(source_frozen=False, members=("/cg/job-1", [5, 7]))  # control: not frozen
     slot.apply(source_frozen=True)
-    assert calls == [[5, 7], None, None, None]
+    slot.apply(source_frozen=False, members=("/cg/job-1", [5, 7]))  # control: not frozen
+    assert calls == [[5, 7], [9], [9], None]
+
+
+def test_a_frozen_holder_joins_the_reserved_cores_before_the_move_that_thaws_it(monkeypatch):
+    """At a handoff the incoming holder (frozen) is put into the slot's cpuset first and
+    thawed by the freezing hierarchy's move last, so it wakes on the reserved cores, not
+    on the daemon's.  Control: set up from scratch (not frozen), the order is the other
+    way round, as a running job's forks must be followed first."""
+    from krex.enforce import slot as slot_module
+    from krex.enforce.job import JobTarget
+    from krex.enforce.slot import HolderSlot
+
+    order: list = []
+    monkeypatch.setattr(slot_module, "move_all", lambda src, dst, rounds=4, known=None:
+                        order.append(("move", dst)) or [5])
+    monkeypatch.setattr(slot_module, "write", lambda path, value: order.append(("write", path)))
+    slot = HolderSlot(JobTarget(1))
+    slot.moves = {"v2": ("/v2/job-1", "/v2/hold"), "cpuset": ("/cs/dev", "/cs/hold")}
+    slot.apply(source_frozen=True, members=("/v2/job-1", [5]))
+    assert order == [("write", "/cs/hold/cgroup.procs"), ("move", "/v2/hold")]
+    order.clear()
+    slot.apply(source_frozen=False)
+    assert order == [("move", "/v2/hold"), ("write", "/cs/hold/cgroup.procs")]
 
 
 def test_handoffs_are_planned_after_the_grant_and_replanned_when_a_job_arrives(daemon):

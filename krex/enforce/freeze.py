@@ -294,6 +294,10 @@ class SubtreeFreeze:
         self._confirmed = False
         self._applied_at = 0.0
         self.handed: set[int] = set()  # siblings' processes that left for the slot at a handoff
+        # the subtrees it handed over (still frozen for the next holder) and when: their
+        # freeze is this region's too, confirmed at its end (:meth:`_confirm`)
+        self._handed_parents: list[str] = []
+        self._handed_at = 0.0
 
     def available(self) -> tuple[bool, str]:
         missing = [d for d in self.parents if not os.path.exists(os.path.join(d, self.cls.control))]
@@ -326,15 +330,21 @@ class SubtreeFreeze:
 
     def _confirm(self) -> None:
         """At the region's end: the subtree must have reached "frozen" within the timeout
-        (a task stuck on its way, e.g. in uninterruptible sleep, makes the step timed out)."""
-        if self._confirmed or not self.frozen:
+        (a task stuck on its way, e.g. in uninterruptible sleep, makes the step timed out).
+
+        A region that handed its subtrees over (still frozen for the next holder) is
+        confirmed the same way, after that grant: its outgoing holder has joined them
+        since, which can only delay "frozen" (the timeout counts from the handoff), never
+        fake it; one thawed meanwhile is named."""
+        if self._confirmed or not (self.frozen or self._handed_parents):
             return
         thawed = [d for d in self.parents
                   if read(os.path.join(d, self.cls.control)) == self.cls.thaw_value]
         if thawed:  # someone thawed it meanwhile (the guardian, on a lease's expiry)
             self._slow = f"cgroups {thawed} were thawed before the region ended"
             return
-        left = self.timeout_s - (time.monotonic() - self._applied_at)
+        since = self._applied_at if self.frozen else self._handed_at
+        left = self.timeout_s - (time.monotonic() - since)
         self._confirmed = wait_until(self._all_frozen, max(0.0, left))
         if not self._confirmed:
             is_frozen = _v2_frozen if self.kind == "v2" else _v1_frozen
@@ -367,11 +377,6 @@ class SubtreeFreeze:
         parent and nothing else (no sibling process SIGSTOPped outside its cgroup)."""
         return bool(self.frozen) and not self.stragglers.targets and not self.stragglers.stopped
 
-    def settle(self) -> None:
-        """Before a handoff moves the outgoing holder in: one read per parent."""
-        if self.frozen and not self._confirmed and self._all_frozen():
-            self._confirmed = True
-
     def hand_over(self, fresh: SubtreeFreeze, incoming: set[int]) -> None:
         """``fresh`` (the next region's freeze of the same parents) takes the frozen
         subtrees over without a write; this region stops being the one to thaw them.
@@ -380,6 +385,7 @@ class SubtreeFreeze:
         seen "frozen" is confirmed when this region's report is made, after the grant."""
         fresh.frozen = list(self.frozen)
         fresh._applied_at = time.monotonic()
+        self._handed_parents, self._handed_at = self.frozen, fresh._applied_at
         self.frozen = []
         self.handed = set(incoming)
 

@@ -189,9 +189,6 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
         members = (holder.cgroups.own()[0], sorted(r.pid for r in refs))
     new.prefetched, old.prefetched = old.prefetched, {}  # the subtree stays frozen
     old.ended_ns = time.monotonic_ns()
-    for was in old.applied:
-        if isinstance(was, SubtreeFreeze):
-            was.settle()  # seen frozen before the outgoing holder joins the subtree
     incoming: set[int] = set()
     try:
         _take_over(old, new, fresh, holder, refs, incoming, members)

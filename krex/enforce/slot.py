@@ -17,7 +17,7 @@ next daemon's sweep moves it out of the dead instance's tree.
 
 from __future__ import annotations
 
-from krex.enforce.cgroups import DeviceCgroups, move_all, write
+from krex.enforce.cgroups import DeviceCgroups, _procs, move_all, write
 from krex.enforce.job import JobTarget
 
 
@@ -58,16 +58,28 @@ class HolderSlot:
         when it is of the directory moved from)."""
         self.applied = True
         lead = next((k for k in ("v2", "freezer") if k in self.moves), None)
-        if lead is not None:
+        if lead is not None and source_frozen:
+            # Frozen, its processes can neither fork nor leave: they go to the other
+            # hierarchies (the reserved cores' cpuset) first, and the freezing one's move
+            # last thaws them there.  Thawed first, they woke on the unreserved cores,
+            # where the daemon's thread making this move runs, and often took its core
+            # until the cpuset move (the grant's push waited ≈ 0.3 ms behind them).
             src, dst = self.moves[lead]
-            known = members[1] if source_frozen and members and members[0] == src else None
-            self.moved = move_all(src, dst, rounds=1 if source_frozen else 4, known=known)
+            known = members[1] if members and members[0] == src else _procs(src)
+            self._follow_all(lead, known)
+            self.moved = move_all(src, dst, rounds=1, known=known)
+            return
+        if lead is not None:
+            self.moved = move_all(*self.moves[lead])
         else:  # only the cpuset moves, and a v1 one is shared: the job's PIDs, no more
             assert self.holder.cgroups is not None
             self.moved = self.holder.cgroups.pids()
+        self._follow_all(lead, self.moved)
+
+    def _follow_all(self, lead: str | None, pids: list[int]) -> None:
         for kind, (_, dst) in self.moves.items():
             if kind != lead:
-                self._follow(dst, self.moved)
+                self._follow(dst, pids)
 
     def _follow(self, dst: str, pids: list[int]) -> None:
         """The other hierarchies: the same processes (v1 cpuset dirs are shared by the
