@@ -45,6 +45,33 @@ def test_the_tick_is_a_kernel_tick():
     assert round(1 / tick_s) in (100, 250, 300, 1000) and source
 
 
+def test_the_sched_file_gives_the_two_counters_by_their_keys(tmp_path):
+    """``/proc/.../sched``: the two lines are found by their whole keys (a longer key
+    with the same start is not taken); a file without one gives None (the caller then
+    falls back to ``status``).  Checked against the kernel's own file too."""
+    from krex.enforce.schedstat import _sched
+
+    text = ("python (1, #threads: 1)\n" + "-" * 20 + "\n"
+            "se.nr_migrations_cold                        :                   99\n"
+            "se.nr_migrations                             :                    7\n"
+            "nr_switches                                  :                   50\n"
+            "nr_involuntary_switches                      :                    3\n")
+    path = tmp_path / "sched"
+    path.write_text(text)
+    assert _sched(str(path)) == (3, 7)
+    path.write_text(text.replace("nr_involuntary_switches", "nr_voluntary_switches"))
+    assert _sched(str(path)) is None
+    own = f"/proc/{os.getpid()}/task/{os.getpid()}/sched"
+    if os.path.exists(own):
+        with open(own) as f:
+            rows = {k.strip(): v.strip() for k, v in
+                    (line.split(":", 1) for line in f.readlines()[2:] if ":" in line)}
+        got = _sched(own)  # read after: the counters only grow
+        assert got is not None
+        then = int(rows["nr_involuntary_switches"]), int(rows["se.nr_migrations"])
+        assert got[0] >= then[0] and then[1] <= got[1] < then[1] + 5, (got, then)
+
+
 def test_run_delay_above_the_tick_threshold_is_preemption():
     span = 100_000_000  # 100 ms
     threshold = contention.delay_threshold_ns(span)
