@@ -45,6 +45,11 @@ def test_plain_loops_take_their_offers_and_stay_exclusive(runtime_dir):
     assert all(r["report"]["outcome"] == "released" for r in rows), rows
     for prev, nxt in zip(rows, rows[1:], strict=False):
         assert nxt["entered"] >= prev["report"]["released_mono_s"], (prev, nxt)
+    # and none began before the daemon granted it (an offered region's report counts
+    # from its claim: the grant was ``unclaimed_s`` before that)
+    for r in rows:
+        rep = r["report"]
+        assert r["entered"] >= rep["granted_mono_s"] - rep["unclaimed_s"], r
 
 
 def _late(runtime_dir, mode: str, window_ms: int = 20,
