@@ -68,6 +68,32 @@ def test_frozen_sibling_makes_no_progress_then_resumes(backend, tmp_path, instan
             sib.kill()
 
 
+@pytest.mark.parametrize("backend", ["cgroup2", "cgroup1"])
+@pytest.mark.parametrize("thaw", [True, False], ids=["thawed-meanwhile", "control"])
+def test_a_job_cgroup_thawed_during_the_freeze_is_named_at_the_revert(
+        backend, thaw, tmp_path, instance):
+    """The per-job freezer checks at its end that nobody thawed a cgroup it froze (its
+    apply had seen it frozen): the freeze becomes incomplete, naming the cgroup.
+    Control: untouched, nothing is incomplete."""
+    layout = layout_or_skip(backend)
+    sib = Sibling(str(tmp_path), 1, _cgroups(layout, backend, instance, 1))
+    try:
+        op = FREEZERS[backend]([sib.target])
+        op.apply()
+        assert op.incomplete is None
+        if thaw:
+            d = op.frozen[0]
+            with open(os.path.join(d, op.control), "w") as f:
+                f.write(op.thaw_value)
+        op.revert()
+        if thaw:
+            assert op.incomplete and "thawed" in op.incomplete and d in op.incomplete
+        else:
+            assert op.incomplete is None
+    finally:
+        sib.kill()
+
+
 def test_cgroup_freeze_also_stops_processes_outside_the_cgroup(tmp_path, instance):
     layout = layout_or_skip("cgroup2")
     inside = outside = None

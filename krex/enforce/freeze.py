@@ -216,6 +216,9 @@ class _CgroupFreeze:
         return "; ".join(parts) or None
 
     def revert(self) -> None:
+        thawed = _thawed_meanwhile(self.frozen, self.control, self.thaw_value)
+        if thawed and not self._slow:
+            self._slow = thawed
         self.stragglers.revert()
         for d in self.frozen:
             try:
@@ -261,6 +264,20 @@ def _v2_frozen(d: str) -> bool:
 
 def _v1_frozen(d: str) -> bool:
     return read(d + "/freezer.state") == "FROZEN"  # FREEZING until every descendant is
+
+
+def _thawed_meanwhile(dirs: list[str], control: str, thaw_value: str) -> str | None:
+    """At a region's end: which of the cgroups it froze read "thawed" (someone wrote
+    the control meanwhile: another root process, the guardian on a lease's expiry).
+    Checked whatever the grant saw, since a freeze seen complete can be undone later."""
+    thawed = []
+    for d in dirs:
+        try:
+            if read(os.path.join(d, control)) == thaw_value:
+                thawed.append(d)
+        except FileNotFoundError:
+            pass  # removed under the region (its job ended): nothing of it runs
+    return f"cgroups {thawed} were thawed before the region ended" if thawed else None
 
 
 class SubtreeFreeze:
@@ -335,13 +352,14 @@ class SubtreeFreeze:
         A region that handed its subtrees over (still frozen for the next holder) is
         confirmed the same way, after that grant: its outgoing holder has joined them
         since, which can only delay "frozen" (the timeout counts from the handoff), never
-        fake it; one thawed meanwhile is named."""
-        if self._confirmed or not (self.frozen or self._handed_parents):
+        fake it.  Either way, a subtree thawed meanwhile is named, even one the grant
+        already saw "frozen"."""
+        held = self.frozen or self._handed_parents
+        if not held:
             return
-        thawed = [d for d in self.parents
-                  if read(os.path.join(d, self.cls.control)) == self.cls.thaw_value]
-        if thawed:  # someone thawed it meanwhile (the guardian, on a lease's expiry)
-            self._slow = f"cgroups {thawed} were thawed before the region ended"
+        # read even when the grant saw "frozen": a freeze seen complete can be undone
+        self._slow = _thawed_meanwhile(held, self.cls.control, self.cls.thaw_value)
+        if self._slow or self._confirmed:
             return
         since = self._applied_at if self.frozen else self._handed_at
         left = self.timeout_s - (time.monotonic() - since)
