@@ -339,3 +339,46 @@ def test_a_release_re_queues_its_job_after_the_handoff_not_before(daemon):
     # lapse: a CI run beside a CPU loop had 14 of 69) has neither; of those re-queued,
     # all but two came after the grant, and enough of them to count.
     assert after >= 20 and before <= 2, (after, before, len(pairs))
+
+
+@pytest.mark.parametrize("asks_first", [True, False], ids=["asked-before-the-requeue",
+                                                           "control-not-asked"])
+def test_a_job_that_asked_again_before_its_requeue_is_not_queued_twice(tmp_path, asks_first):
+    """A client that does not wait for its release's reply may ask again before the
+    release's re-queueing runs (the device's lane was busy, so the release's handoff
+    waited for it): the daemon then queues nobody on its behalf, so the job has one
+    region queued, not two (a second one, granted later, made its offers lapse).
+    Control: a job that has not asked is re-queued."""
+    import threading
+
+    from test_daemon_core import FakeSession, ScriptedExclusivity, request
+
+    from krex.daemon.config import DaemonConfig
+    from krex.daemon.core import Daemon as Core
+    from krex.daemon.holds import Phase
+    from krex.protocol import messages as m
+
+    core = Core(DaemonConfig(runtime_dir=str(tmp_path), fair_window_ms=0, requeue_ms=50),
+                exclusivity=ScriptedExclusivity())  # type: ignore[arg-type]
+    busy = threading.Event()
+    try:
+        a, b = FakeSession(), FakeSession()
+        ja = core.handle(a, m.CreateJob(device="cpu", name="a", mode="region"))["job_id"]
+        jb = core.handle(b, m.CreateJob(device="cpu", name="b", mode="region"))["job_id"]
+        ra = int(a.reply(request(core, a, m.Acquire, job_id=ja)).data["region"])
+        request(core, b, m.Acquire, job_id=jb)  # B waits: A's release re-queues A
+        core.on_lane("cpu", lambda: busy.wait(10))  # the lane is busy meanwhile
+        rel = request(core, a, m.Release, region=ra)
+        if asks_first:
+            request(core, a, m.Acquire, job_id=ja)
+        busy.set()
+        a.reply(rel)
+        core.lanes.wait_idle(5)
+        mine = [s for s in core.holds.of_session(a)
+                if s.phase in (Phase.QUEUED, Phase.ENTERING, Phase.HELD)]
+        assert len(mine) == 1, [(s.region, s.phase, s.requeued) for s in mine]
+        assert mine[0].requeued is not asks_first
+        assert core.counters.requeued == (0 if asks_first else 1)
+    finally:
+        busy.set()
+        core.shutdown()

@@ -251,7 +251,8 @@ class Daemon:
                   else job.tenant)
         if job.mode != "none":
             self.ledger.check(tenant, self.quota.region_s_per_min, time.monotonic())
-        requeued = None if requeue else self.holds.requeued(session, job.job_id, device)
+        requeued = None if requeue else self.holds.requeued(session, job.job_id, device,
+                                                            msg.claim)
         if msg.claim is not None:  # an offer taken: the region is granted, or lapsed
             ok = requeued is not None and requeued.region == msg.claim and \
                 not msg.whole_job and requeued.request.tenant == tenant and \
@@ -295,7 +296,12 @@ class Daemon:
                 def requeue() -> None:
                     """The job's likely next region, queued once the device is handed on
                     (off the grant path: the handoff's choice and chain bound leave the
-                    releasing job out; frozen, it cannot ask before this release's reply)."""
+                    releasing job out).  Not when the job has asked already: a client that
+                    does not wait for the release's reply may ask before this runs (when
+                    the handoff was the lane's, not this session thread's, say)."""
+                    if self.holds.asked_again(session, st.request.job_id,
+                                              st.request.device, st.region):
+                        return
                     try:
                         self._on_acquire(session, dataclasses.replace(asked, id=None, claim=None),
                                          requeue=True)

@@ -182,10 +182,20 @@ class Holds:
         return len(st.chain) >= MAX_REQUEUED_CHAIN and bool(
             set(st.frozen_jobs) - queued - {st.request.job_id})
 
-    def requeued(self, session: Session, job_id: int, device: str) -> RegionState | None:
-        """The region the daemon re-queued for this connection's job on ``device``."""
+    def asked_again(self, session: Session, job_id: int, device: str, but: int) -> bool:
+        """Whether this connection's job has a region on ``device`` queued, being set up or
+        held, other than region ``but`` (the one just released)."""
+        return any(s.region != but and s.request.job_id == job_id and s.request.device == device
+                   and s.phase in (Phase.QUEUED, Phase.ENTERING, Phase.HELD) and not s.gone
+                   for s in self.of_session(session))
+
+    def requeued(self, session: Session, job_id: int, device: str,
+                 region: int | None = None) -> RegionState | None:
+        """The region the daemon re-queued for this connection's job on ``device`` (the
+        one numbered ``region``, for a claim of its offer)."""
         return next((s for s in self.of_session(session) if s.requeued
-                     and s.request.job_id == job_id and s.request.device == device), None)
+                     and s.request.job_id == job_id and s.request.device == device
+                     and region in (None, s.region)), None)
 
     def claim(self, st: RegionState, msg: m.Acquire, max_hold_s: float, timeout_s: float,
               label: str | None) -> bool:
