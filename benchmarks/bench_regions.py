@@ -65,19 +65,33 @@ def round_trip(n: int) -> list[float]:
 # Each row: the client's grant and release times, the grant's step times, and for the
 # per-step breakdown ("x"): when the acquire was sent, the client thread's run delay
 # while it waited in acquire, and the daemon's times of the region from its report.
+# Like krex.region(), a release does not wait for its reply (the report): it is read
+# once here, so the job's next request leaves before the handoff freezes the job.
 CONTENDER = r"""
 import json, sys, time
 from krex.client.connection import Client
+from krex.protocol import messages as m
 
 def run_delay():
     with open("/proc/thread-self/schedstat") as f:
         return int(f.read().split()[1])
+
+def row(rep, sent, rd):
+    host = rep.get("host") or {}
+    steps = {st["name"]: st["apply_ms"] for st in host.get("steps", [])}
+    return steps, {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
+                   "handed": bool(host.get("handed_over")),
+                   "prep": bool(host.get("handover_prepared")),
+                   "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
+                   "en": rep.get("enforce_s"), "un": rep.get("unclaimed_s") or 0.0,
+                   "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
 
 n, hold_s, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 pipelined, out = sys.argv[4] == "1", sys.argv[5]
 c = Client(autostart=False)
 job = c.register()["job_id"]
 rows = []
+owed = []  # (row, release request id, sent, run delay): reports not read yet
 print(json.dumps({"ready": c.conn.welcome.get("daemon_pid")}), flush=True)
 sys.stdin.readline()
 stop = time.monotonic() + seconds
@@ -100,22 +114,21 @@ while go_on:
     # (asking "more?" again there let the clock pass the stop in between, and the job
     # left a granted region unused for the daemon's whole --max-hold-s: a 60 s stall).
     go_on = (len(rows) + 1 < n) if n else (time.monotonic() < stop)
+    # As krex.region() does: the release is not waited for; its report is read when it
+    # is here (the job's next request goes out before the handoff freezes the job).
     if pipelined and go_on:
         rel, nxt = c.conn.release_again(rid)
         pending = (time.monotonic_ns(), nxt)
-        rep = c.conn.wait_reply(rel).get("report") or {}
     else:
-        rep = c.release(rid).get("report") or {}
-    host = rep.get("host") or {}
-    steps = {st["name"]: st["apply_ms"] for st in host.get("steps", [])}
-    x = {"sent": sent, "rd": rd, "rq": rep.get("requested_mono_s"),
-         "handed": bool(host.get("handed_over")),
-         "prep": bool(host.get("handover_prepared")),
-         "g": rep.get("granted_mono_s"), "rl": rep.get("released_mono_s"),
-         "en": rep.get("enforce_s"), "un": rep.get("unclaimed_s") or 0.0,
-         "back": time.monotonic_ns(),
-         "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
-    rows.append((granted, released, steps, x))
+        rel = c.conn.send(m.Release(region=rid), pipelined=True)
+    c.conn.pipelined(rel)
+    rows.append([granted, released, None, None])
+    owed.append((rows[-1], rel, sent, rd))
+    while owed and c.conn.replied(owed[0][1]):
+        r, rel_id, s0, d0 = owed.pop(0)
+        r[2], r[3] = row(c.conn.wait_reply(rel_id).get("report") or {}, s0, d0)
+for r, rel_id, s0, d0 in owed:
+    r[2], r[3] = row(c.conn.wait_reply(rel_id).get("report") or {}, s0, d0)
 with open(out, "w") as f:  # not the pipe: a frozen writer's partial write split a line
     json.dump(rows, f)
 print("done", flush=True)

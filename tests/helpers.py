@@ -250,6 +250,6 @@ def bare_connection(sock, reply_timeout_s: float = 5.0):
     conn.path, conn.sock, conn.reader, conn.revoked = "", sock, FrameReader(sock), {}
     conn._ids = iter(range(1, 100))
     conn.reply_timeout_s, conn._patient = reply_timeout_s, set()
-    conn._pipelined, conn._early = set(), {}
+    conn._pipelined, conn._early, conn.broken = set(), {}, False
     conn.offers, conn._claims, conn._newest_region = {}, {}, 0
     return conn

@@ -155,39 +155,60 @@ def test_region_report_fields(daemon):
     assert rep.clean is (not rep.reasons)
 
 
-def test_a_report_is_decoded_when_first_read_and_one_of_another_format_refused_at_release(
+def test_a_release_does_not_wait_for_its_report_which_is_decoded_when_first_read(
         daemon, monkeypatch):
-    """A release keeps its report as received (off the path to the job's next grant);
-    the first read decodes it, once.  Control: a report the client cannot read still
-    fails the release, not a later read."""
+    """A release sends and goes on: its reply (the report) is taken only when it is
+    already here, or when the report is first read, which decodes it, once.  A report
+    the client cannot read fails that first read.  Control: a report already taken
+    is not waited for again."""
     import krex as k
     from krex.client.connection import Connection
     from krex.protocol.report import RegionReport
 
-    replies: list = []
-    real = Connection.wait_reply
+    waits: list = []  # (request id, whether its reply was here when it was waited for)
+    real_wait, real_replied = Connection.wait_reply, Connection.replied
 
     def spy(self, rid, *args, **kwargs):
-        replies.append(real(self, rid, *args, **kwargs))
-        return replies[-1]
+        here = rid in self._early
+        reply = real_wait(self, rid, *args, **kwargs)
+        waits.append((rid, here, reply))
+        return reply
 
     monkeypatch.setattr(Connection, "wait_reply", spy)
+    monkeypatch.setattr(Connection, "replied", lambda self, rid: False)  # not here yet
     with k.region(label="lazy") as r:
+        mark = len(waits)
+    assert len(waits) == mark and r._released is not None  # the release waited for nothing
+    monkeypatch.setattr(Connection, "replied", real_replied)
+    rep = r.report  # waits now
+    assert [w[1] for w in waits[mark:]] == [False] and r._released is None
+    assert rep == RegionReport.from_dict(waits[-1][2]["report"]) and rep.label == "lazy"
+    assert r.report is rep and len(waits) == mark + 1  # the control: taken once
+
+    with k.region(label="here") as r2:
         pass
-    data = replies[-1]["report"]
-    assert r._report_data is data  # not decoded yet
-    assert r.report == RegionReport.from_dict(data) and r.report.label == "lazy"
-    assert r._report_data is None and r.report is r.report
+    conn, released = r2._released or (None, None)
+    if conn is not None:  # the reply is taken at the thread's next release once here
+        wait_for(lambda: conn.replied(released), 5)
+        with k.region(label="next"):
+            pass
+    assert r2._released is None and r2._report_data is not None  # taken, not decoded
+    assert r2.report.label == "here"
 
     def other_format(self, rid, *args, **kwargs):
-        reply = real(self, rid, *args, **kwargs)
+        reply = real_wait(self, rid, *args, **kwargs)
         if "report" in reply:
             reply["report"]["format"] = 99
         return reply
 
     monkeypatch.setattr(Connection, "wait_reply", other_format)
-    with pytest.raises(ValueError, match="format 99"), k.region():
+    monkeypatch.setattr(Connection, "replied", lambda self, rid: False)
+    with k.region() as r3:
         pass
+    with pytest.raises(ValueError, match="format 99"):
+        r3.report  # noqa: B018
+    with pytest.raises(ValueError, match="format 99"):
+        r3.report  # noqa: B018  (it stays refused)
 
 
 def test_decorator_form(daemon):
@@ -226,3 +247,51 @@ def test_threads_of_one_process_are_serialised(daemon, tmp_path, threads):
     lines = read_lines(out)
     assert len(lines) == 15
     assert overlaps([(x["in"], x["out"]) for x in lines]) == 0
+
+
+@pytest.mark.parametrize("answer", [True, False], ids=["control-answered", "daemon-gone"])
+def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypatch, answer):
+    """A release is not waited for, so a daemon that goes away before answering it is
+    found out later: the thread's next settling warns (``RegionReportLostWarning``) and
+    reading the report raises why.  Control: answered, the report is the daemon's."""
+    import importlib
+    import socket
+    import warnings
+
+    from helpers import bare_connection
+
+    from krex.errors import DaemonNotRunning
+    from krex.protocol.framing import FrameReader, encode_frame
+    from krex.protocol.report import Outcome, RegionReport
+
+    reg = importlib.import_module("krex.client.region")  # (krex.client.region: a function)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = bare_connection(ours)
+    monkeypatch.setattr(reg, "_connection", lambda fresh=False: conn)
+    monkeypatch.setattr(reg._state, "unsettled", [])
+    monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
+    try:
+        r = reg.Region("cpu")
+        r.grant = {"region": 7}
+        r._leave(again=False)
+        sent = FrameReader(theirs).read()
+        assert sent["type"] == "release" and sent["region"] == 7 and r._released
+        if answer:
+            report = RegionReport(device="cpu", region=7, outcome=Outcome.RELEASED)
+            theirs.sendall(encode_frame({"type": "ok", "re": sent["id"],
+                                         "data": {"report": report.to_dict()}}))
+        else:
+            theirs.close()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            reg.settle_released(block=False)
+        lost = [w for w in seen if issubclass(w.category, reg.RegionReportLostWarning)]
+        if answer:
+            assert not lost and r.report.region == 7 and r.report.clean
+        else:
+            assert len(lost) == 1 and "region 7" in str(lost[0].message)
+            with pytest.raises(DaemonNotRunning):
+                r.report  # noqa: B018
+    finally:
+        ours.close()
+        theirs.close()

@@ -1,11 +1,13 @@
 """``krex.regions(n)``: back-to-back regions whose next request goes with each release.
 
 Through a real daemon (freezing on: a job is frozen while another holds the device):
-two jobs taking back-to-back regions the plain way leave the device waiting at every
-chain's end (the outgoing holder is frozen before it can ask again, so when the other
-releases nobody is queued); pipelined, the job is still queued and every handoff goes
-straight to it.  Also: leaving the loop early leaves nothing held or queued, and a reply
-to a pipelined request read while another is waited for is kept, not dropped.
+two jobs taking back-to-back regions that wait for each release's report leave the
+device waiting at every chain's end (the outgoing holder is frozen before it can ask
+again, so when the other releases nobody is queued); pipelined, the job is still queued
+and every handoff goes straight to it, and so it is for a plain loop, whose release
+does not wait (it asks again before the handoff freezes it).  Also: leaving the loop
+early leaves nothing held or queued, and a reply to a pipelined request read while
+another is waited for is kept, not dropped.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def _chain_ends(rows: list[dict]) -> int:
                if a["job"] != b["job"] and b["requested"] > a["released"])
 
 
-def _on_daemon(tmp_path, monkeypatch, name: str, *args: str) -> tuple[list[dict], dict]:
-    """Two plain loops on a daemon of their own, started with ``args``: their rows, and
-    the daemon's counters after them."""
+def _on_daemon(tmp_path, monkeypatch, name: str, *args: str,
+               how: str = "plain") -> tuple[list[dict], dict]:
+    """Two loops (``how``: see tests/jobs/regions_loop.py) on a daemon of their own,
+    started with ``args``: their rows, and the daemon's counters after them."""
     from helpers import Daemon
 
     (tmp_path / name).mkdir(mode=0o700)
@@ -76,7 +79,7 @@ def _on_daemon(tmp_path, monkeypatch, name: str, *args: str) -> tuple[list[dict]
     try:
         with monkeypatch.context() as mp:
             mp.setenv("KREX_SOCKET", d.socket)
-            rows = _two_jobs("plain")
+            rows = _two_jobs(how)
         with Client(d.socket, autostart=False) as c:
             return rows, c.status()["counters"]
     finally:
@@ -123,13 +126,32 @@ def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon, tmp_path
     assert sum(not r["handed_over"] for r in pipelined) <= 3, pipelined
     # plain: re-queued, most handoffs went straight to the other job too
     assert seen[-1][0] <= N // 4, f"(set up, steal ms, chain ends) per attempt: {seen}"
-    # control: without re-queueing, the plain loop's outgoing holder is frozen before it
-    # asks again, and its chains end
-    plain, counters = _on_daemon(tmp_path, monkeypatch, "rt0", "--requeue-ms", "0")
-    assert _chain_ends(plain) >= N // 4, plain
-    assert sum(not r["handed_over"] for r in plain) >= N // 4, plain
+    # control: without re-queueing, a loop that reads each report before its next region
+    # waits for the release's reply, so its outgoing holder is frozen before it asks again
+    # (the report is made after the handoff), and its chains end
+    read, counters = _on_daemon(tmp_path, monkeypatch, "rt0-read", "--requeue-ms", "0",
+                                how="plain-read")
+    assert _chain_ends(read) >= N // 4, read
+    assert sum(not r["handed_over"] for r in read) >= N // 4, read
     # ... and the daemon says why: nobody was queued at those releases
     assert counters["chain_ends"].get("nobody_queued", 0) >= N // 4, counters
+
+
+def test_a_plain_loop_asks_again_before_the_handoff_freezes_it(daemon, tmp_path,
+                                                                monkeypatch):
+    """A release does not wait for its report: the plain loop's next acquire is sent
+    while the daemon hands the device on, before the handoff freezes the job, so even
+    without re-queueing (``--requeue-ms 0``) the other job is queued at each release
+    and the chain goes on.  Control: the same loop reading each report before its next
+    region is frozen before it asks (the test above)."""
+    if daemon_freeze(daemon) == "off":
+        pytest.skip("no freeze backend here: a job is not frozen while another holds")
+    plain, counters = _on_daemon(tmp_path, monkeypatch, "rt0-plain", "--requeue-ms", "0")
+    assert len(plain) == 2 * N
+    assert all(b["granted"] >= a["released"] for a, b in zip(plain, plain[1:], strict=False))
+    assert _chain_ends(plain) <= N // 4, plain
+    assert sum(not r["handed_over"] for r in plain) <= N // 4, plain
+    assert counters["chain_ends"].get("nobody_queued", 0) <= N // 4, counters
 
 
 def daemon_freeze(daemon) -> str:

@@ -18,6 +18,7 @@ import pytest
 from helpers import PY, Daemon, reap, wait_for
 from helpers import krex as krex_cli
 
+from krex.client.connection import Client
 from krex.enforce.cgroups import CgroupLayout, favordynmods
 from krex.enforce.doctor import GRACE_PERIOD_MS, _scratch_base, move_cost
 from krex.enforce.warm import MoveWarmer
@@ -118,7 +119,6 @@ def _regions_after_pauses(daemon: Daemon, monkeypatch, n: int = 7) -> tuple[list
     """Slot steps (ms) of ``n`` regions each taken after 150 ms of quiet, with a sibling
     job (so the region freezes someone); and the daemon's warm_moves status."""
     import krex
-    from krex.client.connection import Client
 
     monkeypatch.setenv("KREX_SOCKET", daemon.socket)
     sibling = krex_cli("run", "--", PY, "-c", "import time; time.sleep(60)")
@@ -152,6 +152,8 @@ def test_a_region_after_a_pause_sets_up_without_a_grace_period(tmp_path, monkeyp
     on = Daemon(str(tmp_path / "on")).start()
     try:
         pid = on.proc.pid
+        with Client(on.socket, autostart=False) as c:  # serving: its threads are placed
+            c.status()
         cgroup_before = open(f"/proc/{pid}/cgroup").read()
         affinity_before = os.sched_getaffinity(pid)
         warm, status = _regions_after_pauses(on, monkeypatch)

@@ -150,6 +150,10 @@ class Connection:
             self._pipelined.add(rid)
         return rid
 
+    def pipelined(self, rid: int) -> None:
+        """The reply to ``rid`` (sent already) is kept until :meth:`wait_reply` asks."""
+        self._pipelined.add(rid)
+
     def release_again(self, region: int) -> tuple[int, int]:
         """Send ``release`` for ``region`` with ``again``: the job's next region is asked
         for (with the released one's parameters) before the device is handed on.  Returns
@@ -235,6 +239,17 @@ class Connection:
             self._early[int(data["re"])] = data  # its own wait_reply takes it
             return True
         return False
+
+    def replied(self, rid: int) -> bool:
+        """Whether the reply to ``rid``, a request sent ``pipelined``, is here (frames
+        already received are read, without waiting)."""
+        if rid not in self._early and not self.broken:
+            try:
+                self._read_ready()
+            except DaemonNotRunning:
+                self.broken = True
+                return True  # its wait_reply says why
+        return rid in self._early or self.broken
 
     def _settle_claim(self, region: int) -> None:
         """The reply to the acquire that took ``region``'s offer, read as the region's
@@ -400,6 +415,7 @@ class Client:
 
     def _call(self, message: m.Message,
               on_output: OutputSink | None = None) -> dict[str, Any]:
+        _settle_released()
         with self._lock:
             return self.conn.call(message, on_output)
 
@@ -505,6 +521,15 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _settle_released() -> None:
+    """This thread's ``krex.region()`` releases not answered yet are waited for first,
+    so that what a thread asks the daemon after a release sees it carried out (its
+    record in ``regions``, the device free in ``status``)."""
+    region = sys.modules.get("krex.client.region")
+    if region is not None:
+        region.settle_released(block=True)
 
 
 def _echo(stream: str, text: str) -> None:

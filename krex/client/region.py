@@ -1,7 +1,7 @@
 """``krex.region()``: the critical region as a context manager and decorator.
 
-Entering blocks until the daemon grants the device; leaving releases it and
-fills ``Region.report`` with the daemon's evidence (a
+Entering blocks until the daemon grants the device; leaving releases it, and
+``Region.report`` is the daemon's evidence (a
 :class:`~krex.protocol.report.RegionReport`).  Re-entrant within one
 thread (an inner region on the same device is part of the outer one); each
 thread has its own connection, so regions from several threads of one job
@@ -9,6 +9,12 @@ queue at the daemon and are serialised there.  A process not started by
 ``krex run`` registers itself as an ad-hoc job on first use.  Entering that
 is interrupted (Ctrl-C, a signal handler's exception) withdraws the request
 (the protocol's ``cancel``): nothing is left queued or granted behind it.
+
+Leaving does not wait for the daemon's reply (the report, made after the daemon has
+handed the device on): the job's next request leaves before that handoff freezes the
+job, instead of after its next thaw.  ``Region.report`` waits for the reply when first
+read; replies already here are taken at the thread's next release, the rest at the
+process's exit (a revocation warns then).
 
 ``krex.regions(n)`` takes ``n`` regions back to back: each release also asks
 for the job's next region (the protocol's ``release`` with ``again``), so the
@@ -19,6 +25,7 @@ end with the device idle until a frozen job is thawed and asks again.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import os
@@ -42,17 +49,30 @@ class RegionRevokedWarning(UserWarning):
     """A region outlived its maximum hold: the daemon revoked it."""
 
 
+class RegionReportLostWarning(UserWarning):
+    """A released region's report never came (the daemon went away, say), and nobody
+    had read it yet: reading ``Region.report`` raises why."""
+
+
 class _State(threading.local):
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.conn: Connection | None = None
         self.depth: dict[str, int] = {}
         self.outer: dict[str, dict[str, Any]] = {}  # device -> the outermost region's grant
+        self.unsettled: list[Region] = []  # released, their reports not read yet
 
 
 _state = _State()
 _jobs: dict[tuple[Any, ...], int] = {}
 _jobs_lock = threading.Lock()
+# Every thread's released regions whose reports have not been read, for the exit's
+# settling (:func:`settle_released`); entries are removed as they are settled.
+_unsettled: dict[int, Region] = {}
+_unsettled_lock = threading.Lock()
+_settling_at_exit: set[int] = set()  # the processes whose exit settles them (pids)
+# How long the process's exit waits for the reports of its last regions.
+SETTLE_AT_EXIT_S = 10.0
 
 
 _REVOKED = Outcome.REVOKED.value
@@ -64,6 +84,7 @@ def _connection(fresh: bool = False) -> Connection:
     if fresh or conn is None or conn.broken or _state.pid != os.getpid() \
             or conn.path != socket_path():
         if conn is not None and _state.pid == os.getpid():
+            settle_released(block=not conn.broken)  # their replies come on this connection
             conn.close()
         if _state.pid != os.getpid():
             _state.depth, _state.outer = {}, {}
@@ -78,7 +99,10 @@ def close_if_held() -> bool:
     at its maximum hold -- the next program in the worker, the same job, would wait for
     that.  Returns whether it did."""
     conn = _state.conn
-    if conn is None or _state.pid != os.getpid() or not any(_state.depth.values()):
+    if conn is None or _state.pid != os.getpid():
+        return False
+    settle_released(block=not conn.broken)  # this program's reports, not the next one's
+    if not any(_state.depth.values()):
         return False
     _state.conn, _state.depth, _state.outer = None, {}, {}
     conn.close()
@@ -118,6 +142,8 @@ class Region:
         self.timeout_s = timeout_s
         self._report: RegionReport | None = None
         self._report_data: dict[str, Any] | None = None  # as received, until first read
+        self._released: tuple[Connection, int] | None = None  # the release, not answered yet
+        self._lost: BaseException | None = None  # why its report never came
         self.grant: dict[str, Any] | None = None
         self._nested = False
         self._t0 = 0.0
@@ -125,9 +151,14 @@ class Region:
 
     @property
     def report(self) -> RegionReport | None:
-        """The daemon's evidence of this region, once it is released: decoded when first
-        read, not on the way from the release to the job's next grant (a loop that
-        releases and acquires again pays for it only if it looks)."""
+        """The daemon's evidence of this region, once it is released.  The release does
+        not wait for it (module docstring): the first read waits for the daemon's reply,
+        and decodes it; a loop that releases and acquires again pays for neither on its
+        way to the next region.  Raises the release's error (the daemon gone, say)."""
+        if self._released is not None:
+            self._settle(block=True)
+        if self._lost is not None:
+            raise self._lost
         if self._report_data is not None:
             self._report, self._report_data = RegionReport.from_dict(self._report_data), None
         return self._report
@@ -197,27 +228,49 @@ class Region:
         rid = self.grant["region"]
         pending = None
         if not again:
-            released = conn.send(m.Release(region=rid))
+            released = conn.send(m.Release(region=rid), pipelined=True)
         else:  # the daemon asks for the next region before it hands the device on
             released, nxt = conn.release_again(rid)
+            conn.pipelined(released)
             pending = (conn, nxt)
+        self._released = (conn, released)
+        # Not waited for: the daemon hands the device on and makes the report meanwhile,
+        # while this job goes on to its next request (sent before the handoff freezes it,
+        # so that its next grant needs no more of its own code than the reply's read).
+        # Earlier regions' replies already here are settled now (a revocation warns).
+        _remember(self)
+        settle_released(block=False)
+        return pending
+
+    def _settle(self, block: bool) -> bool:
+        """Take the release's reply (waiting for it if ``block``): the report kept for
+        :attr:`report`, a revocation warned of.  False: not here yet."""
+        if self._released is None:
+            return True
+        conn, released = self._released
+        if not block and not conn.replied(released):
+            return False
+        self._released = None
+        _forget(self)
+        rid = self.grant["region"] if self.grant else None
         try:
-            reply = conn.wait_reply(released)
-        except BaseException:
-            if pending is not None:
-                conn.cancel(pending[1])
-            raise
-        data = reply["report"]
-        if self._watch is not None or data.get("format") != REPORT_FORMAT:
-            self.report = self._judged(RegionReport.from_dict(data))  # (a bad one raises now)
-        else:
-            self.report, self._report_data = None, data
-        pushed = conn.revoked.pop(rid, None)
+            data = conn.wait_reply(released)["report"]
+            if self._watch is not None or data.get("format") != REPORT_FORMAT:
+                self.report = self._judged(RegionReport.from_dict(data))  # a bad one raises
+            else:
+                self.report, self._report_data = None, data
+        except Exception as exc:  # noqa: BLE001 - raised by .report; warned of when not read
+            self._lost = exc
+            if not block:
+                warnings.warn(f"krex region {rid}: no report ({exc})", RegionReportLostWarning,
+                              stacklevel=2)
+            return True
+        pushed = conn.revoked.pop(rid, None) if rid is not None else None
         if data.get("outcome") == _REVOKED:
             reason = pushed or self.report.why_not_clean()  # type: ignore[union-attr]
             warnings.warn(f"krex region {rid} was revoked: {reason}", RegionRevokedWarning,
                           stacklevel=3)
-        return pending
+        return True
 
     def _judged(self, report: RegionReport) -> RegionReport:
         """A nested region judged by its own holder's evidence, like a daemon region."""
@@ -251,6 +304,50 @@ class Region:
         return wrapper  # type: ignore[return-value]
 
 
+def _remember(r: Region) -> None:
+    _state.unsettled.append(r)
+    with _unsettled_lock:  # (no module name is rebound: krex.evaluate checks them)
+        _unsettled[id(r)] = r
+        if os.getpid() not in _settling_at_exit:  # once per process (a fork's child too)
+            _settling_at_exit.add(os.getpid())
+            atexit.register(_settle_at_exit, os.getpid())
+
+
+def _forget(r: Region) -> None:
+    if r in _state.unsettled:
+        _state.unsettled.remove(r)
+    with _unsettled_lock:
+        _unsettled.pop(id(r), None)
+
+
+def settle_released(block: bool = True) -> None:
+    """This thread's released regions whose reports are here (``block``: all of them,
+    waiting for each) are settled: reports kept, revocations warned of."""
+    for r in list(_state.unsettled):
+        if not r._settle(block) and not block:
+            return  # the replies come in order: the later ones are not here either
+
+
+def _settle_at_exit(pid: int) -> None:
+    """The process ends: its last regions' reports are waited for (briefly), so that a
+    revocation is still warned of; the daemon has recorded them either way."""
+    if pid != os.getpid():
+        return
+    with _unsettled_lock:
+        left = list(_unsettled.values())
+    for r in left:
+        if r._released is None:
+            continue
+        conn = r._released[0]
+        if conn.broken:
+            continue
+        try:
+            conn.reply_timeout_s = min(conn.reply_timeout_s or SETTLE_AT_EXIT_S, SETTLE_AT_EXIT_S)
+            r._settle(block=True)
+        except Exception:  # noqa: BLE001 - exiting: the daemon has the report
+            continue
+
+
 def _self_watch() -> Any:
     from krex.enforce.contention import SelfWatch  # only nested regions pay the import
 
@@ -266,7 +363,7 @@ def region(device: str | None = None, *, max_hold_s: float | None = None,
 def regions(count: int, device: str | None = None, *, max_hold_s: float | None = None,
             label: str | None = None, timeout_s: float | None = None) -> Iterator[Region]:
     """``count`` regions on ``device``, back to back: ``for r in krex.regions(100): ...``
-    (the body runs inside each; ``r.report`` is set once the next one begins).
+    (the body runs inside each; ``r.report`` once its region is left).
 
     Each release also asks for the job's next region (module docstring): the job stays
     in the device's queue between its regions.  Leaving the loop early (``break``, an

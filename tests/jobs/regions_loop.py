@@ -1,6 +1,8 @@
 """Take ``n`` regions of ``hold_ms`` (busy) back to back, the plain way (``with
-krex.region()`` in a loop) or pipelined (``krex.regions(n)``); wait for ``start``
-(monotonic) first.  Print one JSON line: each region's daemon times."""
+krex.region()`` in a loop), the plain way reading each report before the next region
+(``plain-read``: the loop waits for the daemon's report of each release), or pipelined
+(``krex.regions(n)``); wait for ``start`` (monotonic) first.  Print one JSON line: each
+region's daemon times."""
 
 import sys
 
@@ -20,6 +22,8 @@ else:
     for _ in range(n):
         with krex.region("cpu") as r:
             busy(hold_ms)
+        if how == "plain-read":
+            assert r.report is not None
         done.append(r)
 emit([{"job": r.report.job_id, "requested": r.report.requested_mono_s,
                    "granted": r.report.granted_mono_s, "released": r.report.released_mono_s,
