@@ -86,6 +86,11 @@ def row(rep, sent, rd):
                    "en": rep.get("enforce_s"), "un": rep.get("unclaimed_s") or 0.0,
                    "rv": sum(st.get("revert_ms") or 0 for st in host.get("steps", []))}
 
+def settle():
+    while owed and c.conn.replied(owed[0][1]):
+        r, rel_id, s0, d0 = owed.pop(0)
+        r[2], r[3] = row(c.conn.wait_reply(rel_id).get("report") or {}, s0, d0)
+
 n, hold_s, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 pipelined, out = sys.argv[4] == "1", sys.argv[5]
 c = Client(autostart=False)
@@ -100,8 +105,9 @@ go_on = n > 0 or seconds > 0
 while go_on:
     sent, rd0 = time.monotonic_ns(), run_delay()
     if pending is None:
-        rid = c.acquire(job)["region"]
+        rid = c.conn.acquire(m.Acquire(job_id=job), while_waiting=settle)["region"]
     else:
+        settle()
         sent, rid = pending[0], c.conn.await_grant(pending[1])["region"]
     pending = None
     granted = time.monotonic_ns()
@@ -114,19 +120,17 @@ while go_on:
     # (asking "more?" again there let the clock pass the stop in between, and the job
     # left a granted region unused for the daemon's whole --max-hold-s: a 60 s stall).
     go_on = (len(rows) + 1 < n) if n else (time.monotonic() < stop)
-    # As krex.region() does: the release is not waited for; its report is read when it
-    # is here (the job's next request goes out before the handoff freezes the job).
+    # As krex.region() does: the release is not waited for (the job's next request goes
+    # out before the handoff freezes the job); its report, kept undecoded, is read once
+    # the next request has left.
     if pipelined and go_on:
         rel, nxt = c.conn.release_again(rid)
         pending = (time.monotonic_ns(), nxt)
     else:
-        rel = c.conn.send(m.Release(region=rid), pipelined=True)
-    c.conn.pipelined(rel)
+        rel = c.conn.send(m.Release(region=rid))
+    c.conn.pipelined(rel, lazy=True)
     rows.append([granted, released, None, None])
     owed.append((rows[-1], rel, sent, rd))
-    while owed and c.conn.replied(owed[0][1]):
-        r, rel_id, s0, d0 = owed.pop(0)
-        r[2], r[3] = row(c.conn.wait_reply(rel_id).get("report") or {}, s0, d0)
 for r, rel_id, s0, d0 in owed:
     r[2], r[3] = row(c.conn.wait_reply(rel_id).get("report") or {}, s0, d0)
 with open(out, "w") as f:  # not the pipe: a frozen writer's partial write split a line

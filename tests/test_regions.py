@@ -295,3 +295,52 @@ def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypat
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_grant_read_while_the_last_report_is_taken_is_kept(monkeypatch):
+    """The next acquire's grant may arrive while the previous release's reply is taken
+    (once the acquire has left): it is kept for the acquire, not skipped (a job holding
+    its device for the whole job, whose grants come at once, waited for ever)."""
+    import importlib
+    import socket
+    import threading
+
+    from helpers import bare_connection
+
+    from krex.protocol.framing import FrameReader, encode_frame
+    from krex.protocol.report import Outcome, RegionReport
+
+    reg = importlib.import_module("krex.client.region")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = bare_connection(ours)
+    monkeypatch.setattr(reg, "_connection", lambda fresh=False: conn)
+    monkeypatch.setattr(reg, "_job_id", lambda conn, device: 1)
+    monkeypatch.setattr(reg._state, "unsettled", [])
+    monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
+    both_sent = threading.Event()
+
+    def daemon() -> None:
+        reader = FrameReader(theirs)
+        release, acquire = reader.read(), reader.read()
+        report = RegionReport(device="cpu", region=7, outcome=Outcome.RELEASED)
+        theirs.sendall(encode_frame({"type": "ok", "re": release["id"],
+                                     "data": {"report": report.to_dict()}}))
+        theirs.sendall(encode_frame({"type": "ok", "re": acquire["id"],
+                                     "data": {"region": 8, "device": "cpu"}}))
+        both_sent.set()
+
+    real_settle = reg._settle_here
+    monkeypatch.setattr(reg, "_settle_here", lambda: (both_sent.wait(5), real_settle()))
+    t = threading.Thread(target=daemon)
+    t.start()
+    try:
+        r = reg.Region("cpu")
+        r.grant = {"region": 7}
+        r._leave(again=False)
+        nxt = reg.Region("cpu")._enter(None)
+        assert nxt.grant == {"region": 8, "device": "cpu"}
+        assert r._released is None and r.report.region == 7  # taken meanwhile
+    finally:
+        t.join(5)
+        ours.close()
+        theirs.close()

@@ -51,7 +51,7 @@ from krex.errors import (
 )
 from krex.protocol import messages as m
 from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
-from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
+from krex.protocol.framing import RAW, ConnectionClosed, FrameReader, decode_body, encode_frame
 from krex.protocol.installation import mismatch
 from krex.protocol.liveness import PATIENT, Watch, lock_pid, reply_timeout_from_env
 from krex.workers.spec import ExecRequest, ExecResult
@@ -150,9 +150,13 @@ class Connection:
             self._pipelined.add(rid)
         return rid
 
-    def pipelined(self, rid: int) -> None:
-        """The reply to ``rid`` (sent already) is kept until :meth:`wait_reply` asks."""
+    def pipelined(self, rid: int, lazy: bool = False) -> None:
+        """The reply to ``rid`` (sent already) is kept until :meth:`wait_reply` asks;
+        ``lazy``: kept undecoded until then (a release's report, read on the way to the
+        job's next grant: :class:`~krex.protocol.framing.FrameReader`)."""
         self._pipelined.add(rid)
+        if lazy:
+            self.reader.lazy.add(rid)
 
     def release_again(self, region: int) -> tuple[int, int]:
         """Send ``release`` for ``region`` with ``again``: the job's next region is asked
@@ -169,12 +173,23 @@ class Connection:
             self._pipelined.discard(again)
             raise
 
-    def acquire(self, message: m.Acquire) -> dict[str, Any]:
+    def acquire(self, message: m.Acquire,
+                while_waiting: Callable[[], object] | None = None) -> dict[str, Any]:
         """Acquire a region; if waiting for the grant is interrupted, withdraw it.  A
-        fresh offer this acquire may take is taken at once (see :meth:`_offer_for`)."""
+        fresh offer this acquire may take is taken at once (see :meth:`_offer_for`).
+        ``while_waiting``: run once the request is sent, before its grant is awaited
+        (work that should not delay the request: earlier releases' reports)."""
         offer = self._offer_for(message)
         if offer is None:
-            return self.await_grant(self.send(message))
+            # (its reply is kept if ``while_waiting`` reads it: krex.region's settling)
+            rid = self.send(message, pipelined=while_waiting is not None)
+            if while_waiting is not None:
+                try:
+                    while_waiting()
+                except BaseException:
+                    self.cancel(rid)
+                    raise
+            return self.await_grant(rid)
         region = int(offer["region"])
         rid = self.send(dataclasses.replace(message, claim=region), pipelined=True)
         self._newest_region = max(self._newest_region, region)
@@ -242,7 +257,8 @@ class Connection:
 
     def replied(self, rid: int) -> bool:
         """Whether the reply to ``rid``, a request sent ``pipelined``, is here (frames
-        already received are read, without waiting)."""
+        already received are read, without waiting: every request whose reply is still
+        to come must be ``pipelined``, else a reply read here is skipped)."""
         if rid not in self._early and not self.broken:
             try:
                 self._read_ready()
@@ -308,10 +324,13 @@ class Connection:
         patient = rid in self._patient
         self._patient.discard(rid)
         self._pipelined.discard(rid)
+        self.reader.lazy.discard(rid)
         early = self._early.pop(rid, None)
         if early is not None:
             if early.get("type") == "error":
                 raise from_wire(early)
+            if RAW in early:
+                early = decode_body(early[RAW])
             return early.get("data") or {}
         watch = Watch(timeout_s or self.reply_timeout_s, patient)
         while True:

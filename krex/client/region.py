@@ -13,8 +13,8 @@ is interrupted (Ctrl-C, a signal handler's exception) withdraws the request
 Leaving does not wait for the daemon's reply (the report, made after the daemon has
 handed the device on): the job's next request leaves before that handoff freezes the
 job, instead of after its next thaw.  ``Region.report`` waits for the reply when first
-read; replies already here are taken at the thread's next release, the rest at the
-process's exit (a revocation warns then).
+read; replies already here are taken once the thread's next request has left, the
+rest at the process's exit (a revocation warns then).
 
 ``krex.regions(n)`` takes ``n`` regions back to back: each release also asks
 for the job's next region (the protocol's ``release`` with ``again``), so the
@@ -188,6 +188,7 @@ class Region:
         try:
             try:
                 if pending is not None and pending[0] is conn and not self._nested:
+                    _settle_here()  # (the request left with the previous release)
                     self.grant = conn.await_grant(pending[1])
                 else:
                     self.grant = self._acquire(conn)
@@ -202,7 +203,8 @@ class Region:
         return self
 
     def _acquire(self, conn: Connection) -> dict[str, Any]:
-        return conn.acquire(self._request(conn))
+        # earlier releases' replies that are here are taken once this request has left
+        return conn.acquire(self._request(conn), while_waiting=_settle_here)
 
     def _request(self, conn: Connection) -> m.Acquire:
         job = _job_id(conn, self.device)
@@ -228,18 +230,18 @@ class Region:
         rid = self.grant["region"]
         pending = None
         if not again:
-            released = conn.send(m.Release(region=rid), pipelined=True)
+            released = conn.send(m.Release(region=rid))
         else:  # the daemon asks for the next region before it hands the device on
             released, nxt = conn.release_again(rid)
-            conn.pipelined(released)
             pending = (conn, nxt)
+        conn.pipelined(released, lazy=True)
         self._released = (conn, released)
         # Not waited for: the daemon hands the device on and makes the report meanwhile,
         # while this job goes on to its next request (sent before the handoff freezes it,
-        # so that its next grant needs no more of its own code than the reply's read).
-        # Earlier regions' replies already here are settled now (a revocation warns).
+        # so that its next grant needs no more of its own code than the reply's read,
+        # kept undecoded).  Replies already here are taken once that request has left
+        # (a revocation warns then), or when the report is read.
         _remember(self)
-        settle_released(block=False)
         return pending
 
     def _settle(self, block: bool) -> bool:
@@ -326,6 +328,10 @@ def settle_released(block: bool = True) -> None:
     for r in list(_state.unsettled):
         if not r._settle(block) and not block:
             return  # the replies come in order: the later ones are not here either
+
+
+def _settle_here() -> None:
+    settle_released(block=False)
 
 
 def _settle_at_exit(pid: int) -> None:
