@@ -121,14 +121,14 @@ while go_on:
     # left a granted region unused for the daemon's whole --max-hold-s: a 60 s stall).
     go_on = (len(rows) + 1 < n) if n else (time.monotonic() < stop)
     # As krex.region() does: the release is not waited for (the job's next request goes
-    # out before the handoff freezes the job); its report, kept undecoded, is read once
-    # the next request has left.
+    # out before the handoff freezes the job); its report is read once the next request
+    # has left.
     if pipelined and go_on:
         rel, nxt = c.conn.release_again(rid)
         pending = (time.monotonic_ns(), nxt)
     else:
         rel = c.conn.send(m.Release(region=rid))
-    c.conn.pipelined(rel, lazy=True)
+    c.conn.pipelined(rel)
     rows.append([granted, released, None, None])
     owed.append((rows[-1], rel, sent, rd))
 for r, rel_id, s0, d0 in owed:

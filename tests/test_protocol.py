@@ -218,29 +218,3 @@ def _garbage(rng):
         return encode_frame(obj)
     body = json.dumps({"type": "hello", "version": rng.randrange(3)}).encode()
     return struct.pack(">I", len(body) + rng.randrange(0, 3)) + body
-
-
-def test_a_lazy_reply_is_kept_undecoded_and_only_for_its_id():
-    """``FrameReader.lazy``: a successful reply to one of those ids comes back with its
-    body undecoded (a released region's report, read on the way to the next grant),
-    once; other frames, an error to such an id, and the same id again are decoded."""
-    from krex.protocol.framing import RAW, FrameReader, decode_body, encode_frame
-
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        reader = FrameReader(ours)
-        reader.lazy.update({4, 5})
-        frames = [{"type": "ok", "re": 4, "data": {"report": {"x": 1}}},
-                  {"type": "ok", "re": 3, "data": {"region": 9}},
-                  {"type": "error", "re": 5, "code": "unknown_region", "message": "m"},
-                  {"type": "ok", "re": 4, "data": {"again": True}}]
-        for f in frames:
-            theirs.sendall(encode_frame(f))
-        lazy = reader.read()
-        assert set(lazy) == {"type", "re", RAW} and lazy["re"] == 4
-        assert decode_body(lazy[RAW]) == frames[0]
-        assert [reader.read() for _ in frames[1:]] == frames[1:]  # decoded, 4 only once
-        assert reader.lazy == {5}
-    finally:
-        ours.close()
-        theirs.close()

@@ -51,7 +51,7 @@ from krex.errors import (
 )
 from krex.protocol import messages as m
 from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
-from krex.protocol.framing import RAW, ConnectionClosed, FrameReader, decode_body, encode_frame
+from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
 from krex.protocol.liveness import PATIENT, Watch, lock_pid, reply_timeout_from_env
 from krex.workers.spec import ExecRequest, ExecResult
@@ -150,13 +150,9 @@ class Connection:
             self._pipelined.add(rid)
         return rid
 
-    def pipelined(self, rid: int, lazy: bool = False) -> None:
-        """The reply to ``rid`` (sent already) is kept until :meth:`wait_reply` asks;
-        ``lazy``: kept undecoded until then (a release's report, read on the way to the
-        job's next grant: :class:`~krex.protocol.framing.FrameReader`)."""
+    def pipelined(self, rid: int) -> None:
+        """The reply to ``rid`` (sent already) is kept until :meth:`wait_reply` asks."""
         self._pipelined.add(rid)
-        if lazy:
-            self.reader.lazy.add(rid)
 
     def release_again(self, region: int) -> tuple[int, int]:
         """Send ``release`` for ``region`` with ``again``: the job's next region is asked
@@ -324,13 +320,10 @@ class Connection:
         patient = rid in self._patient
         self._patient.discard(rid)
         self._pipelined.discard(rid)
-        self.reader.lazy.discard(rid)
         early = self._early.pop(rid, None)
         if early is not None:
             if early.get("type") == "error":
                 raise from_wire(early)
-            if RAW in early:
-                early = decode_body(early[RAW])
             return early.get("data") or {}
         watch = Watch(timeout_s or self.reply_timeout_s, patient)
         while True:

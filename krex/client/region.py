@@ -234,13 +234,13 @@ class Region:
         else:  # the daemon asks for the next region before it hands the device on
             released, nxt = conn.release_again(rid)
             pending = (conn, nxt)
-        conn.pipelined(released, lazy=True)
+        conn.pipelined(released)
         self._released = (conn, released)
         # Not waited for: the daemon hands the device on and makes the report meanwhile,
         # while this job goes on to its next request (sent before the handoff freezes it,
-        # so that its next grant needs no more of its own code than the reply's read,
-        # kept undecoded).  Replies already here are taken once that request has left
-        # (a revocation warns then), or when the report is read.
+        # so that its next grant needs no more of its own code than the reply's read).
+        # Replies already here are taken once that request has left (a revocation warns
+        # then), or when the report is read.
         _remember(self)
         return pending
 

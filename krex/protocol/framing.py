@@ -53,20 +53,11 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-# A successful reply as the daemon encodes it (``Message.to_dict``: the type, then
-# ``re``): what :attr:`FrameReader.lazy` recognises without decoding the body.
-_OK_RE = b'{"type":"ok","re":'
-RAW = "raw"  # the key of a lazily read reply's undecoded body (see FrameReader.lazy)
-
-
 class FrameReader:
     """Reads frames from a blocking socket; one reader per socket.
 
     Reads in large chunks and keeps what follows a frame for the next call, so
-    a frame costs one ``recv`` in the common case.  ``lazy``: request ids whose
-    successful replies are returned undecoded, as ``{"type": "ok", "re": id, "raw":
-    body}`` (:func:`decode_body` later): a released region's report, read on the way
-    to the job's next grant, is decoded only when it is wanted.
+    a frame costs one ``recv`` in the common case.
     """
 
     CHUNK = 1 << 16
@@ -75,7 +66,6 @@ class FrameReader:
         self.sock = sock
         self.max_frame = max_frame
         self._buf = bytearray()
-        self.lazy: set[int] = set()
 
     def read(self) -> dict[str, Any]:
         self._fill(HEADER.size, at_boundary=True)
@@ -87,12 +77,6 @@ class FrameReader:
         self._fill(HEADER.size + length, at_boundary=False)
         body = bytes(self._buf[HEADER.size : HEADER.size + length])
         del self._buf[: HEADER.size + length]
-        if self.lazy and body.startswith(_OK_RE):
-            end = body.find(b",", len(_OK_RE), len(_OK_RE) + 24)
-            digits = body[len(_OK_RE):end]
-            if end > 0 and digits.isdigit() and int(digits) in self.lazy:
-                self.lazy.discard(int(digits))
-                return {"type": "ok", "re": int(digits), RAW: body}
         return decode_body(body)
 
     def _fill(self, n: int, *, at_boundary: bool) -> None:
