@@ -344,3 +344,31 @@ def test_a_grant_read_while_the_last_report_is_taken_is_kept(monkeypatch):
         t.join(5)
         ours.close()
         theirs.close()
+
+
+def test_a_forked_child_leaves_its_parents_unread_reports_alone(daemon, monkeypatch):
+    """A release the parent has not taken the reply of yet stays the parent's: a child
+    forked meanwhile that talks to the daemon (a ``Client`` call, a region of its own)
+    reads nothing from the parent's connection, and the parent then gets its report.
+    Control: the parent's report is still to come when the child is forked."""
+    import krex as k
+    from krex.client.connection import Client, Connection
+
+    monkeypatch.setattr(Connection, "replied", lambda self, rid: False)  # not taken
+    with k.region(label="parent") as r:
+        pass
+    assert r._released is not None  # the control
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection for everything
+        code = 1
+        try:
+            with Client(daemon.socket, autostart=False) as c:
+                c.status()
+            with k.region(label="child") as mine:
+                pass
+            code = 0 if mine.report.label == "child" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert r.report.label == "parent"

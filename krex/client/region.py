@@ -68,7 +68,7 @@ _jobs: dict[tuple[Any, ...], int] = {}
 _jobs_lock = threading.Lock()
 # Every thread's released regions whose reports have not been read, for the exit's
 # settling (:func:`settle_released`); entries are removed as they are settled.
-_unsettled: dict[int, Region] = {}
+_unsettled: dict[int, tuple[int, Region]] = {}  # id -> (the process, the region)
 _unsettled_lock = threading.Lock()
 _settling_at_exit: set[int] = set()  # the processes whose exit settles them (pids)
 # How long the process's exit waits for the reports of its last regions.
@@ -86,8 +86,8 @@ def _connection(fresh: bool = False) -> Connection:
         if conn is not None and _state.pid == os.getpid():
             settle_released(block=not conn.broken)  # their replies come on this connection
             conn.close()
-        if _state.pid != os.getpid():
-            _state.depth, _state.outer = {}, {}
+        if _state.pid != os.getpid():  # a fork's child: nothing of the parent's is its own
+            _state.depth, _state.outer, _state.unsettled = {}, {}, []
         _state.pid = os.getpid()
         _state.conn = conn = Connection()
     return conn
@@ -309,7 +309,7 @@ class Region:
 def _remember(r: Region) -> None:
     _state.unsettled.append(r)
     with _unsettled_lock:  # (no module name is rebound: krex.evaluate checks them)
-        _unsettled[id(r)] = r
+        _unsettled[id(r)] = (os.getpid(), r)
         if os.getpid() not in _settling_at_exit:  # once per process (a fork's child too)
             _settling_at_exit.add(os.getpid())
             atexit.register(_settle_at_exit, os.getpid())
@@ -325,6 +325,9 @@ def _forget(r: Region) -> None:
 def settle_released(block: bool = True) -> None:
     """This thread's released regions whose reports are here (``block``: all of them,
     waiting for each) are settled: reports kept, revocations warned of."""
+    if _state.pid != os.getpid():  # a fork's child: those are its parent's to take
+        _state.unsettled = []
+        return
     for r in list(_state.unsettled):
         if not r._settle(block) and not block:
             return  # the replies come in order: the later ones are not here either
@@ -339,8 +342,8 @@ def _settle_at_exit(pid: int) -> None:
     revocation is still warned of; the daemon has recorded them either way."""
     if pid != os.getpid():
         return
-    with _unsettled_lock:
-        left = list(_unsettled.values())
+    with _unsettled_lock:  # a fork's child leaves its parent's connections alone
+        left = [r for owner, r in _unsettled.values() if owner == pid]
     for r in left:
         if r._released is None:
             continue
