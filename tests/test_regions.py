@@ -372,3 +372,47 @@ def test_a_forked_child_leaves_its_parents_unread_reports_alone(daemon, monkeypa
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert r.report.label == "parent"
+
+
+def test_a_nested_grants_own_counters_end_at_its_release_not_when_the_reply_is_taken(
+        monkeypatch):
+    """A region granted inside a whole-job hold is judged by its holder's own counters
+    (a ``SelfWatch``): they are read at the release, not later when the reply is taken
+    (whatever the job ran in between would count against the region).  Control: the
+    report, taken later, carries what they said then."""
+    import importlib
+    import socket
+
+    from helpers import bare_connection
+
+    from krex.protocol.framing import FrameReader, encode_frame
+    from krex.protocol.report import HostEvidence, Outcome, RegionReport
+
+    reg = importlib.import_module("krex.client.region")
+    finished: list[float] = []
+
+    class Watch:
+        def finish(self):
+            finished.append(time.monotonic())
+            return HostEvidence(holder_run_delay_ms=1.5), []
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = bare_connection(ours)
+    monkeypatch.setattr(reg, "_connection", lambda fresh=False: conn)
+    monkeypatch.setattr(reg._state, "unsettled", [])
+    monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
+    try:
+        r = reg.Region("cpu")
+        r.grant, r._watch = {"region": 7, "nested": True}, Watch()
+        r._leave(again=False)
+        released_at = time.monotonic()
+        assert len(finished) == 1 and finished[0] <= released_at  # at the release
+        sent = FrameReader(theirs).read()
+        time.sleep(0.05)  # the job runs on; the reply comes later
+        report = RegionReport(device="cpu", region=7, outcome=Outcome.NESTED, nested=True)
+        theirs.sendall(encode_frame({"type": "ok", "re": sent["id"],
+                                     "data": {"report": report.to_dict()}}))
+        assert r.report.host.holder_run_delay_ms == 1.5 and len(finished) == 1
+    finally:
+        ours.close()
+        theirs.close()

@@ -147,7 +147,8 @@ class Region:
         self.grant: dict[str, Any] | None = None
         self._nested = False
         self._t0 = 0.0
-        self._watch: Any = None  # a nested region's own counters (krex.enforce.contention)
+        # a nested region's own counters (krex.enforce.contention), then what they said
+        self._watch: Any = None
 
     @property
     def report(self) -> RegionReport | None:
@@ -236,6 +237,8 @@ class Region:
             pending = (conn, nxt)
         conn.pipelined(released)
         self._released = (conn, released)
+        if self._watch is not None:  # its counters end here, not when the reply is taken
+            self._watch = self._watch.finish()
         # Not waited for: the daemon hands the device on and makes the report meanwhile,
         # while this job goes on to its next request (sent before the handoff freezes it,
         # so that its next grant needs no more of its own code than the reply's read).
@@ -279,7 +282,7 @@ class Region:
         watch, self._watch = self._watch, None
         if watch is None:
             return report
-        host, reasons = watch.finish()
+        host, reasons = watch if isinstance(watch, tuple) else watch.finish()
         return dataclasses.replace(report, host=report.host or host,
                                    reasons=[*report.reasons, *reasons])
 
