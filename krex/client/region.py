@@ -157,7 +157,7 @@ class Region:
         and decodes it; a loop that releases and acquires again pays for neither on its
         way to the next region.  Raises the release's error (the daemon gone, say)."""
         if self._released is not None:
-            self._settle(block=True)
+            self._settle(block=True, reading=True)
         if self._lost is not None:
             raise self._lost
         if self._report_data is not None:
@@ -247,9 +247,10 @@ class Region:
         _remember(self)
         return pending
 
-    def _settle(self, block: bool) -> bool:
+    def _settle(self, block: bool, reading: bool = False) -> bool:
         """Take the release's reply (waiting for it if ``block``): the report kept for
-        :attr:`report`, a revocation warned of.  False: not here yet."""
+        :attr:`report`, a revocation warned of, a reply that cannot come warned of unless
+        the report is being read (``reading``: that read raises).  False: not here yet."""
         if self._released is None:
             return True
         conn, released = self._released
@@ -266,7 +267,7 @@ class Region:
                 self.report, self._report_data = None, data
         except Exception as exc:  # noqa: BLE001 - raised by .report; warned of when not read
             self._lost = exc
-            if not block:
+            if not reading:
                 warnings.warn(f"krex region {rid}: no report ({exc})", RegionReportLostWarning,
                               stacklevel=2)
             return True
