@@ -194,35 +194,3 @@ def test_a_refused_rt_priority_falls_back_to_the_nice_value(monkeypatch):
     assert nice == (True, -10)
     d = priority.describe()
     assert d["policy"] == "nice" and "rr not permitted" in str(d["why"]), d
-
-
-@pytest.mark.parametrize("isolate", [True, False], ids=["default", "control-no-isolation"])
-def test_the_daemons_threads_keep_off_the_reserved_cores_at_any_priority(runtime_dir,
-                                                                          isolate):
-    """At the default priority too, the threads that serve requests and run the
-    devices' enforcement (the accepting thread, the sessions', the lane, the event
-    writer) keep off the holders' reserved cores: woken there by a release, a handoff
-    took the releasing holder's core and froze it before its next request left.  What
-    they start gets every core.  Control: with no cores reserved (``--no-isolate``),
-    they are left on every core."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one core: nothing can be kept off it")
-    d = Daemon(str(runtime_dir), *([] if isolate else ["--no-isolate"])).start()
-    try:
-        status, _ = _serve_one_region(d)
-        assert status["applied"] is False  # no priority configured
-        assert d.proc is not None
-        every = sorted(os.sched_getaffinity(0))
-        reserved = set(default_cores(every))
-        tids = [int(t) for t in os.listdir(f"/proc/{d.proc.pid}/task")]
-        kept_off = [t for t in tids if _affinity(t) and not _affinity(t) & reserved]
-        if isolate:
-            assert len(kept_off) >= 3, [(t, _affinity(t)) for t in tids]
-            children = [p for p in psutil.Process(d.proc.pid).children(recursive=True)
-                        if "serve" not in p.cmdline()]
-            assert all(sorted(p.cpu_affinity()) == every for p in children), \
-                [(p.cmdline(), p.cpu_affinity()) for p in children]
-        else:
-            assert kept_off == [], [(t, _affinity(t)) for t in tids]
-    finally:
-        d.stop()

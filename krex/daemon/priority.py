@@ -22,13 +22,10 @@ does a child process.  Every elevated thread also sets
 fake device server, a thread of its own — begins at ``SCHED_OTHER``, nice 0:
 a benchmark never runs at the daemon's priority (the guardian then lowers itself to
 ``SCHED_BATCH``: krex.enforce.guardian).  (The flag resets new
-threads too, which is why each daemon thread elevates itself.)  Every such
-thread, elevated or not, keeps off the holders' reserved cores (its affinity:
-the rest), where it would take the core from a holder the moment it wakes —
-and where a release's handoff, woken on the releasing holder's core, ran
-before that job's next request left, so the handoff froze the job before it
-asked (measured with the shield off: half the chains of two plain loops
-ended); a worker it forks widens itself again before ``exec`` (:func:`widen`).
+threads too, which is why each daemon thread elevates itself.)  An elevated
+thread keeps off the holders' reserved cores (its affinity: the rest), where
+it would take the core from a holder the moment it wakes; a worker it forks
+widens itself again before ``exec`` (:func:`widen`).
 
 Needs root (``CAP_SYS_NICE``) or ``RLIMIT_RTPRIO`` / ``RLIMIT_NICE``; where
 it is not permitted the daemon runs as started and ``krex status`` says why
@@ -63,10 +60,9 @@ def elevate() -> bool:
     (and the reason kept for :func:`describe`) when not configured or refused."""
     nice = int(_state["nice"])  # type: ignore[call-overload]
     rt = int(_state["rt"])  # type: ignore[call-overload]
-    tid = threading.get_native_id()
-    _keep_off_reserved(tid)  # elevated or not (see the module docstring)
     if not nice and not rt:
         return False
+    tid = threading.get_native_id()
     why = []
     for policy in (["rr"] if rt else []) + (["nice"] if nice else []):
         try:
@@ -76,15 +72,15 @@ def elevate() -> bool:
             continue
         _state["applied"], _state["policy"] = True, policy
         _state["why"] = "; ".join(why)
+        _keep_off_reserved(tid)
         return True
     _state["applied"], _state["why"] = False, "; ".join(why)
     return False
 
 
 def _keep_off_reserved(tid: int) -> None:
-    """A daemon thread never runs on a holder's reserved core: there it would take the
-    core from the holder the moment it wakes (after a grant, say), and a release's
-    handoff run there freezes the outgoing holder before its next request has left."""
+    """An elevated thread never runs on a holder's reserved core: there it would take
+    the core from the holder the moment it wakes (after a grant, say)."""
     if _cores["rest"]:
         try:
             os.sched_setaffinity(tid, _cores["rest"])

@@ -411,7 +411,7 @@ def serve(config: DaemonConfig) -> int:
     server.daemon = Daemon(config)
     # the accepting thread, after what it started at start-up (the guardian, the event
     # writer) began at nice 0 on every core (SCHED_RESET_ON_FORK; widened)
-    if not priority.elevate() and (config.nice or config.rt_priority):
+    if (config.nice or config.rt_priority) and not priority.elevate():
         log.info("daemon threads keep their priority: %s", priority.describe()["why"])
     log.info("pid %d serving on %s", os.getpid(), config.socket_path)
     server.serve_forever()
