@@ -143,9 +143,18 @@ def test_a_plain_loop_asks_again_before_the_handoff_freezes_it(daemon, tmp_path,
     while the daemon hands the device on, before the handoff freezes the job, so even
     without re-queueing (``--requeue-ms 0``) the other job is queued at each release
     and the chain goes on.  Control: the same loop reading each report before its next
-    region is frozen before it asks (the test above)."""
+    region is frozen before it asks (the test above).
+
+    With the shield, as daemons run by default: without it, the daemon's thread that
+    carries the release out may be woken on the releasing holder's own core and run
+    there first, and an unmanaged task (a CPU loop beside the suite) may hold that
+    core, so the job does not get to ask before the freeze (half the chains ended)."""
     if daemon_freeze(daemon) == "off":
         pytest.skip("no freeze backend here: a job is not frozen while another holds")
+    from helpers import skip_if_another_daemon_owns_the_shield
+
+    skip_if_another_daemon_owns_the_shield()
+    monkeypatch.setenv("KREX_SHIELD", "on")
     plain, counters = _on_daemon(tmp_path, monkeypatch, "rt0-plain", "--requeue-ms", "0")
     assert len(plain) == 2 * N
     assert all(b["granted"] >= a["released"] for a, b in zip(plain, plain[1:], strict=False))
