@@ -1,9 +1,12 @@
 """Regions under a real daemon: exclusivity, fairness, modes, holder death, revocation."""
 
+import contextlib
+import importlib
 import itertools
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -249,20 +252,11 @@ def test_threads_of_one_process_are_serialised(daemon, tmp_path, threads):
     assert overlaps([(x["in"], x["out"]) for x in lines]) == 0
 
 
-@pytest.mark.parametrize("answer", [True, False], ids=["control-answered", "daemon-gone"])
-def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypatch, answer):
-    """A release is not waited for, so a daemon that goes away before answering it is
-    found out later: the thread's next settling warns (``RegionReportLostWarning``) and
-    reading the report raises why.  Control: answered, the report is the daemon's."""
-    import importlib
-    import socket
-    import warnings
-
+@contextlib.contextmanager
+def _region_module_over_a_socketpair(monkeypatch):
+    """krex.client.region with this thread's connection one end of a socketpair (the
+    other, yielded, plays the daemon), nothing unsettled, one region held on ``cpu``."""
     from helpers import bare_connection
-
-    from krex.errors import DaemonNotRunning
-    from krex.protocol.framing import FrameReader, encode_frame
-    from krex.protocol.report import Outcome, RegionReport
 
     reg = importlib.import_module("krex.client.region")  # (krex.client.region: a function)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -271,6 +265,24 @@ def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypat
     monkeypatch.setattr(reg._state, "unsettled", [])
     monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
     try:
+        yield reg, theirs
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("answer", [True, False], ids=["control-answered", "daemon-gone"])
+def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypatch, answer):
+    """A release is not waited for, so a daemon that goes away before answering it is
+    found out later: the thread's next settling warns (``RegionReportLostWarning``) and
+    reading the report raises why.  Control: answered, the report is the daemon's."""
+    import warnings
+
+    from krex.errors import DaemonNotRunning
+    from krex.protocol.framing import FrameReader, encode_frame
+    from krex.protocol.report import Outcome, RegionReport
+
+    with _region_module_over_a_socketpair(monkeypatch) as (reg, theirs):
         r = reg.Region("cpu")
         r.grant = {"region": 7}
         r._leave(again=False)
@@ -292,31 +304,17 @@ def test_a_report_that_never_comes_is_warned_of_and_raised_at_its_read(monkeypat
             assert len(lost) == 1 and "region 7" in str(lost[0].message)
             with pytest.raises(DaemonNotRunning):
                 r.report  # noqa: B018
-    finally:
-        ours.close()
-        theirs.close()
 
 
 def test_a_grant_read_while_the_last_report_is_taken_is_kept(monkeypatch):
     """The next acquire's grant may arrive while the previous release's reply is taken
     (once the acquire has left): it is kept for the acquire, not skipped (a job holding
     its device for the whole job, whose grants come at once, waited for ever)."""
-    import importlib
-    import socket
     import threading
-
-    from helpers import bare_connection
 
     from krex.protocol.framing import FrameReader, encode_frame
     from krex.protocol.report import Outcome, RegionReport
 
-    reg = importlib.import_module("krex.client.region")
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = bare_connection(ours)
-    monkeypatch.setattr(reg, "_connection", lambda fresh=False: conn)
-    monkeypatch.setattr(reg, "_job_id", lambda conn, device: 1)
-    monkeypatch.setattr(reg._state, "unsettled", [])
-    monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
     both_sent = threading.Event()
 
     def daemon() -> None:
@@ -329,21 +327,21 @@ def test_a_grant_read_while_the_last_report_is_taken_is_kept(monkeypatch):
                                      "data": {"region": 8, "device": "cpu"}}))
         both_sent.set()
 
-    real_settle = reg._settle_here
-    monkeypatch.setattr(reg, "_settle_here", lambda: (both_sent.wait(5), real_settle()))
-    t = threading.Thread(target=daemon)
-    t.start()
-    try:
-        r = reg.Region("cpu")
-        r.grant = {"region": 7}
-        r._leave(again=False)
-        nxt = reg.Region("cpu")._enter(None)
-        assert nxt.grant == {"region": 8, "device": "cpu"}
-        assert r._released is None and r.report.region == 7  # taken meanwhile
-    finally:
-        t.join(5)
-        ours.close()
-        theirs.close()
+    with _region_module_over_a_socketpair(monkeypatch) as (reg, theirs):
+        monkeypatch.setattr(reg, "_job_id", lambda conn, device: 1)
+        real_settle = reg._settle_here
+        monkeypatch.setattr(reg, "_settle_here", lambda: (both_sent.wait(5), real_settle()))
+        t = threading.Thread(target=daemon)
+        t.start()
+        try:
+            r = reg.Region("cpu")
+            r.grant = {"region": 7}
+            r._leave(again=False)
+            nxt = reg.Region("cpu")._enter(None)
+            assert nxt.grant == {"region": 8, "device": "cpu"}
+            assert r._released is None and r.report.region == 7  # taken meanwhile
+        finally:
+            t.join(5)
 
 
 def test_a_forked_child_leaves_its_parents_unread_reports_alone(daemon, monkeypatch):
@@ -380,15 +378,9 @@ def test_a_nested_grants_own_counters_end_at_its_release_not_when_the_reply_is_t
     (a ``SelfWatch``): they are read at the release, not later when the reply is taken
     (whatever the job ran in between would count against the region).  Control: the
     report, taken later, carries what they said then."""
-    import importlib
-    import socket
-
-    from helpers import bare_connection
-
     from krex.protocol.framing import FrameReader, encode_frame
     from krex.protocol.report import HostEvidence, Outcome, RegionReport
 
-    reg = importlib.import_module("krex.client.region")
     finished: list[float] = []
 
     class Watch:
@@ -396,12 +388,7 @@ def test_a_nested_grants_own_counters_end_at_its_release_not_when_the_reply_is_t
             finished.append(time.monotonic())
             return HostEvidence(holder_run_delay_ms=1.5), []
 
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = bare_connection(ours)
-    monkeypatch.setattr(reg, "_connection", lambda fresh=False: conn)
-    monkeypatch.setattr(reg._state, "unsettled", [])
-    monkeypatch.setattr(reg._state, "depth", {"cpu": 1})
-    try:
+    with _region_module_over_a_socketpair(monkeypatch) as (reg, theirs):
         r = reg.Region("cpu")
         r.grant, r._watch = {"region": 7, "nested": True}, Watch()
         r._leave(again=False)
@@ -413,6 +400,3 @@ def test_a_nested_grants_own_counters_end_at_its_release_not_when_the_reply_is_t
         theirs.sendall(encode_frame({"type": "ok", "re": sent["id"],
                                      "data": {"report": report.to_dict()}}))
         assert r.report.host.holder_run_delay_ms == 1.5 and len(finished) == 1
-    finally:
-        ours.close()
-        theirs.close()
