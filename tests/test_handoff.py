@@ -225,6 +225,41 @@ print(json.dumps({"frozen_at": time.monotonic(), "ended": sorted(guardian.leases
 time.sleep(600)
 """
 
+@pytest.mark.parametrize("expire", [True, False], ids=["lease-expired", "control"])
+def test_a_handoff_is_refused_once_the_guardian_expired_the_lease(expire, tmp_path, instance):
+    """The grant path knows a lease alive from its own clock (no read of the guardian's
+    pipe); past that clock it asks the guardian, and a lease it expired (it undid what
+    the region carries) is not carried over: the handoff is refused and the region
+    reports its revocation.  Control: a lease not yet run out is carried."""
+    from krex.enforce.guardian import GuardianClient
+
+    backend = "cgroup2" if LAYOUT.v2_writable else "cgroup1"
+    layout = layout_or_skip(backend)
+    a, b, c = _jobs(layout, instance, tmp_path)
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(tmp_path / "j.json"))
+        margin = 0.2 if expire else 30.0
+        enforcer = Enforcer(EnforceConfig(freeze=backend, lease_margin_s=margin), layout,
+                            guardian)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=0.1)
+        assert guardian.surely_active(first.lease_id)
+        if expire:
+            wait_for(lambda: first.lease_id in guardian.expired(), timeout_s=5)
+            assert not guardian.surely_active(first.lease_id)
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert (second is None) == expire
+        report = first.exit()
+        if second is not None:
+            second.exit()
+            assert not any(r.code.value == "lease_expired" for r in second.reasons)
+        assert any(r.code.value == "lease_expired" for r in first.reasons) == expire, report
+    finally:
+        guardian.stop()
+        for j in (a, b, c):
+            j.kill()
+
+
 
 @pytest.mark.parametrize("leased", [True, False], ids=["after-lease", "before-lease"])
 @pytest.mark.parametrize("backend", CGROUP_BACKENDS)

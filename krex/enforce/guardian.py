@@ -167,6 +167,14 @@ class GuardianClient:
         self._write([{"cmd": "lease", "id": lease_id, "s": max(0.0, expiry - now),
                       "undo": records} for lease_id, (expiry, records) in self.leases.items()])
 
+    def surely_active(self, lease_id: int) -> bool:
+        """Whether lease ``lease_id`` cannot have expired yet, known without reading the
+        pipe: the guardian counts a lease's time from when it reads it, never earlier
+        than this client's clock started it (a restart hands over the time left), so
+        before this client's expiry it is active.  False: ask :meth:`expired`."""
+        lease = self.leases.get(lease_id)
+        return lease is not None and time.monotonic() < lease[0]
+
     def expired(self) -> set[int]:
         """Lease ids the guardian has expired (and undone) so far.
 

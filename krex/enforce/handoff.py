@@ -110,8 +110,11 @@ def _carriable_now(old: Enforcement, holder: JobTarget) -> bool:
 
 
 def _lease_alive(old: Enforcement) -> bool:
+    """Not expired (else the guardian undid what it carries); on the grant path, so known
+    from the lease's own clock where it can be (no read of the guardian's pipe)."""
     guardian = old.enforcer.guardian
-    return guardian is None or old.lease_id not in guardian.expired()  # else: undone already
+    return (guardian is None or guardian.surely_active(old.lease_id)
+            or old.lease_id not in guardian.expired())
 
 
 def job_key(holder: Any, siblings: list, others: list) -> tuple:
