@@ -9,6 +9,7 @@ passed as held (the negative control: an offer made to lie about its window)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -101,6 +102,20 @@ def test_a_claim_that_arrives_within_the_grace_is_honoured(runtime_dir):
     assert counters["offers_lapsed"] == 0, counters
 
 
+def test_a_claim_sent_in_time_but_read_late_is_honoured(runtime_dir):
+    """A claim that left in time but that the daemon has not read when the offer's
+    grace ends (its first bytes in, as when the daemon's thread waits for a CPU) holds
+    the lapse back: the region is the job's.  Control: past MAX_LAPSE_WAITS more windows
+    the lapse no longer waits, and the release raises ``offer_lapsed``."""
+    line, counters = _late(runtime_dir, "split", window_ms=200, windows=4)
+    assert line["offered"] and line["region"] == line["offer"], line
+    assert line["error"] is None, line
+    assert counters["lapses_waited"] >= 1 and counters["offers_lapsed"] == 0, counters
+    line, counters = _late(runtime_dir, "split", window_ms=200, windows=14)
+    assert line["offered"] and line["error"] == "offer_lapsed", line
+    assert counters["lapses_waited"] >= 8, counters
+
+
 def _conn() -> tuple[Connection, socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     return bare_connection(ours), theirs
@@ -136,4 +151,30 @@ def test_an_offer_is_taken_only_by_its_own_jobs_plain_acquire():
         assert conn._offer_for(plain) is None
     finally:
         conn.sock.close()
+        theirs.close()
+
+
+def test_a_sessions_unhandled_input_is_seen_wherever_it_waits():
+    """What holds a lapse back (Session.input_pending): bytes still in the socket's
+    queue, bytes in the reader's buffer, or a frame being handled; none of them: no."""
+    from krex.daemon.server import Session
+    from krex.protocol.framing import FrameReader
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        session = Session(ours, None, None)  # type: ignore[arg-type]
+        session.reader = FrameReader(ours)
+        assert not session.input_pending()  # the control
+        theirs.sendall(b"\0\0")
+        assert session.input_pending()  # in the socket's queue
+        ours.settimeout(0.2)
+        with contextlib.suppress(TimeoutError):
+            session.reader.read()  # takes the two bytes, waits for the rest of a header
+        assert session.reader.buffered() == 2 and session.input_pending()  # in the reader
+        session.reader = FrameReader(ours)
+        assert not session.input_pending()
+        session.handling = True
+        assert session.input_pending()
+    finally:
+        ours.close()
         theirs.close()

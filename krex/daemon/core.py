@@ -90,6 +90,7 @@ class Counters:
     offered: int = 0  # ... offered to their jobs at the grant (messages.Offer)
     offers_claimed: int = 0  # acquires that took an offer
     offers_lapsed: int = 0  # ... that came too late (their reply: offer_lapsed)
+    lapses_waited: int = 0  # claim windows a lapse waited for its job's unread input
     handed_over: int = 0  # grants that took the previous region's enforcement over
     # releases after which the device was not handed over, by why (Holds._chain_end)
     chain_ends: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -35,7 +35,9 @@ it does not wait for (:meth:`krex.client.connection.Connection.acquire`).  A
 claim sent within the window must never find the region lapsed, or the job
 would have run its region's body without the device: so a region offered lapses
 only after twice the window (the second window is the claim's time to be read),
-and a client whose claim left after the window waits for its answer.
+later still while its job's connection has input the daemon has not handled (a
+daemon short of CPU reads late: :meth:`Holds._claim_may_wait`), and a client whose
+claim left after the window waits for its answer.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("krex.daemon")
 
+MAX_LAPSE_WAITS = 8  # claim windows an offered region's lapse may wait for unread input
 MAX_REQUEUED_CHAIN = 32  # handoffs in a row after which a release re-queues nobody and
 # hands over to nobody (while the chain keeps a job frozen that has no place in the queue)
 
@@ -116,6 +119,7 @@ class RegionState:
     # grant, off the grant path, or before its undo when there is no handoff
     requeue: Callable[[], None] | None = None
     claimed_mono_s: float | None = None  # re-queued, granted, then asked for by its job
+    lapse_waits: int = 0  # claim windows its lapse waited for unread input (_claim_may_wait)
 
     @property
     def region(self) -> int:
@@ -273,6 +277,23 @@ class Holds:
         return {"cancelled": "granted" if phase in (Phase.HELD, Phase.CLOSING, Phase.CLOSED)
                 else phase.value, "region": st.region}
 
+    def _claim_may_wait(self, st: RegionState) -> bool:
+        """An offered region due to lapse whose job's connection has input not handled
+        yet (its session's thread, short of CPU, has not read it): the claim may be in
+        it, sent in time, and must not find the region lapsed.  The lapse waits another
+        claim window, at most MAX_LAPSE_WAITS times (a connection that keeps sending
+        other requests cannot hold the device).  Not seen: bytes a session's thread has
+        just taken from the socket and not yet put in its reader's buffer (between
+        ``recv`` returning and its thread running Python again)."""
+        pending = getattr(st.session, "input_pending", None)
+        if st.lapse_waits >= MAX_LAPSE_WAITS or pending is None or not pending():
+            return False
+        st.lapse_waits += 1
+        st.request.revoked = False  # due again one window from now
+        st.request.max_hold_s += st.claim_window_s
+        self.d.counters.lapses_waited += 1
+        return True
+
     def revoke(self, st: RegionState, reason: str) -> str:
         """End a region now (maximum hold passed, or a revoke request)."""
         phase = st.phase
@@ -338,7 +359,8 @@ class Holds:
             if isinstance(d, Grant):
                 self._chosen(st)
             elif isinstance(d, Revoke):
-                self.revoke(st, d.reason)
+                if not (st.requeued and st.phase is Phase.HELD and self._claim_may_wait(st)):
+                    self.revoke(st, d.reason)
             elif isinstance(d, Cancel):
                 self._timed_out(st, d.reason)
         self.d.deadlines_changed()

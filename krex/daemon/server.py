@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+import termios
 import threading
 import time
 from typing import Any
@@ -66,6 +67,20 @@ class Session:
         self._send_lock = threading.Lock()
         self.closed = False
         self.verified: set[tuple[int, int]] = set()
+        self.reader: FrameReader | None = None  # set by the session's loop
+        self.handling = False  # a frame read and not yet answered
+
+    def input_pending(self) -> bool:
+        """Whether something this client sent is not handled yet: bytes in the socket's
+        queue or the reader's buffer, or a frame being handled (an offered region's
+        claim may be among them: Holds.revoke)."""
+        if self.handling or (self.reader is not None and self.reader.buffered()):
+            return True
+        try:
+            buf = fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(buf, sys.byteorder) > 0
 
     def push(self, message: m.Message) -> None:
         try:
@@ -330,10 +345,13 @@ class Server:
 
     def _session_loop(self, session: Session, reader: FrameReader) -> None:
         self._track(session)
+        session.reader = reader
         greeted = False
         while True:
+            session.handling = False
             try:
                 data = reader.read()
+                session.handling = True
             except ConnectionClosed:
                 return
             except ProtocolError as exc:  # oversized or undecodable: framing may be lost

@@ -67,6 +67,10 @@ class FrameReader:
         self.max_frame = max_frame
         self._buf = bytearray()
 
+    def buffered(self) -> int:
+        """Bytes read from the socket and not yet returned as a frame."""
+        return len(self._buf)
+
     def read(self) -> dict[str, Any]:
         self._fill(HEADER.size, at_boundary=True)
         (length,) = HEADER.unpack_from(self._buf)

@@ -13,13 +13,18 @@ and asks again:
 - ``late``: the client is made to take it anyway (its claim leaves after the window):
   it must wait for the claim's answer and, the region lapsed, ask as usual;
 - ``lie``: the offer is made to say its window is still open, so the client takes it
-  without waiting: the region's release must raise ``offer_lapsed``, never pass as held.
+  without waiting: the region's release must raise ``offer_lapsed``, never pass as held;
+- ``split``: the offer is taken at once, but its claim reaches the daemon's socket in
+  two parts, the second after the sleep: as a claim sent in time but read late by a
+  daemon short of CPU.  Unread input on the connection holds the lapse back (at most
+  ``MAX_LAPSE_WAITS`` more windows), so it is the job's region.
 
 Prints one JSON line: the offered region, the region it got, whether that came from
 the offer, and the error code its release raised (if any)."""
 
 import json
 import sys
+import threading
 import time
 
 from b2b_common import busy, emit
@@ -58,8 +63,33 @@ if offer is None:
                       "revoked": c.conn.revoked, "newest": c.conn._newest_region,
                       "scheduler": st["scheduler"]}), file=sys.stderr)
 assert offer is not None, "no offer came"
-time.sleep(windows * window_s)  # by default the window and its grace passed: lapsed
-c.conn._read_ready()
+if mode == "split":
+    class _Split:  # the claim's first bytes now, the rest after the sleep (a thread's)
+        def __init__(self, sock):
+            self._sock = sock
+            self._tail = None
+
+        def __getattr__(self, name):
+            return getattr(self._sock, name)
+
+        def sendall(self, data):
+            if self._tail is not None:  # later frames follow the claim's
+                self._tail.join()
+                return self._sock.sendall(data)
+            self._sock.sendall(data[:3])
+
+            def rest():
+                time.sleep(windows * window_s)
+                self._sock.sendall(data[3:])
+
+            self._tail = threading.Thread(target=rest)
+            self._tail.start()
+            return None
+
+    c.conn.sock = _Split(c.conn.sock)
+else:
+    time.sleep(windows * window_s)  # by default the window and its grace passed: lapsed
+    c.conn._read_ready()
 if mode == "late":
     connection.OFFER_MARGIN_S = -3600.0
 elif mode == "lie":
