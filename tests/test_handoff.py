@@ -79,7 +79,8 @@ def test_a_handoff_keeps_the_device_frozen_and_moves_only_the_holders(
         if slot_cpuset and a.target.cgroups.cpuset != slot_cpuset:  # v1: moved after the grant
             assert a.proc.pid in _procs(slot_cpuset)
             lease_handed(second)
-            assert a.proc.pid not in _procs(slot_cpuset)
+            # a stays there, frozen, staged for a handoff back to it (Enforcement.staged)
+            assert second.staged == {a.target.job_id: [a.proc.pid]}
             assert b.proc.pid in _procs(slot_cpuset)
         report = first.exit()  # made after the grant: the subtree stays frozen
         assert not _thawed(layout, instance, backend)
@@ -95,6 +96,8 @@ def test_a_handoff_keeps_the_device_frozen_and_moves_only_the_holders(
         done = second.exit()
         assert done.processes_frozen == 2 and all(s.ok for s in done.steps), done.steps
         assert _thawed(layout, instance, backend)
+        if slot_cpuset and a.target.cgroups.cpuset != slot_cpuset:  # put back before the thaw
+            assert _procs(slot_cpuset) == [] and a.proc.pid in _procs(a.target.cgroups.cpuset)
         kind = KIND[backend]
         assert b.proc.pid in _procs(getattr(b.target.cgroups, kind))  # back in its job
         assert _procs(layout.device(instance).slot[kind]) == []
@@ -224,6 +227,74 @@ if leased:
 print(json.dumps({"frozen_at": time.monotonic(), "ended": sorted(guardian.leases)}), flush=True)
 time.sleep(600)
 """
+
+def test_the_likely_next_holder_waits_frozen_in_the_slots_cpuset(tmp_path, instance,
+                                                                  monkeypatch):
+    """After a grant the job likely to hold next is put, frozen, into the slot's v1
+    cpuset (``prefetch``): the handoff to it writes no cpuset move on the grant path,
+    and it never runs before that.  Control: a handoff to another job moves that one's
+    cpuset as before; the staged job stays frozen, and at the chain's end it is back
+    in its device's cpuset before the thaw.  A staged job that ends leaves the slot."""
+    from krex.enforce import slot as slot_mod
+
+    backend = "cgroup2" if LAYOUT.v2_writable else "cgroup1"
+    layout = layout_or_skip(backend)
+    if not layout.cpuset_writable:
+        pytest.skip("needs a writable cgroup v1 cpuset")
+    a, b, c = _jobs(layout, instance, tmp_path)
+    cpuset = layout.device(instance).slot["cpuset"]
+    writes: list[tuple[str, str]] = []
+    real = slot_mod.write
+    monkeypatch.setattr(slot_mod, "write", lambda p, v: (writes.append((p, v)), real(p, v)))
+    thaw = freeze_mod.write
+    monkeypatch.setattr(freeze_mod, "write", lambda p, v: (writes.append((p, v)), thaw(p, v)))
+    try:
+        enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
+        first = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        assert first.prefetch(b.target)
+        assert b.proc.pid in _procs(cpuset)  # staged
+        time.sleep(0.2)
+        assert _quiet(b, t0, time.monotonic())  # and still frozen
+        before = len(writes)
+        second = enforcer.hand_over(first, b.target, [a.target, c.target], max_hold_s=5)
+        assert second is not None
+        moved = [v for p, v in writes[before:] if p == cpuset + "/cgroup.procs"]
+        assert moved == [], moved  # no cpuset move of b on the grant path
+        first.exit()
+        t1 = time.monotonic()
+        wait_for(lambda: stamps_after(b.path, t1), timeout_s=5)  # b holds and runs
+        # the control: staged c, but a is granted next
+        assert second.prefetch(c.target) and c.proc.pid in _procs(cpuset)
+        before = len(writes)
+        third = enforcer.hand_over(second, a.target, [b.target, c.target], max_hold_s=5)
+        assert third is not None
+        moved = [v for p, v in writes[before:] if p == cpuset + "/cgroup.procs"]
+        assert str(a.proc.pid) in moved, moved  # not staged: moved on the grant path
+        second.exit()
+        t2 = time.monotonic()
+        time.sleep(0.2)
+        assert _quiet(c, t2, time.monotonic()) and c.proc.pid in _procs(cpuset)
+        before = len(writes)
+        third.exit()  # the chain's end: c back in the device's cpuset, then thawed
+        ends = [(os.path.basename(p), v) for p, v in writes[before:]]
+        control, value = CONTROL[backend]
+        assert ("cgroup.procs", str(c.proc.pid)) in ends and (control, value) in ends, ends
+        assert ends.index(("cgroup.procs", str(c.proc.pid))) < ends.index((control, value))
+        assert c.proc.pid not in _procs(cpuset)
+        assert c.target.cgroups.cpuset and c.proc.pid in _procs(c.target.cgroups.cpuset)
+        wait_for(lambda: stamps_after(c.path, time.monotonic()), timeout_s=5)
+        # a staged job that ends leaves the slot's cpuset (it is thawed as it goes)
+        fourth = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
+        assert fourth.prefetch(c.target) and c.proc.pid in _procs(cpuset)
+        c.target.cgroups.remove()
+        assert c.proc.pid not in _procs(cpuset)
+        fourth.exit()
+    finally:
+        for j in (a, b, c):
+            j.kill()
+
 
 @pytest.mark.parametrize("expire", [True, False], ids=["lease-expired", "control"])
 def test_a_handoff_is_refused_once_the_guardian_expired_the_lease(expire, tmp_path, instance):

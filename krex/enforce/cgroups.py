@@ -192,9 +192,27 @@ class JobCgroups:
         return sorted(_procs(dirs[0])) if dirs else []
 
     def remove(self) -> None:
+        self._leave_slot_cpuset()
         self.put_back()
         for d in self.own():
             _remove_dir(d)
+
+    def _leave_slot_cpuset(self) -> None:
+        """Processes of this job in its device's slot cpuset (v1; staged there, frozen,
+        by :meth:`krex.enforce.enforcer.Enforcement.prefetch`) go back to the device's
+        cpuset before the job's cgroups are thawed and removed: an ended job's
+        processes never run on the reserved cores."""
+        dev = self.device
+        slot = dev.slot.get("cpuset") if dev is not None else None
+        if not slot or not self.cpuset or self.cpuset == slot or self.cpuset == self.v2:
+            return
+        mine = set(self.pids())
+        for pid in _procs(slot):
+            if pid in mine:
+                try:
+                    write(self.cpuset + "/cgroup.procs", str(pid))
+                except OSError:
+                    pass
 
     def put_back(self) -> None:
         """Adopted processes still in the job go back to the cgroups they came from

@@ -229,6 +229,9 @@ class Enforcement:
         # job id -> its counters, read while it is frozen in a subtree this region holds
         # frozen (prefetch): the next holder's handoff then reads none on the grant path
         self.prefetched: dict[int, HolderCounters] = {}
+        # job id -> its frozen processes put into the slot's v1 cpuset ahead (prefetch;
+        # HolderSlot.stage): at most one job; taken by a handoff to it, else put back
+        self.staged: dict[int, list[int]] = {}
         self.prepared: Prepared | None = None  # the next handoff's operations (handoff.prepare)
 
     def start(self, ops: list, lease_s: float) -> None:
@@ -353,15 +356,40 @@ class Enforcement:
             return False
         if job.may_run_outside():
             return False
-        self.prefetched[job.job_id] = HolderCounters.begin(job.processes())
+        refs = job.processes()
+        self.prefetched[job.job_id] = HolderCounters.begin(refs)
+        self._stage(job, [r.pid for r in refs])
         return True
+
+    def _stage(self, job: JobTarget, pids: list[int]) -> None:
+        """``job`` (frozen here, likely the next holder) into the slot's v1 cpuset ahead
+        of its handoff (:meth:`HolderSlot.stage`); another job staged before is put back
+        first: a staged process stays frozen until a handoff to its job takes it, or is
+        put back before any thaw (:meth:`_thaw_first`)."""
+        slot = next((op for op in self.applied if isinstance(op, HolderSlot)), None)
+        if slot is None or job.job_id in self.staged:
+            return
+        self._unstage()
+        staged = slot.stage(job, pids)
+        if staged:
+            self.staged[job.job_id] = staged
+
+    def _unstage(self) -> None:
+        slot = next((op for op in self.applied if isinstance(op, HolderSlot)), None)
+        staged, self.staged = self.staged, {}
+        if slot is not None:
+            for pids in staged.values():
+                slot.unstage(pids)
 
     def _thaw_first(self) -> None:
         """A device subtree this region froze is thawed as soon as the holder's counters
         are read, before the rest of the undo (shield, isolation, the slot) and the count
         of frozen processes: at a chain's end the next holder is among the frozen, and
         must run to ask.  The holder's region is over (its counters are read); the
-        siblings run on the unreserved cores until the isolation is undone next."""
+        siblings run on the unreserved cores until the isolation is undone next (a
+        sibling staged in the slot's cpuset is put back first)."""
+        if self.staged:
+            self._unstage()
         for op in self.applied:
             if isinstance(op, SubtreeFreeze) and op.frozen and self.freeze_step is not None:
                 self._revert(op, self.freeze_step)

@@ -194,10 +194,13 @@ def hand_over(old: Enforcement, holder: JobTarget, siblings: list[JobTarget],
     old.ended_ns = time.monotonic_ns()
     incoming: set[int] = set()
     try:
-        _take_over(old, new, fresh, holder, refs, incoming, members)
+        _take_over(old, new, fresh, holder, refs, incoming, members,
+                   old.staged.get(holder.job_id, []))
     except BaseException:
         old.ended_ns = None  # not handed over: it ends when it is undone
         raise
+    old.staged.pop(holder.job_id, None)  # in the slot now; another staged job stays so
+    new.staged, old.staged = old.staged, {}
     new.handed_from = old.lease_id
     new.handed_prepared = prepared is not None
     new.pending_lease = (old, lease_s)  # sent by lease_handed(), after the grant
@@ -235,7 +238,8 @@ def _same_processes(holder: JobTarget, pre: HolderCounters | None) -> list | Non
 
 def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarget,
                refs: list, incoming: set[int],
-               members: tuple[str, list[int]] | None = None) -> None:
+               members: tuple[str, list[int]] | None = None,
+               staged: list[int] | tuple = ()) -> None:
     for was, op in zip(old.applied, fresh, strict=True):
         t0 = time.perf_counter()
         if isinstance(op, GateDrain):  # first: the outgoing holder's GPU work drains
@@ -243,7 +247,7 @@ def _take_over(old: Enforcement, new: Enforcement, fresh: list, holder: JobTarge
         elif isinstance(op, HolderSlot):
             was.revert_lead()  # the outgoing holder back into the frozen subtree: it stops
             # the incoming holder out of it, onto the reserved cores
-            op.apply(source_frozen=True, members=members)
+            op.apply(source_frozen=True, members=members, staged=staged)
             incoming |= set(op.pids())
         elif isinstance(op, SubtreeFreeze):
             was.hand_over(op, incoming)
@@ -277,6 +281,10 @@ def lease_handed(new: Enforcement) -> None:
     old, lease_s = pending
     for op in old.applied:  # the outgoing holder's other hierarchies (v1 cpuset)
         if isinstance(op, HolderSlot):
+            if not new.staged:  # it stays, frozen, in the slot's cpuset: staged there
+                kept = op.keep_staged()  # for a handoff back to it (two jobs take turns)
+                if kept:
+                    new.staged[old.holder.job_id] = kept
             old._revert(op, _step(old, op))
     # a carried shield looks for cpusets made since it was planned (at most once a second)
     late = [op for op in new.applied if isinstance(op, ShieldRegion) and op.recheck()]

@@ -17,6 +17,8 @@ next daemon's sweep moves it out of the dead instance's tree.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from krex.enforce.cgroups import DeviceCgroups, _procs, move_all, write
 from krex.enforce.job import JobTarget
 
@@ -51,11 +53,13 @@ class HolderSlot:
         return []  # see the module docstring
 
     def apply(self, source_frozen: bool = False,
-              members: tuple[str, list[int]] | None = None) -> None:
+              members: tuple[str, list[int]] | None = None,
+              staged: Collection[int] = ()) -> None:
         """``source_frozen``: the job cgroup is under a frozen parent (a handoff), so no
         process of it can fork meanwhile and one read of its members finds them all;
         ``members``: (directory, PIDs), that read made already by the handoff (taken
-        when it is of the directory moved from)."""
+        when it is of the directory moved from); ``staged``: PIDs already in the slot's
+        v1 cpuset (:meth:`stage`)."""
         self.applied = True
         lead = next((k for k in ("v2", "freezer") if k in self.moves), None)
         if lead is not None and source_frozen:
@@ -66,7 +70,7 @@ class HolderSlot:
             # until the cpuset move (the grant's push waited ≈ 0.3 ms behind them).
             src, dst = self.moves[lead]
             known = members[1] if members and members[0] == src else _procs(src)
-            self._follow_all(lead, known)
+            self._follow_all(lead, [pid for pid in known if pid not in staged])
             self.moved = move_all(src, dst, rounds=1, known=known)
             return
         if lead is not None:
@@ -81,14 +85,18 @@ class HolderSlot:
             if kind != lead:
                 self._follow(dst, pids)
 
-    def _follow(self, dst: str, pids: list[int]) -> None:
+    def _follow(self, dst: str, pids: list[int]) -> list[int]:
         """The other hierarchies: the same processes (v1 cpuset dirs are shared by the
-        device's jobs, so move exactly the holder's PIDs, not the directory)."""
+        device's jobs, so move exactly the holder's PIDs, not the directory); the PIDs
+        moved."""
+        moved = []
         for pid in pids:
             try:
                 write(dst + "/cgroup.procs", str(pid))
+                moved.append(pid)
             except (ProcessLookupError, OSError):
                 pass
+        return moved
 
     def revert(self) -> None:
         if not self.applied:
@@ -115,6 +123,15 @@ class HolderSlot:
         src, dst = self.moves[lead]
         self._back = move_all(dst, src)
 
+    def keep_staged(self) -> list[int]:
+        """After :meth:`revert_lead`: the processes moved back stay in the slot's v1
+        cpuset, staged (frozen) for a handoff back to them, instead of following into
+        their device's cpuset now; the PIDs (none without a v1 cpuset move)."""
+        if "cpuset" not in self.moves or self._back is None:
+            return []
+        kept, self._back = self._back, []
+        return kept
+
     def revert_rest(self) -> None:
         """The other hierarchies, for exactly the processes moved back (the slot now
         holds the next holder's processes too)."""
@@ -127,3 +144,26 @@ class HolderSlot:
 
     def pids(self) -> list[int]:
         return list(self.moved)
+
+    # -- the next holder's cpuset ahead (krex.enforce.enforcer.Enforcement.prefetch) ---
+
+    def stage(self, job: JobTarget, pids: list[int]) -> list[int]:
+        """Put ``job``'s processes, frozen in this device's subtree, into the slot's v1
+        cpuset now, after this region's grant: frozen, they cannot run on the reserved
+        cores, and a handoff to ``job`` then moves them in the freezing hierarchy only
+        (the cpuset move is one cgroup write, and an interrupt to the core the process
+        last ran on, less on the grant path).  The PIDs put there; none when ``job``'s
+        cpuset is not the one this slot moves from (v2 cpusets are per job)."""
+        move = self.moves.get("cpuset")
+        cg = job.cgroups
+        if move is None or cg is None or cg.cpuset != move[0] or cg.v2 == cg.cpuset:
+            return []
+        return self._follow(move[1], pids)
+
+    def unstage(self, pids: list[int]) -> None:
+        """Staged processes back into their device's cpuset (still frozen): those of
+        ``pids`` still in the slot's cpuset (not the holder's)."""
+        move = self.moves.get("cpuset")
+        if move is not None and pids:
+            there = set(_procs(move[1]))
+            self._follow(move[0], [pid for pid in pids if pid in there])
