@@ -284,7 +284,8 @@ def test_the_likely_next_holder_waits_frozen_in_the_slots_cpuset(tmp_path, insta
         assert ends.index(("cgroup.procs", str(c.proc.pid))) < ends.index((control, value))
         assert c.proc.pid not in _procs(cpuset)
         assert c.target.cgroups.cpuset and c.proc.pid in _procs(c.target.cgroups.cpuset)
-        wait_for(lambda: stamps_after(c.path, time.monotonic()), timeout_s=5)
+        t3 = time.monotonic()
+        wait_for(lambda: stamps_after(c.path, t3), timeout_s=5)  # thawed: it runs again
         # a staged job that ends leaves the slot's cpuset (it is thawed as it goes)
         fourth = enforcer.enter(a.target, [b.target, c.target], max_hold_s=5)
         assert fourth.prefetch(c.target) and c.proc.pid in _procs(cpuset)
