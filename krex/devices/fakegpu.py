@@ -18,14 +18,25 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+from typing import NamedTuple
 
 from krex.devices.native import fakegpu_lib_dir, fakegpu_server_path
 from krex.errors import KrexError
 
 _REQ = struct.Struct("<IIQQII96s")  # struct fg_req (proto.h)
 _REP = struct.Struct("<iIQQQ")  # struct fg_rep
-_OP_STATS, _OP_DUMP_LOG, _OP_PROC_QUEUED = 10, 11, 15  # enum fg_op (proto.h)
+_OP_STATS, _OP_DUMP_LOG, _OP_PROC_QUEUED, _OP_BUSY = 10, 11, 15, 16  # enum fg_op (proto.h)
+BUSY_PIDS = 23  # FG_BUSY_PIDS: processes one busy request can name
+
+
+class Busy(NamedTuple):
+    """The device's busy counters at one moment (``FakeGpu.busy``)."""
+
+    of_pids: int  # ns run for the named processes' contexts, ever
+    total: int  # ns run for every context, ever
+    exec_tid: int  # the execution thread (0: not started yet)
 
 
 def available() -> bool:
@@ -46,6 +57,8 @@ class FakeGpu:
         self.core, self.ctx_delay_ms = core, ctx_delay_ms
         self.slice_us, self.devices = slice_us, devices
         self.proc: subprocess.Popen[bytes] | None = None
+        self._conn: socket.socket | None = None  # busy(): one connection, kept
+        self._conn_lock = threading.Lock()
 
     def start(self, timeout_s: float = 10.0) -> FakeGpu:
         """Spawn the server and wait until it listens."""
@@ -75,14 +88,35 @@ class FakeGpu:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(self.socket_path)
             s.sendall(_REQ.pack(op, 0, a, 0, os.getpid(), 0, text))
-            data = b""
-            while len(data) < _REP.size:
-                chunk = s.recv(_REP.size - len(data))
-                if not chunk:
-                    raise KrexError("the fakegpu server closed the connection")
-                data += chunk
-        status, _, v0, v1, v2 = _REP.unpack(data)
-        return status, v0, v1, v2
+            return _reply(s)
+
+    def busy(self, pids: list[int]) -> Busy:
+        """Busy device time for ``pids``' contexts and in all, and the execution thread's
+        tid: the device's own counters (one request on a kept connection; a region's
+        device watch reads them at grant and release)."""
+        named = sorted(set(pids))[:BUSY_PIDS]
+        text = struct.pack(f"<{len(named)}I", *named)
+        with self._conn_lock:
+            try:
+                _, v0, v1, v2 = self._exchange(_OP_BUSY, text)
+            except OSError:
+                self._drop_conn()  # the server restarted, or the connection broke: once more
+                _, v0, v1, v2 = self._exchange(_OP_BUSY, text)
+        return Busy(v0, v1, v2)
+
+    def _exchange(self, op: int, text: bytes) -> tuple[int, int, int, int]:
+        if self._conn is None:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(self.socket_path)
+            self._conn = conn
+        self._conn.sendall(_REQ.pack(op, 0, 0, 0, os.getpid(), 0, text))
+        return _reply(self._conn)
+
+    def _drop_conn(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            self._conn = None
 
     def stats(self) -> dict[str, int]:
         """Launches accepted, kernels finished and busy device nanoseconds so far."""
@@ -93,14 +127,15 @@ class FakeGpu:
         """Work items queued on the device for ``pid``'s contexts (the device's own view)."""
         return self._request(_OP_PROC_QUEUED, a=pid)[1]
 
-    def launch_log(self) -> list[tuple[int, ...]]:
-        """Every launch the server accepted: (monotonic ns, pid, context, flags, duration ns,
-        execution start ns, end ns) — the last two are the fake device's own clock
-        (CLOCK_MONOTONIC of the server's execution thread; 0 while not run)."""
+    def launch_log(self, since_ns: int = 0) -> list[tuple[int, ...]]:
+        """Every launch the server accepted (``since_ns``: only those not ended before it):
+        (monotonic ns, pid, context, flags, duration ns, execution start ns, end ns) — the
+        last two are the fake device's own clock (CLOCK_MONOTONIC of the server's execution
+        thread; 0 while not run)."""
         with tempfile.NamedTemporaryFile(prefix="fakegpu-log-", delete=False) as f:
             path = f.name
         try:
-            self._request(_OP_DUMP_LOG, path.encode())
+            self._request(_OP_DUMP_LOG, path.encode(), a=since_ns)
             rows = Path(path).read_text().split("\n")
             return [tuple(int(x) for x in row.split()) for row in rows if row]
         finally:
@@ -108,6 +143,7 @@ class FakeGpu:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate and reap the server; remove its socket."""
+        self._drop_conn()
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.terminate()
@@ -130,3 +166,15 @@ class FakeGpu:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _reply(conn: socket.socket) -> tuple[int, int, int, int]:
+    """One ``struct fg_rep``: (status, v0, v1, v2)."""
+    data = b""
+    while len(data) < _REP.size:
+        chunk = conn.recv(_REP.size - len(data))
+        if not chunk:
+            raise ConnectionError("the fakegpu server closed the connection")
+        data += chunk
+    status, _, v0, v1, v2 = _REP.unpack(data)
+    return status, v0, v1, v2

@@ -21,7 +21,8 @@ enum fg_op {
     FG_EVENT_QUERY,   /* a = event id -> status 0 + v0 = ns, or 600 not ready */
     FG_EVENT_SYNC,    /* a = event id -> v0 = ns once recorded */
     FG_STATS,         /* -> v0 launches, v1 kernels finished, v2 busy ns */
-    FG_DUMP_LOG,      /* text = path: write the launch log -> v0 = entries */
+    FG_DUMP_LOG,      /* text = path, a = ns (0: all): write the launch log's entries not
+                         ended before a -> v0 = entries in the log */
     FG_PROC_LOCK,     /* a = pid, flags = timeout ms: cuCheckpointProcessLock, as NVIDIA
                          documents it: waits (up to the timeout) for the process's calls in
                          progress, then blocks its further calls; its queued work keeps
@@ -31,7 +32,12 @@ enum fg_op {
     FG_PROC_STATE,    /* a = pid -> v0 = 0 running, 1 locked (cuCheckpointProcessGetState);
                          CUDA_ERROR_INVALID_VALUE: the process has no context */
     FG_PROC_QUEUED,   /* a = pid -> v0 = work items queued on its contexts (device truth) */
+    FG_BUSY,          /* text = up to 23 uint32 pids (0 ends) -> v0 = busy ns run for those
+                         processes' contexts, v1 = busy ns in all, v2 = the execution thread's
+                         tid (a region's device audit: work of other contexts, run delay) */
 };
+
+#define FG_BUSY_PIDS 23 /* pids in one FG_BUSY request (the text's last byte is a terminator) */
 
 enum fg_flags {
     FG_POISON = 1, /* the kernel poisons its context (sticky error) */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +43,7 @@ struct ctx {
     int dev;
     int poisoned;
     uint32_t pid; /* the process that created it */
+    uint64_t busy_ns; /* run for it, ever (kept after destroy, until the slot is reused) */
     struct item *head, *tail;
 };
 
@@ -75,6 +77,7 @@ static uint64_t g_slice_ns = 1000000;
 static uint64_t g_idle_spin_ns = 200000;
 static int g_ctx_delay_ms;
 static uint64_t g_enqueued; /* items ever enqueued; read without the lock while polling */
+static uint64_t g_exec_tid; /* the execution thread (its run delay is the device's) */
 
 static inline void cpu_relax(void)
 {
@@ -152,6 +155,7 @@ static uint64_t run_head(int i, uint64_t budget)
     uint64_t spent = spin(run);
     pthread_mutex_lock(&g_mu);
     g_busy_ns += spent;
+    c->busy_ns += spent;
     /* A GPU runs while its host thread is descheduled: credit the wall time spent, not
      * just the slice asked for, so that a preempted slice does not stretch the kernel
      * (under host load, 10 ms kernels once read 14-19 ms). */
@@ -188,6 +192,8 @@ static void *executor(void *arg)
 {
     (void)arg;
     pin_to_core();
+    pthread_setname_np(pthread_self(), "fakegpu-exec");
+    __atomic_store_n(&g_exec_tid, (uint64_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
     int last = MAX_CTX - 1;
     pthread_mutex_lock(&g_mu);
     for (;;) {
@@ -345,6 +351,20 @@ static void op_event(const struct fg_req *q, struct fg_rep *r)
     r->v0 = e->ns;
 }
 
+static void op_busy(const struct fg_req *q, struct fg_rep *r)
+{
+    uint32_t pids[FG_BUSY_PIDS];
+    memcpy(pids, q->text, sizeof(pids));
+    for (int i = 0; i < MAX_CTX; i++)
+        for (int k = 0; k < FG_BUSY_PIDS && pids[k]; k++)
+            if (g_ctx[i].pid == pids[k]) {
+                r->v0 += g_ctx[i].busy_ns;
+                break;
+            }
+    r->v1 = g_busy_ns;
+    r->v2 = __atomic_load_n(&g_exec_tid, __ATOMIC_ACQUIRE);
+}
+
 static void op_dump(const struct fg_req *q, struct fg_rep *r)
 {
     FILE *f = fopen(q->text, "w");
@@ -353,9 +373,11 @@ static void op_dump(const struct fg_req *q, struct fg_rep *r)
         return;
     }
     for (uint32_t i = 0; i < g_log_n; i++)
-        fprintf(f, "%llu %u %u %u %llu %llu %llu\n", (unsigned long long)g_log[i].ns,
-                g_log[i].pid, g_log[i].ctx, g_log[i].flags, (unsigned long long)g_log[i].dur_ns,
-                (unsigned long long)g_log[i].start_ns, (unsigned long long)g_log[i].end_ns);
+        if (!g_log[i].end_ns || g_log[i].end_ns >= q->a) /* a: ended since (0: all) */
+            fprintf(f, "%llu %u %u %u %llu %llu %llu\n", (unsigned long long)g_log[i].ns,
+                    g_log[i].pid, g_log[i].ctx, g_log[i].flags,
+                    (unsigned long long)g_log[i].dur_ns, (unsigned long long)g_log[i].start_ns,
+                    (unsigned long long)g_log[i].end_ns);
     fclose(f);
     r->v0 = g_log_n;
 }
@@ -489,6 +511,7 @@ static void handle(struct fg_req *q, struct fg_rep *r)
     case FG_EVENT_SYNC: op_event(q, r); break;
     case FG_STATS: r->v0 = g_launches; r->v1 = g_finished; r->v2 = g_busy_ns; break;
     case FG_DUMP_LOG: op_dump(q, r); break;
+    case FG_BUSY: op_busy(q, r); break;
     default: r->status = CUDA_ERROR_INVALID_VALUE;
     }
     if (blocking)
