@@ -54,8 +54,10 @@ class AffinityRegion:
     name = "shield"
     backend = "affinity"
 
-    def __init__(self, holder: Any, cores: list[int], all_cores: list[int]) -> None:
+    def __init__(self, holder: Any, cores: list[int], all_cores: list[int],
+                 devices: set[int] | frozenset[int] = frozenset()) -> None:
         self.holder = holder
+        self.devices = devices  # fake devices' servers (Shield.exempt_device): never moved
         self.cores = sorted(cores)
         self.reserved = set(cores)
         self.rest = sorted(set(all_cores) - self.reserved)
@@ -71,7 +73,7 @@ class AffinityRegion:
 
     def _movable(self) -> list[ProcessRef]:
         if self.exclude is None:
-            self.exclude = {r.pid for r in self.holder.processes()}
+            self.exclude = {r.pid for r in self.holder.processes()} | set(self.devices)
         out = []
         for pid in _pids():
             info = _flags_ppid(pid)

@@ -192,6 +192,7 @@ class Shield:
         self._exempt: tuple[float, tuple[int, ...], tuple[list[str], int]] | None = None
         self._kthreads: set[int] = set()  # kernel threads seen in the root cpuset
         self._kthreads_seen = 0.0
+        self.devices: set[int] = set()  # fake devices' servers: the device, not host tasks
         # The linger (see :meth:`park`): one lock for every narrow and widen of the rest
         # cpuset, so a linger's end never widens under a region that took it over.
         self.lock = threading.RLock()
@@ -229,6 +230,19 @@ class Shield:
                 out.append(pid)
         self._kthreads, self._kthreads_seen = known, now
         return out
+
+    def exempt_device(self, pid: int) -> None:
+        """A fake device's server (fakegpu) is the device, not a task on the host: never
+        swept or narrowed.  Its execution thread pins itself off the reserved cores; its
+        serving threads do what a driver does in the caller's thread, so they may run
+        where the holder runs.  Taken out of the rest cpuset if it was born there (its
+        pinned thread keeps its own affinity through the move, Linux >= 6.2)."""
+        self.devices.add(pid)
+        if self.path is None or self.root is None:
+            return
+        if _cpuset_of(pid) == "/" + os.path.relpath(self.path, self.root):
+            with contextlib.suppress(OSError):
+                write(os.path.join(self.root, "cgroup.procs"), str(pid))
 
     def status(self, acquire: bool = True) -> dict[str, Any]:
         """``mode`` and, when the shield cannot act, ``not_enforced`` and ``why``
@@ -295,7 +309,7 @@ class Shield:
         moved, refused = 0, []
         target = os.path.join(self.path, "cgroup.procs")
         for pid in self.user_tasks(_procs(self.root)):
-            if pid in exclude:
+            if pid in exclude or pid in self.devices:
                 continue
             try:
                 write(target, str(pid))
@@ -437,7 +451,7 @@ class Shield:
         if mode == "affinity":
             from krex.enforce.affinityshield import AffinityRegion
 
-            return [AffinityRegion(holder, cores, self.all_cores)]
+            return [AffinityRegion(holder, cores, self.all_cores, self.devices)]
         if mode != "cpuset-shield":
             return []
         region = ShieldRegion(self, holder, cores)
@@ -634,7 +648,8 @@ class ShieldRegion:
         shield = self.shield
         if shield.root is None or shield.path is None:
             return
-        late = [p for p in shield.user_tasks(_procs(shield.root)) if p not in self._pids]
+        late = [p for p in shield.user_tasks(_procs(shield.root))
+                if p not in self._pids and p not in shield.devices]
         self.evidence["late"] = late[:_LISTED]  # came to the root cpuset during the region
         if self.handed:  # still narrowed: the next region's to widen; what came meanwhile
             if late:     # is swept off its reserved cores now, as its own apply would have
