@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import Daemon
+from helpers import CONTENTION, Daemon
 
 GALLERY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "evaluate_gallery")
 CPU = os.path.join(GALLERY, "cpu")
@@ -29,9 +29,6 @@ def module_daemon(tmp_path_factory: pytest.TempPathFactory, *extra: str):
             yield daemon
         finally:
             daemon.stop()
-
-
-CONTENTION = frozenset({"holder_preempted", "foreign_task"})
 
 
 def abstained_for_contention(ev) -> bool:

@@ -181,10 +181,11 @@ class Daemon:
         self.proc = None
 
 
-# Reasons a region gets from unmanaged tasks on the holder's cores: other engineers'
-# processes on this shared machine, the test harness itself.  Real evidence, but not
-# what a test of the enforcement mechanics judges (tests/test_contention.py judges it).
-CONTENTION = frozenset({"holder_preempted", "foreign_task"})
+# Reasons a region gets from unmanaged tasks on the holder's cores, or on the fake
+# device's core: other engineers' processes on this shared machine, the test harness
+# itself.  Real evidence, but not what a test of the enforcement mechanics judges
+# (tests/test_contention.py and tests/test_devicewatch.py judge it).
+CONTENTION = frozenset({"holder_preempted", "foreign_task", "device_preempted"})
 
 
 def clean_but_contention(report) -> bool:

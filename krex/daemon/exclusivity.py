@@ -23,6 +23,7 @@ from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlAudit, nvml_audit
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
+from krex.enforce.devicewatch import FakegpuWatch
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
@@ -30,7 +31,7 @@ from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.handoff import job_key, prepare, take_prepared
 from krex.enforce.job import JobTarget
-from krex.enforce.process import PROTECTED, ProcessRef, threads_of
+from krex.enforce.process import PROTECTED, ProcessRef
 from krex.enforce.slot import HolderSlot
 from krex.errors import KrexError
 from krex.protocol.report import DeviceAudit, HostEvidence, Reason, ReasonCode
@@ -66,7 +67,7 @@ class _Region:
     """One region's applied enforcement plus what the gate/drain step saw."""
 
     def __init__(self, enforcement: Enforcement, drain: GateDrain | CheckpointLock | None,
-                 audit: NvmlAudit | None) -> None:
+                 audit: NvmlAudit | FakegpuWatch | None) -> None:
         self.enforcement = enforcement
         self.drain = drain
         self.audit = audit
@@ -81,7 +82,8 @@ class _Region:
 
     def can_hand_over(self) -> bool:
         """Whether the next holder of the device may take this enforcement over."""
-        return (not isinstance(self.drain, CheckpointLock) and self.audit is None
+        return (not isinstance(self.drain, CheckpointLock)
+                and (self.audit is None or isinstance(self.audit, FakegpuWatch))
                 and self.enforcement.report is None)
 
     def lease(self) -> None:
@@ -98,8 +100,10 @@ class _Region:
                          and bool(self.enforcement.siblings))
 
     def exit(self) -> Evidence:
+        if isinstance(self.audit, FakegpuWatch):
+            self.audit.stop()  # before the undo lets the siblings' work run again
         host = self.enforcement.exit()
-        audit = self.audit.finish() if self.audit is not None else None
+        audit, found = _finish(self.audit)
         if isinstance(self.drain, CheckpointLock):
             host.locked_pids = list(self.drain.acks_s)
             host.lock_skipped_pids = list(self.drain.skipped)  # no CUDA context
@@ -108,12 +112,19 @@ class _Region:
             host.gated_jobs = len(self.drain.jobs)
             host.gate_idle_jobs = list(self.drain.idle_jobs)
             host.drain_acks_ms = _ms(self.drain.acks)
-        reasons = list(self.enforcement.reasons)
+        reasons = list(self.enforcement.reasons) + found
         if self.drain is not None:
             # what the GPU step saw go around it: a sibling's ungated entry points or
             # calls, a drain acknowledged as incomplete, unconfirmed device idleness
             reasons += [gpu_finding(f) for f in self.drain.findings()]
         return Evidence(host, audit, reasons)
+
+
+def _finish(audit: NvmlAudit | FakegpuWatch | None) -> tuple[DeviceAudit | None, list[Reason]]:
+    """A region's device audit and the reasons the device's own account gives."""
+    if isinstance(audit, FakegpuWatch):
+        return audit.finish()
+    return (audit.finish() if audit is not None else None), []
 
 
 _FINDING_CODES = {"drain": ReasonCode.DRAIN_INCOMPLETE, "gate_bypass": ReasonCode.GATE_BYPASS,
@@ -216,23 +227,11 @@ class Exclusivity:
             sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
             self.fakegpu = FakeGpu(sock, core=self._fakegpu_core(),
                                    ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
-            self._keep_off_reserved(self.fakegpu.proc.pid)
+            # The fake device stands for a GPU: its execution thread keeps to its own core
+            # (off the reserved ones), and its serving threads do the work a driver does in
+            # the caller's thread, so they run where the caller runs: not shielded.
+            self.enforcer.shield.exempt_device(self.fakegpu.proc.pid)
         return self.fakegpu
-
-    def _keep_off_reserved(self, pid: int) -> None:
-        """The fake device stands for a GPU, which takes no host CPU: every thread of its
-        server (and the threads they start later, which inherit the mask) stays off the
-        holder's reserved cores, as its execution thread already does."""
-        reserved = set(self.enforcer.cores())
-        rest = [c for c in self.enforcer.all_cores if c not in reserved]
-        if not reserved or not rest:
-            return
-        for thread in threads_of(ProcessRef.of(pid)):
-            try:
-                mask = os.sched_getaffinity(thread.tid)
-                os.sched_setaffinity(thread.tid, [c for c in mask if c in rest] or rest)
-            except OSError:
-                pass
 
     def _fakegpu_core(self) -> int | None:
         """The fake device's own core: as configured, else the first core that is not
@@ -272,10 +271,17 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
-        audit = nvml_audit(request.device)
+        return _Region(enforcement, drain, self._audit(request.device, enforcement))
+
+    def _audit(self, device: str, enforcement: Enforcement) -> NvmlAudit | FakegpuWatch | None:
+        """The device's own account of the region, begun now (as the grant is sent)."""
+        pids = {r.pid for r in enforcement.counters.refs} if enforcement.counters else set()
+        if device.startswith("fakegpu") and self.fakegpu is not None:
+            return FakegpuWatch.begin(self.fakegpu, pids)
+        audit = nvml_audit(device)
         if audit is not None:
-            audit.begin({r.pid for r in holder_target.processes()})
-        return _Region(enforcement, drain, audit)
+            audit.begin(pids)
+        return audit
 
     def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
                   others: Sequence[Any] = ()) -> _Region | None:
@@ -310,7 +316,10 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
-        return _Region(enforcement, drain, None)
+        watch = held.audit
+        pids = {r.pid for r in enforcement.counters.refs} if enforcement.counters else set()
+        return _Region(enforcement, drain,
+                       watch.hand_over(pids) if isinstance(watch, FakegpuWatch) else None)
 
     def prefetch(self, held: Held, job: Any, siblings: Sequence[Any] | None = None,
                  others: Sequence[Any] = ()) -> bool:

@@ -63,6 +63,8 @@ class ReasonCode(str, Enum):
     HOLDER_PREEMPTED = "holder_preempted"  # the holder waited for its CPUs past the threshold
     FOREIGN_TASK = "foreign_task"  # another task was runnable on the holder's cores
     STEP_TIMEOUT = "step_timeout"  # an enforcement step did not finish in time
+    DEVICE_PREEMPTED = "device_preempted"  # the device's own thread waited for its core (fakegpu)
+    FOREIGN_DEVICE_WORK = "foreign_device_work"  # the device ran other contexts' work meanwhile
 
     @property
     def gap(self) -> bool:
@@ -162,9 +164,11 @@ class HostEvidence:
 
 @dataclass
 class DeviceAudit:
-    """The device's own account of the region (NVIDIA: NVML), sampled at start and end."""
+    """The device's own account of the region, sampled at start and end: NVIDIA's through
+    NVML (:mod:`krex.devices.audit`), fakegpu's from its server and the kernel
+    (:mod:`krex.enforce.devicewatch`).  Its findings are reasons of the report."""
 
-    source: str  # nvml
+    source: str  # nvml | fakegpu
     start: dict[str, Any]  # utilization_pct, sm_clock_mhz, temperature_c, throttle_reasons, ...
     end: dict[str, Any]
     foreign_pids: list[int] = field(default_factory=list)  # GPU processes outside the holder
