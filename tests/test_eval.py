@@ -95,6 +95,16 @@ def _pair_block(measured, refs=(1.0, 1.03)):
             "commands": commands, "refs": {"before": ref, "after": ref}, "regions": []}
 
 
+def test_a_slow_kernel_in_a_region_called_clean_is_counted_as_an_untruthful_report():
+    """``slow_kernels``: of the timed kernels > 20 % above alone, those whose region said
+    clean.  Control: the same slow kernel in a region reported not clean counts as slow
+    only; a kernel within 20 % counts as neither."""
+    block = _block(medians=(1.3, 1.19))
+    assert metrics.summarise_mode([block])["slow_kernels"] == {"slow": 1, "clean": 1}
+    block["commands"][0]["kernels"][0]["region"] = {"clean": False, "reasons": []}
+    assert metrics.summarise_mode([block])["slow_kernels"] == {"slow": 1, "clean": 0}
+
+
 def test_rank_flips_count_commands_that_order_close_candidates_wrongly():
     kept, flipped = (1.00, 1.03), (1.04, 1.02)
     rows = metrics.rank_flips(_pair_block([kept, flipped, kept, kept]))

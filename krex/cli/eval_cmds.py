@@ -107,7 +107,8 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 # The console table's default columns (by title prefix); --wide shows every one.
-NARROW = ("mode", "cmd/min", "× command", "p95 infl.", "not clean", "rank flips", "failed")
+NARROW = ("mode", "cmd/min", "× command", "p95 infl.", "not clean", "slow but clean", "rank flips",
+          "failed")
 
 
 def narrow(cols: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:

@@ -37,8 +37,22 @@ def inflations(block: dict[str, Any]) -> list[dict[str, Any]]:
             if ref and k.get("median_ms"):
                 rows.append({"bucket_ms": k["bucket_ms"], "kernel": k["kernel"],
                              "median_ms": k["median_ms"], "ref_ms": ref,
-                             "inflation_pct": inflation_pct(k["median_ms"], ref)})
+                             "inflation_pct": inflation_pct(k["median_ms"], ref),
+                             "clean": (k.get("region") or {}).get("clean")})
     return rows
+
+
+# A timed kernel this much slower than alone is a wrong measurement: its region must not be
+# called clean (the truthfulness of the reports; issue 41's bar).
+SLOW_PCT = 20.0
+
+
+def slow_but_clean(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Timed kernels more than :data:`SLOW_PCT` above their reference (``slow``), and
+    those of them whose region was reported clean (``clean``: each one a report that
+    did not tell the truth)."""
+    slow = [r for r in rows if r["inflation_pct"] > SLOW_PCT]
+    return {"slow": len(slow), "clean": sum(r.get("clean") is True for r in slow)}
 
 
 RANK_PAIR_PCT = (1.0, 5.0)  # candidate pairs: true times this far apart
@@ -160,6 +174,7 @@ def summarise_mode(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "overlaps": sum(overlaps(b["regions"]) for b in blocks),
             "rank_flips": rank_flip_summary([r for b in blocks for r in rank_flips(b)]),
             "regions_not_clean": len(unclean), "timed_kernels": len(kernels),
+            "slow_kernels": slow_but_clean(rows),
             "timed_share": sum(timed_share(b) * b["wall_s"] for b in blocks) / wall if wall else 0,
             "device_utilisation": _utilisation(blocks),
             "loadavg_1min": _mean([x for b in blocks for x in b.get("loadavg_1min") or []]),

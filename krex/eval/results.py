@@ -64,7 +64,8 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     buckets = [f"{b:g}" for b in doc["profile"]["buckets_ms"]]
     cols = ["mode", "cmd/min", "× command", "bound", "eff. %", "bound 16c",
             *[f"p95 infl. ≥{b} ms %" for b in reversed(buckets)], "p99 ≥0.1 ms %",
-            "handoff p50 µs", "timed %", "device busy %", "not clean", "rank flips %",
+            "handoff p50 µs", "timed %", "device busy %", "not clean", "slow but clean",
+            "rank flips %",
             "overlaps", "failed"]
     rows = []
     bound = doc["bound"]["per_mode_cpm"]
@@ -79,10 +80,17 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _f(s["handoff_us"]["p50"], 0), _f(100 * s.get("timed_share", 0.0), 0),
                      _f(None if s.get("device_utilisation") is None
                         else 100 * s["device_utilisation"], 0),
-                     f"{s['regions_not_clean']}/{s['timed_kernels']}", _flips(s),
+                     f"{s['regions_not_clean']}/{s['timed_kernels']}", _slow(s), _flips(s),
                      str(s["overlaps"]),
                      str(s["failed"])])
     return cols, rows
+
+
+def _slow(summary: dict[str, Any]) -> str:
+    """``clean/slow``: timed kernels > 20 % above alone whose region was called clean, of
+    all that slow (metrics.slow_but_clean); ``–`` in a results file from before it."""
+    slow = summary.get("slow_kernels")
+    return f"{slow['clean']}/{slow['slow']}" if slow else "–"
 
 
 def _flips(summary: dict[str, Any]) -> str:
