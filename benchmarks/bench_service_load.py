@@ -224,14 +224,17 @@ def judged(kind: str, succeeded: bool, result: dict, mark: str,
 # -- MCP agents ----------------------------------------------------------------------------
 
 
-def mcp_agents(url: str, device: str, eval_every: int, deadline: float, log: Log,
-               mcp_count: int = MCP_AGENTS) -> None:
+def mcp_agents(url: str, token: str, device: str, eval_every: int, deadline: float,
+               log: Log, mcp_count: int = MCP_AGENTS) -> None:
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
     async def one(i: int) -> None:
-        async with streamable_http_client(url) as streams, \
+        async with create_mcp_http_client(
+                headers={"Authorization": f"Bearer {token}"}) as client, \
+                streamable_http_client(url, http_client=client) as streams, \
                 ClientSession(streams[0], streams[1]) as session:
             await session.initialize()
             for kind, mark, args in jobs(device, eval_every, deadline):
@@ -481,9 +484,10 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             krex_cmd("service", "--http", f"127.0.0.1:{port_b}", "--state-dir", state_b,
                      "--records", records, "--runners", "16", *keep),
             os.path.join(tmp, "service-b.log"), {var: value})))
-    subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", mcp_state,
-                            "--max-active-jobs", "64", "--max-jobs-per-minute", "6000"),
-                   capture_output=True, check=True)  # the MCP tenant's quotas: as each HTTP one's
+    mcp_token = subprocess.run(krex_cmd(
+        "service", "token", "add", "mcp", "--state-dir", mcp_state, "--max-active-jobs", "64",
+        "--max-jobs-per-minute", "6000"), capture_output=True, check=True, text=True
+    ).stdout.strip()  # the MCP tenant's quotas: as each HTTP one's
     mcp = start(krex_cmd("mcp", "--transport", "streamable-http", "--http",
                          f"127.0.0.1:{mport}", "--state-dir", mcp_state, "--records", records,
                          "--runners", "8", "--tenant", "mcp", *keep), os.path.join(tmp, "mcp.log"))
@@ -499,8 +503,8 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         pids = {"daemon": daemon_pid, "http service": service.pid, "mcp server": mcp.pid}
         if args.http_ab:
             pids[f"http service B ({args.http_ab})"] = services[1][3].pid
-        return drive(args, [s[:3] for s in services], f"http://127.0.0.1:{mport}/mcp", prog,
-                     records, pids)
+        return drive(args, [s[:3] for s in services],
+                     (f"http://127.0.0.1:{mport}/mcp", mcp_token), prog, records, pids)
     finally:
         for *_, proc in services:
             stop_process(proc)
@@ -508,9 +512,10 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
 
 def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str]]],
-          mcp_url: str, prog: str, records: str, pids: dict[str, int]) -> dict[str, Any]:
+          mcp: tuple[str, str], prog: str, records: str, pids: dict[str, int]
+          ) -> dict[str, Any]:
     """``services``: (label, base URL, tenant tokens) of each HTTP service; the HTTP agents
-    take turns between them."""
+    take turns between them.  ``mcp``: the MCP server's URL and its tenant's token."""
     log = Log()
     deadline = time.monotonic() + 60 * args.minutes
     names = [f"tenant-{i}" for i in range(TENANTS)]
@@ -524,7 +529,7 @@ def drive(args: argparse.Namespace, services: list[tuple[str, str, dict[str, str
 
     agents: list[Callable[[], None]] = [(lambda i=i: http_one(i)) for i in range(n_http)]
     if n_mcp:
-        agents.append(lambda: mcp_agents(mcp_url, args.device, args.eval_every, deadline, log,
+        agents.append(lambda: mcp_agents(*mcp, args.device, args.eval_every, deadline, log,
                                          n_mcp))
     agents += [(lambda: cli_agent(prog, records, args.device, args.eval_every, deadline, log))
                for _ in range(n_cli)]

@@ -50,18 +50,22 @@ def call_args(tool: str, i: int, device: str) -> dict[str, Any]:
 
 
 async def drive(url: str, sessions: int, calls: int, tools: list[str], device: str,
-                churn: int, counter: list[int]) -> None:
-    """``calls`` calls in all, over ``sessions`` concurrent sessions."""
+                churn: int, counter: list[int], token: str) -> None:
+    """``calls`` calls in all, over ``sessions`` concurrent sessions (``token``: the
+    tenant's, which ``krex mcp`` over HTTP asks for)."""
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
     per = [calls // sessions + (i < calls % sessions) for i in range(sessions)]
 
     async def one(n: int) -> None:
         while n > 0:
             batch = min(n, churn) if churn else n
-            async with streamable_http_client(url) as streams, \
+            async with create_mcp_http_client(
+                    headers={"Authorization": f"Bearer {token}"}) as client, \
+                    streamable_http_client(url, http_client=client) as streams, \
                     ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()
                 for _ in range(batch):
@@ -126,9 +130,10 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     port = free_port()
     env = {**os.environ, "KREX_TRACEMALLOC": trace, **dict(e.split("=", 1) for e in args.env)}
     state = os.path.join(tmp, "mcp")
-    subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", state,
-                            "--max-active-jobs", "256", "--max-jobs-per-minute", "100000"),
-                   capture_output=True, check=True)  # the tenant's quotas: no refusals
+    token = subprocess.run(krex_cmd("service", "token", "add", "mcp", "--state-dir", state,
+                                    "--max-active-jobs", "256", "--max-jobs-per-minute",
+                                    "100000"), capture_output=True, check=True, text=True
+                           ).stdout.strip()  # the tenant's quotas: no refusals
     argv = krex_cmd("mcp", "--tenant", "mcp", "--transport", "streamable-http", "--http",
                     f"127.0.0.1:{port}", "--state-dir", state, "--records",
                     os.path.join(tmp, "records.sqlite3"), "--runners", "4")
@@ -144,14 +149,14 @@ def run(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         server = _server(proc) if args.wrap else proc
         daemon = _daemon() if daemon_trace else None
         anyio.run(drive, url, args.sessions, args.warmup, args.tools, args.device, args.churn,
-                  counter)
+                  counter, token)
         dumps = [dump(server, trace, 1)]
         if daemon is not None:
             daemon_dumps.append(dump(daemon, daemon_trace, 1))
         for phase in range(args.phases):
             t0 = time.monotonic()
             anyio.run(drive, url, args.sessions, args.calls, args.tools, args.device,
-                      args.churn, counter)
+                      args.churn, counter, token)
             out = dump(server, trace, phase + 2)
             out["calls_s"] = round(time.monotonic() - t0, 1)
             dumps.append(out)

@@ -2,7 +2,8 @@
 
 Jobs with idempotency keys, long-poll, cancel, quotas, tokens (stored hashed),
 bad bodies (a clear 4xx, and the service keeps serving), the OpenAPI schema,
-and loopback-by-default.  Requests go over loopback with the standard library.
+and loopback-by-default (tokens always: ``tests/test_service_guard.py``).  Requests go
+over loopback with the standard library.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Service:
         self.port = free_port()
         self.state = state
         self.base = f"http://127.0.0.1:{self.port}"
+        self.token: str | None = None  # the service's own token (tenant `local`), once made
         self.proc = krex("service", "--http", f"127.0.0.1:{self.port}", "--state-dir",
                          str(state), "--records", str(state / "records.sqlite3"), *flags)
 
@@ -47,12 +49,18 @@ class Service:
             except OSError:
                 return False
         wait_for(up, timeout_s=60, interval_s=0.1)
+        if (state / "token").exists():
+            self.token = (state / "token").read_text().strip()
 
     def call(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
-             headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
+             headers: dict[str, str] | None = None, timeout: float = 60,
+             token: bool = True) -> tuple[int, dict]:
+        """A request; with the service's own token unless ``token=False`` (or ``headers``
+        has another ``Authorization``)."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        auth = {"Authorization": f"Bearer {self.token}"} if token and self.token else {}
         req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json",
+                                     headers={"Content-Type": "application/json", **auth,
                                               **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -168,9 +176,9 @@ def test_tokens_are_stored_hashed_and_checked(daemon, tmp_path):
     stored = (state / "tokens.json").read_text()
     assert token.startswith("krex_") and token not in stored and "token_sha256" in stored
     assert oct(os.stat(state / "tokens.json").st_mode & 0o777) == "0o600"
-    s = Service(state, "--require-token", "--runners", "1")
+    s = Service(state, "--runners", "1")
     try:
-        status, err = s.call("GET", "/v1/jobs")
+        status, err = s.call("GET", "/v1/jobs", token=False)
         assert status == 401 and err["error"]["code"] == "unauthorized"
         status, err = s.call("GET", "/v1/jobs", headers={"Authorization": "Bearer krex_wrong"})
         assert status == 401
@@ -203,7 +211,7 @@ def test_tenants_see_only_their_own_jobs(daemon, tmp_path):
     s = Service(state, "--runners", "1")
     try:
         _, mine = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"})
-        assert mine["tenant"] == "local"  # loopback without a token
+        assert mine["tenant"] == "local"  # the service's own token
         auth = {"Authorization": f"Bearer {token}"}
         status, err = s.call("GET", f"/v1/jobs/{mine['id']}", headers=auth)
         assert status == 404 and err["error"]["code"] == "job_not_found"
@@ -283,13 +291,12 @@ def test_bench_job_times_a_command_in_a_region(service):
     assert r["region_id"] is not None and r["exit_codes"] == [0, 0, 0]
 
 
-def test_another_address_needs_a_token(tmp_path):
-    """Loopback by default; any other address is refused while no token exists."""
-    out = run_krex("service", "--http", f"0.0.0.0:{free_port()}", "--state-dir",
-                   str(tmp_path / "state"), timeout=60)
+def test_trust_loopback_needs_a_loopback_listener(tmp_path):
+    """On any other address requests from loopback are not told apart: refused at start."""
+    out = run_krex("service", "--http", f"0.0.0.0:{free_port()}", "--trust-loopback",
+                   "--state-dir", str(tmp_path / "state"), timeout=60)
     assert out.returncode == 1
-    assert "not a loopback address and no API token exists" in out.stderr
-    assert "krex service token add" in out.stderr
+    assert "--trust-loopback needs a loopback listener" in out.stderr
 
 
 def _granted(text: str, tenant: str) -> float:

@@ -20,6 +20,7 @@ from helpers import PY
 mcp = pytest.importorskip("mcp", reason="the `server` extra is not installed")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 TOOLS = {"evaluate", "bench_command", "exec_program", "node_status", "get_record"}
 FASTER = {"source": "import numpy as np\n\n\ndef fast(x):\n"
@@ -81,38 +82,99 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
     assert {d["name"] for d in seen["node"]["devices"]} >= {"cpu"}
 
 
-def test_mcp_over_streamable_http(daemon, tmp_path):
-    """The second transport: loopback only, the same tools."""
-    from helpers import krex, reap, wait_for
-    from mcp.client.streamable_http import streamable_http_client
+def start_mcp_http(tmp_path, *flags: str):
+    """``krex mcp --transport streamable-http`` on a free port, once it listens."""
+    from helpers import krex, wait_for
     from test_service_http import free_port
 
     port = free_port()
     proc = krex("mcp", "--transport", "streamable-http", "--http", f"127.0.0.1:{port}",
                 "--state-dir", str(tmp_path / "state"), "--records",
-                str(tmp_path / "records.sqlite3"))
-    seen: dict = {}
-
-    async def body() -> None:
-        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write), \
-                ClientSession(read, write) as session:
-            await session.initialize()
-            seen["tools"] = {t.name for t in (await session.list_tools()).tools}
-            seen["exec"] = structured(await session.call_tool(
-                "exec_program", {"program": "import sys\nsys.exit(3)\n"}))
+                str(tmp_path / "records.sqlite3"), *flags)
 
     def listening() -> bool:
         assert proc.poll() is None, proc.communicate()
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
+    wait_for(listening, timeout_s=60, interval_s=0.1)
+    return proc, port
+
+
+def post_mcp(port: int, headers: dict[str, str]) -> int:
+    """The status of an MCP ``initialize`` POSTed with ``headers``."""
+    import urllib.error
+    import urllib.request
+
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/mcp", method="POST",
+                                 data=json.dumps(body).encode(), headers={
+                                     "Content-Type": "application/json",
+                                     "Accept": "application/json, text/event-stream",
+                                     **headers})
     try:
-        wait_for(listening, timeout_s=60, interval_s=0.1)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_mcp_over_streamable_http(daemon, tmp_path):
+    """The second transport: loopback only, the same tools, with the tenant's token."""
+    from helpers import reap
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    proc, port = start_mcp_http(tmp_path)
+    token = (tmp_path / "state" / "token").read_text().strip()
+    seen: dict = {}
+
+    async def body() -> None:
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as c, \
+                streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=c) as (
+                    read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            seen["tools"] = {t.name for t in (await session.list_tools()).tools}
+            seen["exec"] = structured(await session.call_tool(
+                "exec_program", {"program": "import sys\nsys.exit(3)\n"}))
+
+    try:
         anyio.run(body)
     finally:
         reap(proc, timeout_s=15)
     assert TOOLS <= seen["tools"]
     assert seen["exec"]["exit_code"] == 3 and seen["exec"]["status"] == "error"
+
+
+def test_mcp_over_http_needs_its_tenants_token_and_an_allowed_host(tmp_path):
+    """No token, another tenant's token, a rebinding Host, a foreign Origin: refused
+    before the SDK sees the request.  Negative controls: the served tenant's token
+    passes, and ``--trust-loopback`` lets a loopback request without one through."""
+    from helpers import reap, run_krex
+
+    other = run_krex("service", "token", "add", "other", "--state-dir",
+                     str(tmp_path / "state")).stdout.strip()
+    proc, port = start_mcp_http(tmp_path)
+    try:
+        token = (tmp_path / "state" / "token").read_text().strip()
+        mine = {"Authorization": f"Bearer {token}"}
+        assert post_mcp(port, {}) == 401
+        assert post_mcp(port, {"Authorization": f"Bearer {other}"}) == 401
+        assert post_mcp(port, {**mine, "Host": "evil.example"}) == 421
+        assert post_mcp(port, {**mine, "Host": f"127.0.0.2:{port}"}) == 421
+        assert post_mcp(port, {**mine, "Origin": "http://evil.example"}) == 403
+        assert post_mcp(port, mine) == 200
+        assert post_mcp(port, {**mine, "Host": f"localhost:{port}",
+                               "Origin": f"http://localhost:{port}"}) == 200
+    finally:
+        reap(proc, timeout_s=15)
+    proc, port = start_mcp_http(tmp_path, "--trust-loopback")
+    try:
+        assert post_mcp(port, {}) == 200
+        assert post_mcp(port, {"Host": "evil.example"}) == 421  # still checked
+    finally:
+        reap(proc, timeout_s=15)
 
 
 def test_mcp_http_listens_on_loopback_only(tmp_path):

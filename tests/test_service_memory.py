@@ -284,7 +284,8 @@ STRINGS_PER_CALL = 6  # unique short strings in each call's arguments (an agent'
 SDK_FILE = os.path.join("mcp", "server", "streamable_http.py")
 
 
-async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4) -> int:
+async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4,
+                      token: str = "") -> int:
     """Over ``sessions`` sessions open throughout (agents' long-lived sessions), for each
     count in ``phases`` that many exec_program calls, then ``between()`` (in a thread);
     the number of calls that failed."""
@@ -293,6 +294,7 @@ async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4) -
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
     failed, first = [0], [0]
 
@@ -305,8 +307,11 @@ async def _mcp_phases(url: str, phases: list[int], between, sessions: int = 4) -
 
     async with contextlib.AsyncExitStack() as stack:
         open_ = []
+        client = await stack.enter_async_context(create_mcp_http_client(
+            headers={"Authorization": f"Bearer {token}"}))
         for _ in range(sessions):
-            read, write = await stack.enter_async_context(streamable_http_client(url))
+            read, write = await stack.enter_async_context(streamable_http_client(
+                url, http_client=client))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
             open_.append(session)
@@ -360,9 +365,10 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
     from test_service_http import free_port
 
     state, trace, port = tmp_path / "state", str(tmp_path / "trace.json"), free_port()
-    assert run_krex("service", "token", "add", "mcp", "--state-dir", str(state),
-                    "--max-active-jobs", "64", "--max-jobs-per-minute", "100000"
-                    ).returncode == 0
+    added = run_krex("service", "token", "add", "mcp", "--state-dir", str(state),
+                     "--max-active-jobs", "64", "--max-jobs-per-minute", "100000")
+    assert added.returncode == 0
+    token = added.stdout.strip()
     env = {**os.environ, "KREX_TRACEMALLOC": trace, "KREX_TRACEMALLOC_FRAMES": "8",
            "KREX_MCP_JSON_STRING_CACHE": string_cache}
     with open(tmp_path / "mcp.log", "w") as log:
@@ -381,7 +387,7 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
         wait_for(listening, timeout_s=60, interval_s=0.1)
         # A warm-up (imports, caches, pools), the mark, then two phases measured.
         assert anyio.run(_mcp_phases, url, [24, phase, phase], lambda: reports.append(
-            _dump(proc, trace, len(reports) + 1))) == 0
+            _dump(proc, trace, len(reports) + 1)), 4, token) == 0
     finally:
         reap(proc, timeout_s=15)
     report, calls = reports[-1], 2 * phase

@@ -53,22 +53,23 @@ def timeline_shows(s: Service, label: str, count: int) -> bool:
 
 def test_node_page_shows_devices_and_draws_regions(daemon, tmp_path):
     s = Service(tmp_path / "state", "--runners", "1")
+    page = f"{s.base}/#token={s.token}"  # the page sends the fragment's token
     try:
         before = tmp_path / "before.png"
-        assert browse(tmp_path, s.base + "/", f"--screenshot={before}").returncode == 0
+        assert browse(tmp_path, page, f"--screenshot={before}").returncode == 0
         prog = ("import krex\nfor _ in range(5):\n    with krex.region(label='page'):\n"
                 "        pass\n")
         _, job = s.call("POST", "/v1/jobs/exec", {"program": prog})
         assert s.wait(job["id"])["state"] == "succeeded"
         assert run_krex("region", "--", "true").returncode == 0
         wait_for(lambda: timeline_shows(s, "page", 5), timeout_s=30, interval_s=0.2)
-        dom = browse(tmp_path, s.base + "/", "--dump-dom")
+        dom = browse(tmp_path, page, "--dump-dom")
         assert dom.returncode == 0, dom.stderr[-2000:]
         assert "daemon up" in dom.stdout, dom.stdout[-3000:]  # the script ran and fetched
         assert "<td>cpu</td>" in dom.stdout and "<rect" in dom.stdout
         assert "<td>local</td>" in dom.stdout  # the tenants' share table
         after = tmp_path / "after.png"
-        assert browse(tmp_path, s.base + "/", f"--screenshot={after}").returncode == 0
+        assert browse(tmp_path, page, f"--screenshot={after}").returncode == 0
     finally:
         s.stop()
     # The legend has a small swatch of each held colour; regions add bars of them.

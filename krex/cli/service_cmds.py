@@ -27,18 +27,31 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "are pruned (default 20000)")
 
 
+def _http_access(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-loopback", action="store_true",
+                   help="UNSAFE on a shared machine: a request without a token from a "
+                        "loopback address is tenant `local`, so every local user (and every "
+                        "program they run) can run code as this service's user. Default: "
+                        "every request needs a token (the service's own is in the file "
+                        "`token` of --state-dir)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="also answer requests whose Host is NAME (any port) or NAME:PORT "
+                        "(repeatable; the listener's address and localhost always pass; "
+                        "others get 421, pages of other origins 403)")
+
+
 def add_service(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("service", help="HTTP API for agents: jobs, node status, records, "
                                        "/metrics and a live node page",
                        description="Serve krex over HTTP (docs/service.md). Loopback by "
-                                   "default; any other address needs API tokens "
-                                   "(`krex service token add TENANT`).")
+                                   "default. Every request needs an API token: the "
+                                   "service's own (tenant `local`) is made at first start "
+                                   "in the file `token` of --state-dir; `krex service "
+                                   "token add TENANT` makes one per tenant.")
     p.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
                    help="where to listen (default 127.0.0.1:8765)")
     p.add_argument("--max-body-kb", type=int, default=256, help="request body limit (KiB)")
-    p.add_argument("--require-token", action="store_true",
-                   help="tokens also on loopback (default: loopback requests without one "
-                        "are tenant `local`)")
+    _http_access(p)
     _common(p)
     p.set_defaults(func=cmd_service)
     tsub = p.add_subparsers(dest="service_command", metavar="ACTION")
@@ -61,7 +74,11 @@ def add_mcp(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http", default="127.0.0.1:8766", metavar="HOST:PORT",
                    help="streamable-http: where to listen (loopback only; default "
                         "127.0.0.1:8766)")
-    p.add_argument("--tenant", default="local", help="the tenant its jobs run for")
+    p.add_argument("--tenant", default="local",
+                   help="the tenant its jobs run for; over streamable-http each request "
+                        "needs this tenant's token (`local`'s: the file `token` of "
+                        "--state-dir)")
+    _http_access(p)
     _common(p)
     p.set_defaults(func=cmd_mcp)
 
@@ -99,24 +116,35 @@ def cmd_service(args: argparse.Namespace) -> int:
 
     host, port = parse_address(args.http)
     config = _config(args, host, port, max_body_bytes=args.max_body_kb * 1024,
-                     require_token=args.require_token)
-    if not config.loopback:
-        config.require_token = True
-    from krex.service.tenants import TokenStore
-
-    if config.require_token and not len(TokenStore(config.tokens_path)):
-        why = "tokens are required" if config.loopback else f"{host} is not a loopback address"
-        raise BadRequest(f"{why} and no API token exists",
-                         hint="make one first: krex service token add TENANT")
+                     **_access(args, host))
     service = Service(config)
-    print(f"krex service on http://{args.http}/ (node page /, OpenAPI /openapi.json, "
-          f"metrics /metrics; state {config.state_dir})", file=sys.stderr, flush=True)
+    print(f"krex service on http://{args.http}/ (node page /#token=TOKEN, OpenAPI "
+          f"/openapi.json, metrics /metrics; state {config.state_dir})", file=sys.stderr)
+    _tell_token(service)
     try:
         uvicorn.run(create_app(service), host=host, port=port, log_level="warning",
                     timeout_graceful_shutdown=5)
     finally:
         service.close()
     return 0
+
+
+def _access(args: argparse.Namespace, host: str) -> dict[str, Any]:
+    from krex.service.config import is_loopback
+
+    if args.trust_loopback and not is_loopback(host):
+        raise BadRequest(f"--trust-loopback needs a loopback listener, not {host}",
+                         hint="leave it out: clients send a token")
+    return {"trust_loopback": args.trust_loopback, "allow_hosts": tuple(args.allow_host)}
+
+
+def _tell_token(service: Any) -> None:
+    config = service.config
+    made = "made now" if service.token_made else "kept"
+    print(f"krex: every request needs `Authorization: Bearer TOKEN`; this service's own "
+          f"token (tenant `local`, {made}) is in {config.token_path} (mode 0600)"
+          + ("; --trust-loopback: requests from loopback without a token are tenant "
+             "`local`" if config.trust_loopback else ""), file=sys.stderr, flush=True)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -143,6 +171,26 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_http(server: Any, service: Any, tenant: str) -> None:
+    """``krex mcp``'s streamable HTTP behind the service's guard: its Host and Origin
+    lists and ``tenant``'s token (the SDK's own rebinding check, which knows neither
+    ``--allow-host`` nor tokens, is replaced by it)."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from krex.service.app import authenticator
+    from krex.service.guard import Guard, allowed
+
+    config = service.config
+    app = server.streamable_http_app(host=config.host, transport_security=(
+        TransportSecuritySettings(enable_dns_rebinding_protection=False)))
+    guarded = Guard(app, allowed(config.host, config.port, config.allow_hosts),
+                    authenticator(service, only=tenant))
+    uvicorn.run(guarded, host=config.host, port=config.port,
+                log_level=server.settings.log_level.lower(),
+                timeout_graceful_shutdown=5)
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     from krex.service.config import is_loopback, parse_address
     from krex.service.tenants import check_name
@@ -158,14 +206,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.transport == "streamable-http" and not is_loopback(host):
         raise BadRequest(f"krex mcp listens on loopback only, not {host}",
                          hint="use `krex service` with API tokens for other hosts")
-    service = Service(_config(args, host, port), jobs_name="jobs-mcp.sqlite3")
+    service = Service(_config(args, host, port, **_access(args, host)),
+                      jobs_name="jobs-mcp.sqlite3")
     server = build(service, tenant=check_name(args.tenant))
     try:
         if args.transport == "stdio":
             server.run("stdio")
         else:
-            print(f"krex mcp on http://{args.http}/mcp", file=sys.stderr, flush=True)
-            server.run("streamable-http", host=host, port=port)
+            print(f"krex mcp on http://{args.http}/mcp (tenant {args.tenant})",
+                  file=sys.stderr)
+            _tell_token(service)
+            serve_http(server, service, args.tenant)
     finally:
         service.close()
     return 0

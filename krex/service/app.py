@@ -10,9 +10,14 @@ Routes (OpenAPI at ``/openapi.json``):
   ``GET /v1/node/summary`` (the node page's data), ``GET /v1/records``,
   ``GET /v1/records/{id}``, ``GET /metrics``, ``GET /`` (the page).
 
+Every request passes :class:`krex.service.guard.Guard` first: an allowed
+``Host`` and ``Origin``, and a token on every route but ``/`` (the page, which
+reads its token from its fragment) and ``/v1/health``.
+
 Errors are ``{"error": {"code", "what", "hint"}}`` with the right status:
-400 malformed JSON, 401 token, 404 job/record, 409 idempotency conflict, 413
-body too large, 422 invalid fields, 429 quota, 503 no daemon.
+400 malformed JSON, 401 token, 403 foreign Origin, 404 job/record, 409
+idempotency conflict, 413 body too large, 421 Host not this service's, 422
+invalid fields, 429 quota, 503 no daemon.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, and
@@ -42,11 +47,12 @@ from krex.errors import (
 )
 from krex.service import schemas
 from krex.service.config import ServiceConfig, is_loopback
+from krex.service.guard import Guard, allowed
 from krex.service.jobs import JobStore, error_body
 from krex.service.metrics import Metrics
 from krex.service.node import NodeWatcher
 from krex.service.page import PAGE
-from krex.service.tenants import Tenant, TokenStore, resolve
+from krex.service.tenants import Tenant, TokenStore, own_token, resolve
 from krex.service.work import Work, daemon_client
 
 KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -54,6 +60,7 @@ STATUS = {Unauthorized: 401, JobNotFound: 404, RecordNotFound: 404, IdempotencyC
           ServiceQuotaExceeded: 429, QuotaExceeded: 429, BadRequest: 400,
           DaemonNotRunning: 503, RecordsError: 503}
 WAITERS = anyio.CapacityLimiter(256)  # long polls parked at once
+OPEN_PATHS = ("/", "/v1/health")  # no token: the page (static; its data needs one), liveness
 
 
 class Service:
@@ -67,6 +74,7 @@ class Service:
         memtrace.install()  # KREX_TRACEMALLOC=PATH: what this process keeps (off: nothing)
         self.config = config
         self.tokens = TokenStore(config.tokens_path)
+        self.token, self.token_made = own_token(self.tokens, config.token_path)
         self.node = NodeWatcher(daemon_client, config.node_poll_s,
                                 config.timeline_s)
         self.work = Work(config, finished=self._finished)
@@ -98,6 +106,9 @@ def create_app(service: Service) -> FastAPI:
                   description="Concurrent kernel benchmarking on shared GPUs: jobs for agents.")
     app.state.service = service
     app.add_middleware(BodyLimit, limit=service.config.max_body_bytes)
+    config = service.config
+    app.add_middleware(Guard, hosts=allowed(config.host, config.port, config.allow_hosts),
+                       authenticate=authenticator(service), open_paths=OPEN_PATHS)
     _errors(app)
     _job_routes(app, service)
     _node_routes(app, service)
@@ -189,8 +200,21 @@ def _tenant_dependency(service: Service) -> Any:
                authorization: Annotated[str | None, Header()] = None) -> Tenant:
         peer = request.client.host if request.client else ""
         return resolve(service.tokens, authorization, loopback_peer=is_loopback(peer),
-                       require_token=service.config.require_token)
+                       trust_loopback=service.config.trust_loopback)
     return tenant
+
+
+def authenticator(service: Service, only: str | None = None) -> Any:
+    """The guard's check: the request's token is known (and ``only``'s, when given)."""
+    def check(headers: dict[bytes, bytes], peer: str) -> None:
+        raw = headers.get(b"authorization")
+        tenant = resolve(service.tokens, raw.decode("latin-1") if raw else None,
+                         loopback_peer=is_loopback(peer),
+                         trust_loopback=service.config.trust_loopback)
+        if only is not None and raw is not None and tenant.name != only:
+            raise Unauthorized(f"this server serves tenant {only!r}; the token is "
+                               f"{tenant.name!r}'s", hint=f"send {only!r}'s token")
+    return check
 
 
 # -- jobs ----------------------------------------------------------------------------------

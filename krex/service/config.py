@@ -25,7 +25,8 @@ class ServiceConfig:
     job_output_bytes: int = 64 * 1024  # the tail of an exec's output kept with the job
     node_poll_s: float = 1.0  # how often the daemon's status and regions are read
     timeline_s: float = 600.0  # regions kept for the node page
-    require_token: bool = False  # also on loopback
+    trust_loopback: bool = False  # loopback without a token is tenant `local` (unsafe if shared)
+    allow_hosts: tuple[str, ...] = ()  # more Host names it answers to (krex.service.guard)
     keep_finished: int = KEEP_FINISHED  # finished jobs the store keeps (krex.service.jobs)
 
     def __post_init__(self) -> None:
@@ -49,6 +50,11 @@ class ServiceConfig:
     @property
     def tokens_path(self) -> str:
         return os.path.join(self.state_dir, "tokens.json")
+
+    @property
+    def token_path(self) -> str:
+        """The service's own token (tenant ``local``), in plain text, owner-only."""
+        return os.path.join(self.state_dir, "token")
 
     @property
     def jobs_path(self) -> str:

@@ -1,10 +1,18 @@
 """Tenants, their quotas in the service, and API tokens stored hashed.
 
-A tenant is who a request is for: the tenant of its API token, or ``local``
-for a request without a token on a loopback address.  Tokens are random
-(256 bits) and shown once, when made; the file keeps only their SHA-256 (a
-slow password hash adds nothing for random tokens) and compares in constant
-time.  The file is ``tokens.json`` in the service's state directory, owner-only.
+A tenant is who a request is for: the tenant of its API token.  Every request
+needs one; a loopback address is not an identity (only ``--trust-loopback``
+makes a request without a token from loopback tenant ``local``).  Tokens are
+random (256 bits) and shown once, when made; the file keeps only their SHA-256
+(a slow password hash adds nothing for random tokens) and compares in constant
+time.  The file is ``tokens.json`` in the service's state directory, owner-only;
+it is read again when it changes (a ``stat`` per request, at most every
+:data:`RECHECK_S`), so a removed token is refused without a restart.
+
+The service's own token (tenant ``local``: the service's user, the CLI, the
+tests) is made at its first start and kept in plain text in ``token`` beside
+``tokens.json``, owner-only (:func:`own_token`): whoever can read it can
+already run code as the service's user.
 
 Quotas here are the ones the service itself can enforce on its jobs: active
 jobs (queued + running) and jobs submitted per minute.  Region time, fair
@@ -20,6 +28,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +37,7 @@ from krex.errors import BadRequest, Unauthorized
 
 LOCAL = "local"
 TOKEN_PREFIX = "krex_"
+RECHECK_S = 0.25  # how often at most the tokens file is stat()ed for a change
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
@@ -65,20 +75,38 @@ class TokenStore:
         self.path = path
         self._lock = threading.Lock()
         self._tenants: dict[str, dict[str, Any]] = {}
+        self._seen: tuple[int, ...] | None = None  # the file's stat when last read
+        self._checked = 0.0
         self.reload()
 
     def reload(self) -> None:
-        if not os.path.exists(self.path):
-            self._tenants = {}
+        with self._lock:
+            self._reload_locked()
+
+    def _reload_locked(self) -> None:
+        self._checked = time.monotonic()
+        seen = _identity(self.path)
+        if seen is None:
+            self._tenants, self._seen = {}, None
             return
         doc = resultfile.read(self.path, kind="krex-service-tokens", format=1)
-        self._tenants = dict(doc.get("tenants", {}))
+        self._tenants, self._seen = dict(doc.get("tenants", {})), seen
+
+    def refresh(self) -> None:
+        """Read the file again if it changed (another process added or removed a token)."""
+        if time.monotonic() - self._checked < RECHECK_S:
+            return
+        with self._lock:
+            self._checked = time.monotonic()
+            if _identity(self.path) != self._seen:
+                self._reload_locked()
 
     def add(self, name: str, quotas: Quotas | None = None) -> str:
         """Make (or replace) ``name``'s token; returns it — the only time it is seen."""
         check_name(name)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._lock:
+            self._reload_locked()  # what another process wrote since is kept
             self._tenants[name] = {"token_sha256": digest(token),
                                    "quotas": asdict(quotas or Quotas())}
             self._save()
@@ -86,6 +114,7 @@ class TokenStore:
 
     def remove(self, name: str) -> bool:
         with self._lock:
+            self._reload_locked()
             found = self._tenants.pop(name, None) is not None
             self._save()
         return found
@@ -97,6 +126,7 @@ class TokenStore:
         """Tenant ``name`` with the quotas of its entry here (default quotas without one):
         ``krex mcp --tenant NAME`` serves one tenant, whose quotas are set with
         ``krex service token add NAME --max-jobs-per-minute ...`` in the same state dir."""
+        self.refresh()
         with self._lock:
             return self._tenant(name) if name in self._tenants else Tenant(name)
 
@@ -104,14 +134,16 @@ class TokenStore:
         return len(self._tenants)
 
     def authenticate(self, token: str) -> Tenant:
+        self.refresh()
         wanted = digest(token)
         found = None
-        for name, entry in self._tenants.items():  # every entry: no early exit to time
+        tenants = self._tenants  # replaced whole by a reload, never changed in place
+        for name, entry in tenants.items():  # every entry: no early exit to time
             if hmac.compare_digest(wanted, str(entry.get("token_sha256", ""))):
                 found = name
         if found is None:
             raise Unauthorized("unknown API token")
-        return self._tenant(found)
+        return Tenant(found, Quotas(**tenants[found].get("quotas", {})))
 
     def _tenant(self, name: str) -> Tenant:
         return Tenant(name, Quotas(**self._tenants[name].get("quotas", {})))
@@ -124,16 +156,52 @@ class TokenStore:
                              kind="krex-service-tokens")
         finally:
             os.umask(old)
+        self._seen = _identity(self.path)
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    """What tells a changed file (an atomic replace makes a new inode), or None: none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns)
+
+
+def own_token(store: TokenStore, path: str) -> tuple[str, bool]:
+    """The service's own token (tenant ``local``) from ``path``; made (and written there,
+    mode 0600) when ``path`` has none or one ``store`` no longer knows.  Returns (the
+    token, whether it was made now)."""
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+        if store.authenticate(token).name == LOCAL:
+            return token, False
+    except (FileNotFoundError, Unauthorized):
+        pass
+    token = store.add(LOCAL)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # left by a start that died here
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return token, True
 
 
 def resolve(store: TokenStore, authorization: str | None, *, loopback_peer: bool,
-            require_token: bool) -> Tenant:
-    """The tenant of a request: its bearer token's, else ``local`` from loopback."""
+            trust_loopback: bool = False) -> Tenant:
+    """The tenant of a request: its bearer token's (else, only with ``trust_loopback``,
+    ``local`` for a request from loopback)."""
     if authorization:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("the Authorization header is not `Bearer TOKEN`")
         return store.authenticate(token.strip())
-    if loopback_peer and not require_token:
+    if loopback_peer and trust_loopback:
         return Tenant(LOCAL)
-    raise Unauthorized("this service needs an API token (requests from other hosts always do)")
+    raise Unauthorized("this service needs an API token",
+                       hint="send `Authorization: Bearer TOKEN`: the service's own token is "
+                            "in the file `token` of its state directory; `krex service "
+                            "token add TENANT` makes one for a tenant")

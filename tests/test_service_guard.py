@@ -1,0 +1,87 @@
+"""Who may talk to ``krex service`` and ``krex mcp``: tokens always, Host and Origin checked.
+
+Through a real service on loopback (``krex.service.guard``): a request without a
+token is refused even from 127.0.0.1 (``--trust-loopback`` is the only way back);
+the service's own token is made at first start, owner-only, and the service says
+where it is; a request whose ``Host`` is not the listener's (DNS rebinding) gets
+421, one from a foreign ``Origin`` 403, while the listener's own address,
+``localhost`` and a host given with ``--allow-host`` pass.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the `server` extra is not installed")
+from test_service_http import Service
+
+
+@pytest.fixture
+def service(daemon, tmp_path):
+    s = Service(tmp_path / "state", "--runners", "1")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_loopback_request_without_a_token_is_refused(service, tmp_path):
+    token_file = tmp_path / "state" / "token"
+    assert token_file.exists(), "the service makes its own token at first start"
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    for method, path in (("GET", "/v1/jobs"), ("POST", "/v1/jobs/exec"), ("GET", "/v1/node"),
+                         ("GET", "/v1/records"), ("GET", "/metrics"),
+                         ("GET", "/openapi.json"), ("GET", "/v1/no/such/route")):
+        body = {"program": "pass\n"} if method == "POST" else None
+        status, err = service.call(method, path, body, token=False)
+        assert status == 401, (path, status, err)
+    # Negative control: the same requests with the token (tenant `local`).
+    status, job = service.call("POST", "/v1/jobs/exec", {"program": "print(1)\n"})
+    assert status == 201 and job["tenant"] == "local", job
+    assert service.wait(job["id"])["state"] == "succeeded"
+    assert service.call("GET", "/openapi.json")[0] == 200
+    assert service.call("GET", "/v1/health", token=False)[0] == 200  # liveness stays open
+    service.proc.terminate()
+    _, said = service.proc.communicate(timeout=15)
+    assert str(token_file) in said, said  # the service tells where its token is
+
+
+def test_trust_loopback_is_the_way_back_to_tokenless_loopback(daemon, tmp_path):
+    s = Service(tmp_path / "state", "--runners", "1", "--trust-loopback")
+    try:
+        status, job = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"}, token=False)
+        assert status == 201 and job["tenant"] == "local", job
+        assert s.wait(job["id"], token=False)["state"] == "succeeded"
+        status, _ = s.call("GET", "/v1/jobs", headers={"Authorization": "Bearer krex_wrong"})
+        assert status == 401  # a wrong token is still wrong
+    finally:
+        s.stop()
+
+
+def test_a_rebinding_host_or_a_foreign_origin_is_refused(daemon, tmp_path):
+    s = Service(tmp_path / "state", "--runners", "1", "--allow-host", "node.example")
+    try:
+        for host in ("evil.example", f"evil.example:{s.port}", "127.0.0.1.evil.example",
+                     f"127.0.0.2:{s.port}"):
+            status, err = s.call("GET", "/v1/jobs", headers={"Host": host})
+            assert status == 421 and err["error"]["code"] == "misdirected_request", (host, err)
+        status, _ = s.call("GET", "/", headers={"Host": "evil.example"})
+        assert status == 421  # the node page too
+        status, _ = s.call("GET", "/v1/health", headers={"Host": "evil.example"})
+        assert status == 421
+        for origin in ("http://evil.example", f"http://evil.example:{s.port}", "null"):
+            status, err = s.call("GET", "/v1/jobs", headers={"Origin": origin})
+            assert status == 403 and err["error"]["code"] == "forbidden_origin", (origin, err)
+        # Negative controls: the listener's own address, localhost, an allowed host pass.
+        for host, origin in ((f"127.0.0.1:{s.port}", f"http://127.0.0.1:{s.port}"),
+                             (f"localhost:{s.port}", f"http://localhost:{s.port}"),
+                             ("localhost:9000", "http://localhost:9000"),  # an ssh tunnel
+                             (f"node.example:{s.port}", f"https://node.example:{s.port}")):
+            status, _ = s.call("GET", "/v1/jobs", headers={"Host": host, "Origin": origin})
+            assert status == 200, (host, origin, status)
+            assert s.call("GET", "/", headers={"Host": host}, token=False)[0] == 200
+    finally:
+        s.stop()
