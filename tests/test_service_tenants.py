@@ -78,3 +78,39 @@ def test_an_mcp_tenant_takes_its_quotas_from_its_token_entry(tmp_path):
     assert store.named("mcp").quotas == Quotas(64, 6000)
     assert store.named("other").quotas == Quotas()
     assert TokenStore(str(tmp_path / "none.json")).named("mcp").quotas == Quotas()
+
+
+def test_a_removed_token_is_refused_within_2_s_and_an_added_one_accepted(daemon, tmp_path):
+    """``krex service token remove`` while the service runs: the token is refused within
+    2 s, no restart.  Negative controls: the other tenant's token still works throughout,
+    and a token added while it runs is accepted within 2 s."""
+    import time
+
+    from helpers import wait_for
+
+    state = tmp_path / "state"
+    tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
+                             str(state)).stdout.strip() for name in ("alice", "bob")}
+    auth = {name: {"Authorization": f"Bearer {t}"} for name, t in tokens.items()}
+    s = Service(state, "--runners", "1")
+    try:
+        assert s.call("GET", "/v1/jobs", headers=auth["alice"])[0] == 200
+        assert run_krex("service", "token", "remove", "alice", "--state-dir",
+                        str(state)).returncode == 0
+        t0 = time.monotonic()
+        wait_for(lambda: s.call("GET", "/v1/jobs", headers=auth["alice"])[0] == 401,
+                 timeout_s=10, interval_s=0.05)
+        assert time.monotonic() - t0 < 2.0
+        status, _ = s.call("POST", "/v1/jobs/exec", {"program": "pass\n"},
+                           headers=auth["alice"])
+        assert status == 401  # refused on every route, not only the one polled
+        assert s.call("GET", "/v1/jobs", headers=auth["bob"])[0] == 200
+        added = run_krex("service", "token", "add", "carol", "--state-dir", str(state))
+        carol = {"Authorization": f"Bearer {added.stdout.strip()}"}
+        t0 = time.monotonic()
+        wait_for(lambda: s.call("GET", "/v1/jobs", headers=carol)[0] == 200,
+                 timeout_s=10, interval_s=0.05)
+        assert time.monotonic() - t0 < 2.0
+        assert s.call("GET", "/v1/jobs", headers=auth["bob"])[0] == 200
+    finally:
+        s.stop()
