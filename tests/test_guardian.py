@@ -181,3 +181,27 @@ def test_the_journal_is_rewritten_only_when_what_a_sweep_replays_changes(tmp_pat
         wait_for(lambda: not journal.exists(), timeout_s=5)
     finally:
         guardian.stop()
+
+
+def test_the_guardian_imports_nothing_from_the_daemons_working_directory(tmp_path,
+                                                                          monkeypatch):
+    """The daemon's working directory (wherever it was started) may be writable by
+    others: a module planted there is not imported by the guardian (``-I``, cwd ``/``).
+    Control: the same planted module is imported by a plain ``python -c`` run there."""
+    import subprocess
+
+    cwd, marker = tmp_path / "cwd", tmp_path / "imported"
+    cwd.mkdir()
+    (cwd / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                 "raise ImportError('planted')\n")
+    subprocess.run([PY, "-c", "import json"], cwd=cwd, capture_output=True, timeout=60)
+    assert marker.exists()  # the trap works
+    marker.unlink()
+    monkeypatch.chdir(cwd)
+    guardian = GuardianClient()
+    try:
+        guardian.start("t", str(tmp_path / "j.json"))
+        assert guardian.alive()
+    finally:
+        guardian.stop()
+    assert not marker.exists(), "the guardian imported a module from its cwd"

@@ -72,10 +72,14 @@ class GuardianClient:
         return self.proc.pid if self.proc else None
 
     def start(self, instance: str, journal_path: str, timeout_s: float = 10.0) -> None:
+        journal_path = os.path.abspath(journal_path)
         self._args = (instance, journal_path)
-        cmd = [sys.executable, "-m", "krex.enforce.guardian", instance, journal_path]
+        # -I and cwd "/": nothing is imported from the daemon's working directory (it
+        # may be writable by others) or from PYTHON* variables and the user's site.
+        cmd = [sys.executable, "-I", "-m", "krex.enforce.guardian", instance, journal_path]
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+            cwd="/",
         )
         _process.PROTECTED.add(self.proc.pid)
         out = self.proc.stdout
