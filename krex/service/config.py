@@ -34,6 +34,9 @@ class ServiceConfig:
             base = os.environ.get("XDG_STATE_HOME") or os.path.join(
                 os.path.expanduser("~"), ".local", "state")
             self.state_dir = os.path.join(base, "krex", "service")
+        self.state_dir = os.path.abspath(self.state_dir)  # job folders: their processes' cwd
+        if self.records is not None:
+            self.records = os.path.abspath(self.records)  # is read from a process in "/"
         for bad, what, flag in ((self.runners < 1, f"runners {self.runners}", "--runners"),
                                 (self.max_body_bytes < 1024,
                                  f"max_body_bytes {self.max_body_bytes}", "--max-body-kb"),

@@ -66,6 +66,21 @@ QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seco
 LATE_PROGRAM_S = 1.0  # after a cancelled evaluation's process is killed: its program looked for
 STOP_POLL_S = 0.05
 SPARE_CHILDREN = 2  # evaluate/bench processes kept started ahead of their jobs
+# What a job's processes get of the service's environment (docs/service.md): these names,
+# and the prefixes that end in "*".  The rest (the service user's secrets, tokens,
+# credentials) stays out; an exec request's ``env`` adds to it, and a warm worker keeps
+# its own ``KREX_*`` and ``LD_PRELOAD`` whatever the job says (krex.workers.spec).
+JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ",
+           "TERM", "TMPDIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
+           "XDG_CACHE_HOME", "KREX_*", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+           "ROCR_VISIBLE_DEVICES")
+
+
+def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that :data:`JOB_ENV` names."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items()
+            if any(k.startswith(p[:-1]) if p.endswith("*") else k == p for p in JOB_ENV)}
 
 
 def daemon_client() -> Client:
@@ -136,7 +151,7 @@ class Work:
             raise BadRequest(f"no such program on this node: {path}",
                              hint="send the program's source as `program`")
         out = _Tail(self.config.job_output_bytes)
-        env = {**os.environ, **r.get("env", {})}
+        env = {**job_environment(), **r.get("env", {})}
         with daemon_client() as client:
             result = client.exec(path, r.get("args", []), device=r.get("device"),
                                  timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
@@ -208,8 +223,8 @@ class Work:
             self._spares = ready
             if not self._closed:
                 while len(self._spares) < SPARE_CHILDREN - (proc is None):
-                    self._spares.append(_spawn_child(self.config.state_dir))
-        return proc or _spawn_child(self.config.state_dir)
+                    self._spares.append(_spawn_child())
+        return proc or _spawn_child()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -285,10 +300,14 @@ def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:
             p.kill()
 
 
-def _spawn_child(cwd: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "krex.service.child"], cwd=cwd,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+def _spawn_child() -> subprocess.Popen[bytes]:
+    """A job's process: ``-I`` and cwd ``/``, so nothing is imported from the state
+    directory (tenant code can write there) or from PYTHON* variables; the job's minimal
+    environment (:data:`JOB_ENV`: a bench's commands are tenant code)."""
+    return subprocess.Popen([sys.executable, "-I", "-m", "krex.service.child"], cwd="/",
+                            env=job_environment(), stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _linger(fn: Callable[[], bool], seconds: float) -> None:
