@@ -3,7 +3,8 @@
 Tools: ``evaluate``, ``bench_command``, ``exec_program``, ``node_status``,
 ``get_record``.  Each validates its arguments with the same models as the
 HTTP API (``schemas``), runs as a job of this process's own job store (one
-tenant: ``--tenant``, default ``local``) and answers with a result an agent
+tenant: ``--tenant``, default ``local``; over streamable HTTP every request
+needs that tenant's token: ``krex.cli.service_cmds.serve_http``) and answers with a result an agent
 can read (``summary``): verdict, speedup and interval, findings with their
 next action, p50/p95, noise, record id.  A job that fails answers with its
 error (code, what, hint) as the tool's error.  A call the client cancels
