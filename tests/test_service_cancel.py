@@ -189,3 +189,27 @@ def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):
     states = sorted(r[0] for r in db.execute("SELECT state FROM jobs WHERE kind='bench'"))
     db.close()
     assert states == ["cancelled", "succeeded"], states
+
+
+def test_cancel_kills_an_exec_whose_program_moved_to_another_directory(service, tmp_path):  # noqa: F811
+    """The service finds a running exec's worker by what the daemon says it serves (the
+    directory its request named), not by the worker's working directory now: a program
+    that calls ``chdir`` is killed, with the process it started.  Negative control: an
+    exec that did not move is killed the same way, and the pool serves on."""
+    for moves in (True, False):
+        pids = tmp_path / f"pids-{moves}"
+        prog = ("import os, subprocess, time\n"
+                + ("os.chdir('/')\n" if moves else "")
+                + "child = subprocess.Popen(['sleep', '600'])\n"
+                f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                "while True:\n    time.sleep(0.05)\n")
+        _, job = service.call("POST", "/v1/jobs/exec", {"program": prog})
+        wait_for(lambda p=pids: p.exists() and len(p.read_text().split()) == 2, timeout_s=60)
+        worker, child = (int(x) for x in pids.read_text().split())
+        status, _ = service.call("POST", f"/v1/jobs/{job['id']}/cancel")
+        assert status == 200
+        ended = service.wait(job["id"], wait_s=30)
+        assert ended["state"] == "cancelled", (moves, ended)
+        wait_for(lambda w=worker, c=child: _gone(w) and _gone(c), timeout_s=10)
+    _, after = service.call("POST", "/v1/jobs/exec", {"program": "print('next')\n"})
+    assert service.wait(after["id"])["result"]["stdout"] == "next\n"

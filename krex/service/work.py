@@ -21,9 +21,11 @@ Evaluations and benches run in a process of their own
 cancel can kill them and so that a bench's region and ad-hoc job are its
 tenant's too.
 
-Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker whose
-working directory is the job's own folder; the service finds that worker
-among the daemon's (``status``: its worker jobs), stops it, checks the folder
+Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker, its
+request naming the job's own folder as its working directory; the service
+finds that worker among the daemon's (``status``: each busy worker's
+``program_cwd``, the daemon's record, which a program's ``chdir`` does not
+change; a worker's cwd now, for a daemon that does not say), stops it, checks
 again (the worker may have moved on), and kills it with the processes the
 program started.  The pool sees its worker die and replaces it (recycled),
 the program's region, if it held one, ends with its holder.  An evaluation's
@@ -245,20 +247,38 @@ class Work:
 def _kill_workers_in(folder: str) -> bool:
     """Kill the daemon's warm worker whose program runs in ``folder``; True if one was."""
     try:
-        with daemon_client() as client:
-            workers = [int(j.get("root_pid") or 0) for j in client.status().get("jobs", [])
-                       if j.get("kind") == "worker"]
+        workers = _workers()
     except KrexError:
         return False
-    return any(_kill_if_in(pid, folder) for pid in workers if pid > 1)
+    return any(_kill_if_in(pid, folder, named) for pid, named in workers.items() if pid > 1)
 
 
-def _kill_if_in(pid: int, folder: str) -> bool:
-    """Kill the worker ``pid`` (and what its program started) if its working directory
-    is ``folder``: stopped first, checked again, then killed — or let go."""
+def _workers() -> dict[int, str | None]:
+    """The daemon's warm workers: pid -> the directory its running program's request
+    named (the daemon's record: a program that calls ``chdir`` does not change it)."""
+    with daemon_client() as client:
+        status = client.status()
+    out: dict[int, str | None] = {int(j.get("root_pid") or 0): None
+                                  for j in status.get("jobs", []) if j.get("kind") == "worker"}
+    for pool in (status.get("pools") or {}).values():
+        for w in pool.get("workers", []):
+            out[int(w.get("pid") or 0)] = w.get("program_cwd")
+    return out
+
+
+def _serves(pid: int, folder: str, named: str | None) -> bool:
+    """``pid`` runs the program of ``folder``: as the daemon says, or by its cwd (a
+    daemon that does not say)."""
+    return named == folder or _cwd(pid) == folder
+
+
+def _kill_if_in(pid: int, folder: str, named: str | None) -> bool:
+    """Kill the worker ``pid`` (and what its program started) if it serves ``folder``'s
+    program (``named``: the daemon's word a moment ago): stopped first, checked again,
+    then killed — or let go."""
     import psutil
 
-    if _cwd(pid) != folder:
+    if not _serves(pid, folder, named):
         return False
     try:
         worker = psutil.Process(pid)
@@ -266,7 +286,7 @@ def _kill_if_in(pid: int, folder: str) -> bool:
     except psutil.Error:
         return False
     try:
-        if _cwd(pid) != folder:  # it finished and moved on before it stopped
+        if not _serves(pid, folder, _workers_named(pid)):  # it finished and moved on
             return False
         for p in [*worker.children(recursive=True), worker]:
             with contextlib.suppress(psutil.Error):
@@ -275,6 +295,13 @@ def _kill_if_in(pid: int, folder: str) -> bool:
     finally:
         with contextlib.suppress(psutil.Error):
             worker.send_signal(signal.SIGCONT)  # a killed process is gone; a living one runs
+
+
+def _workers_named(pid: int) -> str | None:
+    try:
+        return _workers().get(pid)
+    except KrexError:
+        return None
 
 
 def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:

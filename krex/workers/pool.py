@@ -64,6 +64,7 @@ class WorkerPool:
         """Run ``req`` in a warm worker; blocks until it is done.  Thread-safe."""
         submitted = time.monotonic()
         worker = self._acquire()
+        worker.program_cwd = req.cwd
         timeout_s = req.timeout_s if req.timeout_s is not None else self.spec.default_timeout_s
         result = run_on(worker, req, on_output or _discard, submitted, timeout_s,
                         closing=lambda: self._closed)
@@ -139,6 +140,7 @@ class WorkerPool:
         with self._cond:
             self._served += 1
             worker.busy = False
+            worker.program_cwd = None
             if recycle_reason is None and not self._closed and worker.alive():
                 worker.idle_since_mono_s = time.monotonic()
                 self._idle.append(worker)
@@ -242,6 +244,7 @@ class WorkerPool:
 
 def _describe(w: WorkerProcess, now: float) -> dict[str, Any]:
     return {"pid": w.pid, "programs": w.programs, "busy": w.busy,
+            "program_cwd": w.program_cwd,
             "started_wall_s": w.started_wall_s,
             "idle_s": None if w.busy else round(now - w.idle_since_mono_s, 3),
             "context_s": w.ready.get("context_s"), "preload_s": w.ready.get("preload_s")}

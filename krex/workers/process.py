@@ -51,6 +51,9 @@ class WorkerProcess:
         self.ready: dict[str, Any] = {}
         self.programs = 0
         self.busy = False
+        # the directory the running program's request named (None: idle); the daemon's
+        # record, not the process's cwd now, which the program may change
+        self.program_cwd: str | None = None
         self.idle_since_mono_s = time.monotonic()
         self._stopping = False
         self._reaped = False
