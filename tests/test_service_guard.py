@@ -85,3 +85,39 @@ def test_a_rebinding_host_or_a_foreign_origin_is_refused(daemon, tmp_path):
             assert s.call("GET", "/", headers={"Host": host}, token=False)[0] == 200
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("listen, host, ok", [
+    ("127.0.0.1", "127.0.0.1:8765", True),
+    ("127.0.0.1", "LOCALHOST:8765", True),
+    ("127.0.0.1", "localhost:2222", True),  # an ssh tunnel's port
+    ("127.0.0.1", "[::1]:8765", True),
+    ("127.0.0.1", "127.0.0.1:9999", True),  # loopback names: any port (no page sends them)
+    ("127.0.0.1", "127.0.0.2:8765", False),
+    ("127.0.0.1", "evil.example:8765", False),
+    ("127.0.0.1", "localhost.evil.example:8765", False),
+    ("127.0.0.1", "", False),
+    ("::1", "[::1]:8765", True),
+    ("::1", "[::2]:8765", False),
+    ("10.0.0.5", "10.0.0.5:8765", True),
+    ("10.0.0.5", "10.0.0.6:8765", False),
+    ("127.0.0.1", "node.example:1234", True),  # --allow-host node.example: any port
+    ("127.0.0.1", "gpu7:8000", True),  # --allow-host gpu7:8000
+    ("127.0.0.1", "gpu7:8001", False),
+])
+def test_allowed_hosts(listen, host, ok):
+    from krex.service.guard import allowed
+
+    hosts = allowed(listen, 8765, ["node.example", "gpu7:8000"])
+    assert hosts.host(host) is ok
+    assert hosts.origin(f"http://{host}") is (ok and bool(host))
+
+
+def test_allowed_origins():
+    from krex.service.guard import allowed
+
+    hosts = allowed("127.0.0.1", 8765)
+    assert hosts.origin("https://localhost:8765")
+    for bad in ("null", "file://", "ftp://localhost:8765", "http://evil.example",
+                "http://localhost:8765@evil.example", ""):
+        assert not hosts.origin(bad), bad
