@@ -114,3 +114,19 @@ def test_a_removed_token_is_refused_within_2_s_and_an_added_one_accepted(daemon,
         assert s.call("GET", "/v1/jobs", headers=auth["bob"])[0] == 200
     finally:
         s.stop()
+
+
+def test_tokens_added_at_once_by_several_processes_are_all_kept(tmp_path):
+    """``token add`` reads, changes and writes ``tokens.json``: several at once (a script
+    making an agent fleet's tokens) keep every one (a lock file), and each one works."""
+    from helpers import krex
+
+    from krex.service.tenants import TokenStore
+
+    names = [f"agent-{i}" for i in range(12)]
+    procs = [krex("service", "token", "add", n, "--state-dir", str(tmp_path)) for n in names]
+    tokens = {n: p.communicate(timeout=120)[0].strip() for n, p in zip(names, procs, strict=True)}
+    assert all(p.returncode == 0 for p in procs)
+    store = TokenStore(str(tmp_path / "tokens.json"))
+    assert {t.name for t in store.tenants()} == set(names)
+    assert all(store.authenticate(t).name == n for n, t in tokens.items())

@@ -22,6 +22,8 @@ runs each job as its tenant in the daemon).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import os
@@ -29,6 +31,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -105,7 +108,7 @@ class TokenStore:
         """Make (or replace) ``name``'s token; returns it — the only time it is seen."""
         check_name(name)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with self._lock:
+        with self._lock, _flocked(self.path):
             self._reload_locked()  # what another process wrote since is kept
             self._tenants[name] = {"token_sha256": digest(token),
                                    "quotas": asdict(quotas or Quotas())}
@@ -113,7 +116,7 @@ class TokenStore:
         return token
 
     def remove(self, name: str) -> bool:
-        with self._lock:
+        with self._lock, _flocked(self.path):
             self._reload_locked()
             found = self._tenants.pop(name, None) is not None
             self._save()
@@ -171,15 +174,21 @@ def _identity(path: str) -> tuple[int, ...] | None:
 def own_token(store: TokenStore, path: str) -> tuple[str, bool]:
     """The service's own token (tenant ``local``) from ``path``; made (and written there,
     mode 0600) when ``path`` has none or one ``store`` no longer knows.  Returns (the
-    token, whether it was made now)."""
-    try:
-        with open(path) as f:
-            token = f.read().strip()
-        if store.authenticate(token).name == LOCAL:
-            return token, False
-    except (FileNotFoundError, Unauthorized):
-        pass
-    token = store.add(LOCAL)
+    token, whether it was made now).  Two services starting on one state directory
+    (``krex service`` and ``krex mcp``) make one token between them."""
+    with _flocked(path):
+        store.reload()
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+            if store.authenticate(token).name == LOCAL:
+                return token, False
+        except (FileNotFoundError, Unauthorized):
+            pass
+        return _write_own(store.add(LOCAL), path), True
+
+
+def _write_own(token: str, path: str) -> str:
     tmp = f"{path}.{os.getpid()}.tmp"
     if os.path.lexists(tmp):
         os.unlink(tmp)  # left by a start that died here
@@ -187,7 +196,20 @@ def own_token(store: TokenStore, path: str) -> tuple[str, bool]:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     os.replace(tmp, path)
-    return token, True
+    return token
+
+
+@contextlib.contextmanager
+def _flocked(path: str) -> Iterator[None]:
+    """``path``'s lock file (``PATH.lock``, owner-only) held: one writer at a time across
+    processes (``krex service token add`` beside a running service)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def resolve(store: TokenStore, authorization: str | None, *, loopback_peer: bool,
