@@ -11,6 +11,7 @@ one of these commands runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -52,6 +53,8 @@ def add_service(sub: argparse._SubParsersAction) -> None:
                    help="where to listen (default 127.0.0.1:8765)")
     p.add_argument("--max-body-kb", type=int, default=256, help="request body limit (KiB)")
     _http_access(p)
+    p.add_argument("--require-token", action="store_true",
+                   help=argparse.SUPPRESS)  # the default now: accepted for old scripts
     _common(p)
     p.set_defaults(func=cmd_service)
     tsub = p.add_subparsers(dest="service_command", metavar="ACTION")
@@ -153,6 +156,10 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     store = TokenStore(ServiceConfig(state_dir=args.state_dir or "").tokens_path)
     if args.action == "list":
+        own = ServiceConfig(state_dir=args.state_dir or "").token_path
+        if os.path.exists(own):
+            print(f"krex: the service's own token (tenant `local`) is in {own}",
+                  file=sys.stderr)
         for t in store.tenants():
             print(f"{t.name}\tmax_active_jobs={t.quotas.max_active_jobs}\t"
                   f"max_jobs_per_minute={t.quotas.max_jobs_per_minute}")

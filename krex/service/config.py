@@ -47,10 +47,6 @@ class ServiceConfig:
                                  hint=f"give {flag} 1 or more")
 
     @property
-    def loopback(self) -> bool:
-        return is_loopback(self.host)
-
-    @property
     def tokens_path(self) -> str:
         return os.path.join(self.state_dir, "tokens.json")
 

@@ -3,8 +3,9 @@ from elsewhere) that polls ``/v1/node/summary`` every second and draws devices a
 holders, queues, warm workers, a timeline of the last minutes of regions (waited,
 held; not-clean ones marked), recent evaluations and each tenant's share.
 
-A token, when the service needs one, is read from the page's fragment
+The token (every data request needs one) is read from the page's fragment
 (``/#token=…``) and sent as a bearer token; it never appears in a request URL.
+Without it the page loads and says "HTTP 401".
 """
 
 from __future__ import annotations
