@@ -70,6 +70,31 @@ def test_run_python_uses_krexs_interpreter_when_paths_python_cannot_import_krex(
     assert out.returncode == 0 and out.stderr == ""
 
 
+def test_run_python_probes_krex_from_where_the_script_will_import(tmp_path, monkeypatch):
+    """From a checkout (``./krex`` in the working directory), ``python examples/x.py``
+    imports from ``examples/``, not from the working directory: the probe must agree."""
+    from krex.client.job import python_for
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    plain = fake_bin / "python"  # cannot import an installed krex, but sees its sys.path[0]
+    plain.write_text("#!/bin/sh\nexec /usr/bin/env -u PYTHONPATH /usr/bin/python3 -s \"$@\"\n")
+    plain.chmod(0o755)
+    checkout = tmp_path / "checkout"
+    (checkout / "krex").mkdir(parents=True)
+    (checkout / "krex" / "__init__.py").write_text("")
+    (checkout / "examples").mkdir()
+    (checkout / "examples" / "prog.py").write_text("import krex\n")
+    monkeypatch.chdir(checkout)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    argv, note = python_for(["python", "examples/prog.py", "2"], env)
+    assert argv[0] == PY and argv[1:] == ["examples/prog.py", "2"]
+    assert note is not None and "cannot import krex" in note
+    # negative control: with -c the working directory is on sys.path, ./krex is found
+    assert python_for(["python", "-c", "import krex"], env) == (["python", "-c", "import krex"],
+                                                                None)
+
+
 def test_region_command_exit_code_and_report(daemon):
     out = run_krex("run", "--", PY, "-m", "krex", "region", "--label", "sh", "--", PY, "-c",
                    "raise SystemExit(3)")

@@ -118,7 +118,7 @@ def python_for(argv: list[str], env: dict[str, str]) -> tuple[list[str], str | N
     found = shutil.which(name, path=env.get("PATH", os.defpath))
     if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(sys.executable):
         return argv, None  # the venv's own interpreter
-    if found and _imports_krex(found, env):
+    if found and _imports_krex(found, argv[1:], env):
         return argv, None
     why = (f"`{name}` on PATH ({found}) cannot import krex" if found
            else f"there is no `{name}` on PATH")
@@ -129,14 +129,37 @@ def python_for(argv: list[str], env: dict[str, str]) -> tuple[list[str], str | N
     return [sys.executable, *argv[1:]], note
 
 
-def _imports_krex(python: str, env: dict[str, str]) -> bool:
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('krex') is None)"
+def _imports_krex(python: str, args: list[str], env: dict[str, str]) -> bool:
+    """Whether ``python args…`` could import krex: probed with the interpreter options it
+    is given and the first entry of ``sys.path`` it will have (a script's directory, not
+    our working directory, which may hold a checkout's ``krex/``)."""
+    options, first = _options_and_path0(args)
+    probe = ("import importlib.util, sys\nif sys.path[:1] == ['']: sys.path[0] = sys.argv[1]\n"
+             "sys.exit(importlib.util.find_spec('krex') is None)")
     try:
-        done = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL,
+        done = subprocess.run([python, *options, "-c", probe, first], env=env,
+                              stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+def _options_and_path0(args: list[str]) -> tuple[list[str], str]:
+    """The interpreter options of ``python args…`` and its ``sys.path[0]`` where not safe
+    (``-P``, ``-I``): the script's directory, else (``-c``, ``-m``, a prompt) the working
+    directory."""
+    takes_value = False
+    for i, arg in enumerate(args):
+        if takes_value:  # the value of -W or -X, not the script
+            takes_value = False
+        elif arg == "-" or arg.startswith(("-c", "-m")):
+            return args[:i], os.getcwd()
+        elif not arg.startswith("-"):
+            return args[:i], os.path.dirname(os.path.realpath(arg))
+        else:
+            takes_value = arg in ("-W", "-X", "--check-hash-based-pycs")
+    return args, os.getcwd()
 
 
 def run_job(argv: list[str], *, device: str | None = None, name: str | None = None,
