@@ -117,6 +117,7 @@ def test_exec_json_result_and_timeout(daemon, tmp_path):
     assert out.returncode == 124
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert result["status"] == "timeout" and result["recycled"]
+    assert result["outcome"] == "timed_out"  # the word a service job's state uses
     assert "start" in out.stdout and "timed out" in out.stderr
 
 

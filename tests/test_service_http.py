@@ -112,6 +112,25 @@ def test_exec_job_idempotent_submit_and_long_poll(service):
     service.wait(other["id"])
 
 
+def test_exec_job_state_says_what_the_program_did(service):
+    """``succeeded`` means the program exited 0: a raise, an exit 3, a timeout and a
+    crash each end in a state of their own (agents read ``state``)."""
+    programs = {"succeeded": {"program": "print('fine')\n"},
+                "failed": {"program": "1 / 0\n"},
+                "timed_out": {"program": "import time\ntime.sleep(30)\n", "timeout_s": 1},
+                "crashed": {"program": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"}}
+    exit3 = {"program": "import sys\nsys.exit(3)\n"}
+    jobs = {want: service.call("POST", "/v1/jobs/exec", body)[1]["id"]
+            for want, body in programs.items()}
+    for want, job_id in jobs.items():
+        done = service.wait(job_id)
+        assert done["state"] == want and done["result"]["outcome"] == want, done
+    done = service.wait(service.call("POST", "/v1/jobs/exec", exit3)[1]["id"])
+    assert done["state"] == "failed" and done["result"]["exit_code"] == 3, done
+    status, listing = service.call("GET", "/v1/jobs?state=timed_out")
+    assert status == 200 and [j["id"] for j in listing["jobs"]] == [jobs["timed_out"]], listing
+
+
 def test_long_poll_waits_for_the_job_and_no_longer(service):
     status, job = service.call("POST", "/v1/jobs/exec",
                                {"program": "import time\ntime.sleep(1.5)\n"})

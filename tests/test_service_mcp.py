@@ -145,6 +145,7 @@ def test_mcp_over_streamable_http(daemon, tmp_path):
         reap(proc, timeout_s=15)
     assert TOOLS <= seen["tools"]
     assert seen["exec"]["exit_code"] == 3 and seen["exec"]["status"] == "error"
+    assert seen["exec"]["state"] == "failed" and seen["exec"]["outcome"] == "failed"
 
 
 def test_mcp_over_http_needs_its_tenants_token_and_an_allowed_host(tmp_path):

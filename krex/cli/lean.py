@@ -277,6 +277,10 @@ def exec_program(program: str, args: list[str], *, device: str | None,
 
 def _report(result: dict, timeout_s: float | None, json_out: bool) -> int:
     if json_out:
+        from krex.workers.spec import outcome
+
+        result["outcome"] = outcome(result["status"], result["exit_code"],
+                                    result.get("recycle_reason"))
         sys.stdout.write(leanjson.dumps(result, indent=2) + "\n")
     status_, reason = result.get("status"), result.get("recycle_reason") or ""
     if status_ == "timeout":

@@ -249,7 +249,7 @@ def _job_routes(app: FastAPI, service: Service) -> None:
 
     @app.get("/v1/jobs", tags=["jobs"])
     def list_jobs(tenant: who_t, state: Annotated[str | None, Query(
-            pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
+            pattern="^(queued|running|succeeded|failed|timed_out|crashed|cancelled)$")] = None,
             limit: Annotated[int, Query(ge=1, le=1000)] = 50,
             before: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
         """The tenant's jobs, newest first; ``next`` (when not null) is the ``before`` of

@@ -1,7 +1,11 @@
 """Jobs: submitted once (idempotency keys), run by a few runner threads, waited for, cancelled.
 
 A job is one evaluation, exec or bench on behalf of a tenant.  States:
-``queued`` -> ``running`` -> ``succeeded`` | ``failed`` | ``cancelled``.
+``queued`` -> ``running`` -> ``succeeded`` | ``failed`` | ``timed_out`` | ``crashed`` |
+``cancelled``.  ``succeeded`` means the work was done and, for a program, that it exited 0:
+a program that raised or exited non-zero is ``failed``, one stopped at its timeout
+``timed_out``, one whose worker died under it ``crashed`` (the result's ``outcome``, the
+word of :data:`krex.workers.spec.OUTCOMES`); an error of krex's own is ``failed``.
 The store is SQLite (``jobs.sqlite3`` in the state directory), so a retried
 submit finds its job after a restart too; a job that was running when the
 service stopped is ``failed`` with ``interrupted`` on the next start, and
@@ -38,7 +42,7 @@ from krex.service.tenants import Tenant
 
 KINDS = ("evaluate", "exec", "bench")
 ACTIVE = ("queued", "running")
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "timed_out", "crashed", "cancelled")
 # SQLite's page cache for the jobs database (KiB; SQLite's default is 2000): every query
 # is by an index, and the cache is memory the service keeps once the database outgrows it.
 CACHE_KIB = 512
@@ -266,7 +270,7 @@ class JobStore:
                     result = {**result, "discarded": "the job was cancelled while it ran"}
                 self._finish(job, "cancelled", result, error)
             else:
-                self._finish(job, "failed" if error else "succeeded", result, error)
+                self._finish(job, "failed" if error else _settled(result), result, error)
 
     def _finish(self, job: Job, state: str, result: dict[str, Any] | None,
                 error: dict[str, Any] | None) -> None:
@@ -326,9 +330,15 @@ class JobStore:
             self._queue.append(job.id)
 
     def _prune(self) -> None:
-        self.db.execute("DELETE FROM jobs WHERE state IN ('succeeded','failed','cancelled') AND "
+        self.db.execute("DELETE FROM jobs WHERE state NOT IN ('queued','running') AND "
                         "id NOT IN (SELECT id FROM jobs ORDER BY created_s DESC LIMIT ?)",
                         (self.keep_finished,))
+
+
+def _settled(result: dict[str, Any] | None) -> str:
+    """A finished job's state: its program's outcome where it ran one, else succeeded."""
+    said = (result or {}).get("outcome")
+    return said if said in TERMINAL else "succeeded"
 
 
 def _dump(value: dict[str, Any] | None) -> str | None:

@@ -56,5 +56,9 @@ def bench(result: dict[str, Any]) -> dict[str, Any]:
 def execution(result: dict[str, Any], stdout: str, stderr: str) -> dict[str, Any]:
     keys = ("status", "exit_code", "exception", "worker_pid", "recycled", "recycle_reason",
             "duration_s", "dispatch_s", "started_mono_s", "ended_mono_s")
-    return {**{k: result.get(k) for k in keys}, "stdout": stdout, "stderr": stderr,
+    from krex.workers.spec import outcome
+
+    return {**{k: result.get(k) for k in keys},
+            "outcome": outcome(result["status"], result["exit_code"], result.get("recycle_reason")),
+            "stdout": stdout, "stderr": stderr,
             "traceback": (result.get("traceback") or "")[-4000:] or None}

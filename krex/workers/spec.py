@@ -21,6 +21,23 @@ STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "crashed", "recycled", "c
 
 EXIT_TIMEOUT = 124
 
+# What a program's run means to whoever asked for it, in one word: ``succeeded`` is an
+# exit 0 and nothing else; the others say why not.  The CLI's ``--json`` (``outcome``)
+# and the service's job states use these same words.
+OUTCOMES: tuple[str, ...] = ("succeeded", "failed", "timed_out", "crashed", "cancelled")
+_EXITED = "crashed: exited with status"  # os._exit(N): an exit, not a crash
+
+
+def outcome(status: str, exit_code: int, recycle_reason: str | None = None) -> str:
+    """The outcome (one of :data:`OUTCOMES`) of a program that ended with ``status``."""
+    if status == "timeout":
+        return "timed_out"
+    if status == "cancelled":
+        return "cancelled"
+    if status in ("crashed", "recycled") and not (recycle_reason or "").startswith(_EXITED):
+        return "crashed"
+    return "succeeded" if exit_code == 0 else "failed"
+
 
 @dataclass
 class PoolSpec:
@@ -124,6 +141,11 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def outcome(self) -> str:
+        """``succeeded`` (exit 0), ``failed``, ``timed_out``, ``crashed`` or ``cancelled``."""
+        return outcome(self.status, self.exit_code, self.recycle_reason)
 
     def returned(self) -> Any:
         """The callable's return value, unpickled."""
