@@ -95,6 +95,23 @@ def test_run_python_probes_krex_from_where_the_script_will_import(tmp_path, monk
                                                                 None)
 
 
+def test_bench_gives_the_fields_skill_md_tells_an_agent_to_read(daemon, tmp_path):
+    """SKILL.md: "Read `p50_ms`, `p95_ms`, `noise_rel`" — in --json, --export-json and
+    the table (the hyperfine fields stay)."""
+    exported = tmp_path / "bench.json"
+    out = run_krex("bench", "--runs", "3", "--warmup", "0", "--json", "--export-json",
+                   str(exported), "--", "true", timeout=120)
+    assert out.returncode == 0, out.stderr
+    for doc in (json.loads(out.stdout), json.loads(exported.read_text())):
+        r = doc["results"][0]
+        times_ms = sorted(t * 1e3 for t in r["times"])
+        assert r["p50_ms"] == pytest.approx(times_ms[1]) and r["noise_rel"] >= 0, r
+        assert times_ms[1] <= r["p95_ms"] <= times_ms[2], r
+        assert r["median"] * 1e3 == pytest.approx(r["p50_ms"]), r  # the old field stays
+    human = run_krex("bench", "--runs", "2", "--warmup", "0", "--", "true", timeout=120)
+    assert human.returncode == 0 and "p95" in human.stdout and "noise" in human.stdout
+
+
 def test_region_command_exit_code_and_report(daemon):
     out = run_krex("run", "--", PY, "-m", "krex", "region", "--label", "sh", "--", PY, "-c",
                    "raise SystemExit(3)")

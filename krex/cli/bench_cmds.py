@@ -113,10 +113,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def export_json(results: list[dict[str, Any]], relative: list[dict[str, Any]]) -> dict:
-    """hyperfine's export shape (seconds), with krex's evidence under ``krex``."""
+    """hyperfine's export shape (seconds), with krex's evidence under ``krex`` and the
+    fields SKILL.md tells an agent to read (``p50_ms``, ``p95_ms``, ``noise_rel``)."""
     out = []
     for r, rel in zip(results, relative, strict=True):
-        out.append({"command": r["command"], "mean": r["mean_s"], "stddev": r["stddev_s"],
+        out.append({"command": r["command"], "p50_ms": r["p50_ms"], "p95_ms": r["p95_ms"],
+                    "noise_rel": r["noise_rel"], "mean": r["mean_s"], "stddev": r["stddev_s"],
                     "median": r["median_s"], "user": r["user_s"], "system": r["system_s"],
                     "min": r["min_s"], "max": r["max_s"], "times": r["times_s"],
                     "exit_codes": r["exit_codes"],
@@ -146,12 +148,17 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _noise(noise_rel: float | None) -> str:
+    return "—" if noise_rel is None else f"{noise_rel:.1%}"
+
+
 def _show(results: list[dict[str, Any]], relative: list[dict[str, Any]]) -> None:
     ms = 1e3
-    table("krex bench (ms)", ["command", "runs", "mean ± σ", "median", "min … max", "user",
-                              "system"],
+    table("krex bench (ms)", ["command", "runs", "mean ± σ", "p50", "p95", "noise",
+                              "min … max", "user", "system"],
           [[r["command"], r["runs"], f"{r['mean_s'] * ms:.2f} ± {r['stddev_s'] * ms:.2f}",
-            f"{r['median_s'] * ms:.2f}", f"{r['min_s'] * ms:.2f} … {r['max_s'] * ms:.2f}",
+            f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", _noise(r["noise_rel"]),
+            f"{r['min_s'] * ms:.2f} … {r['max_s'] * ms:.2f}",
             f"{r['user_s'] * ms:.2f}", f"{r['system_s'] * ms:.2f}"] for r in results])
     for r in results:
         region = r.get("region") or {}

@@ -200,11 +200,21 @@ def _summary(spec: Spec, device: str, warmup_runs: int, run: loop.RegionRun) -> 
         "user_s": stats.mean([r[1] for r in run.value]),
         "system_s": stats.mean([r[2] for r in run.value]),
         "times_s": times,
+        **readings(times),
         "exit_codes": [r[3] for r in run.value],
         "region": run.report.to_dict(),
         "attempts": run.attempts,
         "warnings": warnings_dicts(warnings, details),
     }
+
+
+def readings(times_s: Sequence[float]) -> dict[str, float | None]:
+    """The fields an agent reads (SKILL.md): ``p50_ms``, ``p95_ms`` and ``noise_rel``
+    (robust relative noise; None with fewer than two runs)."""
+    times_ms = [t * 1e3 for t in times_s]
+    return {"p50_ms": stats.median(times_ms) if times_ms else None,
+            "p95_ms": stats.quantile(times_ms, 0.95) if times_ms else None,
+            "noise_rel": stats.relative_noise(times_ms) if len(times_ms) > 1 else None}
 
 
 def relative_speed(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

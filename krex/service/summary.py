@@ -37,14 +37,13 @@ def _side(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def bench(result: dict[str, Any]) -> dict[str, Any]:
-    times_ms = [t * 1e3 for t in result.get("times_s", [])]
+    from krex.measure.command import readings
+
     region = result.get("region") or {}
     return {
         "command": result.get("command"), "runs": result.get("runs"),
-        "p50_ms": stats.median(times_ms) if times_ms else None,
-        "p95_ms": stats.quantile(times_ms, 0.95) if times_ms else None,
+        **readings(result.get("times_s", [])),
         "mean_ms": (result.get("mean_s") or 0) * 1e3,
-        "noise_rel": stats.relative_noise(times_ms) if len(times_ms) > 1 else None,
         "exit_codes": result.get("exit_codes"), "region_clean": region.get("clean"),
         "region_id": region.get("region"), "waited_s": region.get("waited_s"),
         "held_s": region.get("held_s"),
