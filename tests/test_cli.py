@@ -112,6 +112,18 @@ def test_bench_gives_the_fields_skill_md_tells_an_agent_to_read(daemon, tmp_path
     assert human.returncode == 0 and "p95" in human.stdout and "noise" in human.stdout
 
 
+def test_evaluate_with_a_misspelt_function_is_one_line_naming_the_defined_ones(daemon,
+                                                                               tmp_path):
+    (tmp_path / "ref.py").write_text("def softmax(x):\n    return x\n")
+    (tmp_path / "inputs.py").write_text("def make(seed):\n    return (1.0,)\n")
+    out = run_krex("evaluate", "--ref", "ref.py:softmx", "--cand", "ref.py:softmax",
+                   "--inputs", "inputs.py:make", cwd=str(tmp_path), timeout=120)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("krex: error: reference file") and \
+        out.stderr.count("\n") == 1, out.stderr
+    assert "did you mean 'softmax'" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_region_command_exit_code_and_report(daemon):
     out = run_krex("run", "--", PY, "-m", "krex", "region", "--label", "sh", "--", PY, "-c",
                    "raise SystemExit(3)")

@@ -520,6 +520,27 @@ def test_specs(tmp_path):
     assert spec.of(test_specs, "candidate").name == "test_specs"
 
 
+def test_a_misspelt_function_is_refused_before_anything_runs_naming_the_files_functions(
+        tmp_path):
+    f = tmp_path / "ref.py"
+    f.write_text("import math\nfrom os import path as p\n\ndef softmax(x):\n    return x\n\n"
+                 "def _helper():\n    pass\n\nclass Kernels:\n    def fast(self):\n        pass\n"
+                 "\nscaled = softmax\n")
+    with pytest.raises(BadRequest) as e:
+        spec.parse(f"{f}:softmx", "reference")
+    assert "has no function 'softmx'" in e.value.message, e.value.message
+    assert "softmax" in e.value.hint and "Kernels" in e.value.hint, e.value.hint
+    assert "did you mean 'softmax'" in e.value.hint, e.value.hint
+    # negative controls: every name the file binds at its top level is accepted
+    for name in ("softmax", "scaled", "Kernels.fast", "p", "math"):
+        assert spec.parse(f"{f}:{name}", "reference").name == name
+    # a file that cannot be read statically (syntax error, star import, module
+    # __getattr__) is left to the worker, which imports it
+    for body in ("def broken(:\n", "from os import *\n", "def __getattr__(name):\n    pass\n"):
+        f.write_text(body)
+        assert spec.parse(f"{f}:softmx", "reference").name == "softmx"
+
+
 def test_plan_holds_out_shapes_and_seeds():
     p = plan({"shapes": [[8, 8], [3, 5]], "seeds": 3, "rotation": 4})
     assert [c["seed"] for c in p["correctness"]] == [0, 1, 2]

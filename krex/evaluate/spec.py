@@ -9,6 +9,8 @@ serves an old copy of a file that was edited between two evaluations.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -45,7 +47,8 @@ def file_sha256(path: str) -> str:
 
 
 def parse(text: str, role: str) -> FnSpec:
-    """``"dir/ref.py:fn"`` -> FnSpec (the file must exist; the name is checked in the worker)."""
+    """``"dir/ref.py:fn"`` -> FnSpec (the file must exist and bind the name's first part at
+    its top level, as read from its source; the worker checks the rest)."""
     path, sep, name = text.rpartition(":")
     if not sep or not path or not name or not path.endswith(".py"):
         raise BadRequest(f"{role} {text!r} is not PATH.py:FUNCTION",
@@ -53,7 +56,52 @@ def parse(text: str, role: str) -> FnSpec:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise BadRequest(f"{role} file {path} does not exist", hint="check the path")
+    _check_defined(path, name, role)
     return FnSpec(path, name, file_sha256(path))
+
+
+def _check_defined(path: str, name: str, role: str) -> None:
+    """Refuse a name the file does not bind at its top level, listing those it does (read
+    from the source, nothing run).  A file that cannot be read so is left to the worker."""
+    bound = top_level_names(path)
+    first = name.split(".")[0]
+    if bound is None or first in bound:
+        return
+    defined = sorted(n for n, is_def in bound.items() if is_def and not n.startswith("_"))
+    close = difflib.get_close_matches(first, list(bound), n=1)
+    raise BadRequest(f"{role} file {path} has no function {name!r}",
+                     hint=(f"did you mean {close[0]!r}? " if close else "")
+                     + f"it defines: {', '.join(defined) or 'no functions'}")
+
+
+def top_level_names(path: str) -> dict[str, bool] | None:
+    """The names a file binds at its top level (True: by ``def`` or ``class``); None
+    where that cannot be known without running it (a syntax error, ``import *``, a
+    module ``__getattr__``)."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: dict[str, bool] = {}
+    for node in tree.body:
+        for bound, is_def in _binds(node):
+            if bound in ("*", "__getattr__"):
+                return None
+            names[bound] = names.get(bound, False) or is_def
+    return names
+
+
+def _binds(node: ast.stmt) -> list[tuple[str, bool]]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [(node.name, True)]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [((a.asname or a.name).split(".")[0], False) for a in node.names]
+    # assignments, and names bound inside if/try/with/for at the top level
+    return [(n.id, False) for n in ast.walk(node)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)] + \
+        [(d.name, True) for d in ast.walk(node) if d is not node and
+         isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
 def of(value: str | Callable[..., Any], role: str) -> FnSpec:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from krex.measure import stats
-
 
 def evaluation(ev: dict[str, Any]) -> dict[str, Any]:
     timing = ev.get("timing") or {}
