@@ -262,6 +262,7 @@ def test_tenants_see_only_their_own_jobs(daemon, tmp_path):
     (json.dumps({"program": "pass\n", "device": "gpu0; rm -rf /"}).encode(), 422,
      "invalid_request"),
     (json.dumps({"program": "x" * 300_000}).encode(), 413, "body_too_large"),
+    (json.dumps({"path": "prog.py"}).encode(), 422, "invalid_request"),  # not the caller's cwd
 ])
 def test_bad_bodies_get_a_clear_4xx_and_the_service_keeps_serving(service, raw, status, code):
     got, err = service.call("POST", "/v1/jobs/exec", raw=raw)
@@ -271,6 +272,20 @@ def test_bad_bodies_get_a_clear_4xx_and_the_service_keeps_serving(service, raw, 
         assert err["error"]["fields"] and err["error"]["hint"]
     ok, job = service.call("POST", "/v1/jobs/exec", {"program": "pass\n"})
     assert ok == 201 and service.wait(job["id"])["state"] == "succeeded"
+
+
+def test_evaluate_with_a_relative_path_is_refused_at_submission(service, tmp_path):
+    """The service's working directory is not the caller's: a relative node path is a 422
+    that says so, not a 201 that fails later."""
+    ref = tmp_path / "ref.py"
+    ref.write_text("def fn(x):\n    return x\n")
+    body = {"reference": "ref.py:fn", "candidate": f"{ref}:fn", "inputs": f"{ref}:fn"}
+    status, err = service.call("POST", "/v1/jobs/evaluate", body)
+    assert status == 422 and err["error"]["code"] == "invalid_request", err
+    assert "absolute" in json.dumps(err) and "reference" in json.dumps(err), err
+    status, err = service.call("POST", "/v1/jobs/evaluate", {**body, "reference": f"{ref}:fn",
+                                                            "inputs": "./ref.py:fn"})
+    assert status == 422 and "inputs" in json.dumps(err), err
 
 
 def test_bad_idempotency_key_and_unknown_job(service):

@@ -53,6 +53,8 @@ class ExecBody(_Body):
     def _one_program(self) -> ExecBody:
         if (self.program is None) == (self.path is None):
             raise ValueError("give exactly one of `program` (source text) or `path`")
+        if self.path is not None:
+            _absolute("path", self.path)
         return self
 
 
@@ -80,7 +82,17 @@ class EvaluateBody(_Body):
             value = getattr(self, side)
             if isinstance(value, str) and not re.match(SPEC, value):
                 raise ValueError(f"{side}: not `path.py:function`: {value[:80]!r}")
+            if isinstance(value, str):
+                _absolute(side, value)
         return self
+
+
+def _absolute(field: str, path: str) -> None:
+    """A node path must be absolute: the service's working directory is not the caller's."""
+    if not path.startswith("/"):
+        raise ValueError(f"{field}: {path[:80]!r} is relative; give an absolute path on the "
+                         "node (the service does not share your working directory) or send "
+                         "the source itself")
 
 
 class BenchBody(_Body):

@@ -231,7 +231,7 @@ class Work:
     # -- helpers -------------------------------------------------------------------------
 
     def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
-        if isinstance(value, str):  # a node path: as the service's directory names it
+        if isinstance(value, str):  # a node path (absolute: schemas refuse a relative one)
             path, sep, fn = value.rpartition(":")
             return f"{os.path.abspath(path)}:{fn}" if sep and path.endswith(".py") else value
         path = self._write(job, f"{side}.py", value["source"])
