@@ -55,7 +55,8 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
         seen["tools"] = {t.name: t.input_schema for t in tools}
         ev = structured(await session.call_tool("evaluate", {
             "reference": spec(CPU, "kernels.py:reference"), "candidate": FASTER,
-            "inputs": spec(CPU, "inputs.py:make"), "cache": "hot", "seeds": 2}))
+            "inputs": spec(CPU, "inputs.py:make"), "cache": "hot", "seeds": 2,
+            "atol": 1e-4, "rtol": 1e-3}))
         seen["evaluate"] = ev
         seen["record"] = structured(await session.call_tool("get_record",
                                                             {"record_id": ev["record_id"]}))
@@ -75,6 +76,9 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
     assert ev["ci_low"] <= ev["speedup"] <= ev["ci_high"] and ev["ci_low"] > 1.0
     assert ev["reference"]["p50_ms"] > ev["candidate"]["p50_ms"] > 0
     assert ev["record_id"] and seen["record"]["id"] == ev["record_id"]
+    # the tolerances WRONG_OUTPUT's next action points at reach the evaluation
+    assert {"atol", "rtol"} <= set(seen["tools"]["evaluate"]["properties"])
+    assert (seen["record"]["options"]["atol"], seen["record"]["options"]["rtol"]) == (1e-4, 1e-3)
     assert seen["bad"].is_error and "exactly one of" in seen["bad"].content[0].text
     missing = seen["missing"].content[0].text
     assert seen["missing"].is_error and "record_not_found" in missing and "hint:" in missing

@@ -102,18 +102,20 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
     async def evaluate(reference: str | schemas.Source, candidate: str | schemas.Source,
                        inputs: str | schemas.Source, device: str | None = None,
                        seeds: int = 3, shapes: list[Any] | None = None,
+                       atol: float | None = None, rtol: float | None = None,
                        cache: str = "cold", timeout_s: float = 120.0,
                        fresh: bool = False) -> dict[str, Any]:
         """Is the candidate correct against the reference, and faster?  Each of reference,
         candidate, inputs is "path.py:function" or {"source": ..., "function": ...};
-        inputs(seed) or inputs(seed, shape) returns the arguments.  Answers verdict
+        inputs(seed) or inputs(seed, shape) returns the arguments; atol/rtol override the
+        output dtype's default tolerances.  Answers verdict
         (faster/slower/same/unclear/invalid), speedup [ci_low, ci_high], correct,
         findings (code, severity, message, next_action), p50/p95 and noise of each
         side, region_clean and record_id."""
         return await run("evaluate", dict(
             reference=_plain(reference), candidate=_plain(candidate), inputs=_plain(inputs),
-            device=device, seeds=seeds, shapes=shapes, cache=cache, timeout_s=timeout_s,
-            fresh=fresh))
+            device=device, seeds=seeds, shapes=shapes, atol=atol, rtol=rtol, cache=cache,
+            timeout_s=timeout_s, fresh=fresh))
 
     @server.tool()
     async def bench_command(command: str, device: str | None = None, runs: int | None = None,
