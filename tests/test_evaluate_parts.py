@@ -541,6 +541,12 @@ def test_a_misspelt_function_is_refused_before_anything_runs_naming_the_files_fu
         assert spec.parse(f"{f}:softmx", "reference").name == "softmx"
 
 
+def test_no_held_out_shape_names_the_option_in_every_interface():
+    """The next action names the CLI flag as well as the field (HTTP, MCP, Python)."""
+    action = Code.NO_HELD_OUT_SHAPE.next_action
+    assert "--shapes" in action and "shapes=" in action and "SHAPES" in action, action
+
+
 def test_plan_holds_out_shapes_and_seeds():
     p = plan({"shapes": [[8, 8], [3, 5]], "seeds": 3, "rotation": 4})
     assert [c["seed"] for c in p["correctness"]] == [0, 1, 2]

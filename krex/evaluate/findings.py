@@ -75,7 +75,9 @@ class Code(Enum):
     NOT_BITWISE_DETERMINISTIC = (NOTE, "two calls on identical inputs differ within tolerance",
                                  "fine for floating-point reductions in parallel")
     NO_HELD_OUT_SHAPE = (NOTE, "only one shape was given: held out were new seeds only",
-                         "pass shapes=[timed_shape, other_shape, ...] to check generality")
+                         "give more shapes to check generality: --shapes "
+                         "'[[timed], [other], ...]' (CLI), shapes=[timed_shape, other_shape, "
+                         "...] (Python, HTTP, MCP), or SHAPES = [...] beside the inputs builder")
 
     def __init__(self, severity: str, summary: str, next_action: str) -> None:
         self.severity = severity
