@@ -124,6 +124,23 @@ def test_evaluate_with_a_misspelt_function_is_one_line_naming_the_defined_ones(d
     assert "did you mean 'softmax'" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_an_invalid_verdict_prints_no_speed(capsys):
+    """SKILL.md: never report an invalid candidate's speed; the console does not either."""
+    from krex.cli.evaluate_cmds import _print_evaluation
+
+    timing = {"pairs": 8, "reference": {"median_ms": 2.0}, "candidate": {"median_ms": 0.35},
+              "region": {"clean": True}}
+    ev = {"id": "abc123", "verdict": "invalid", "speedup": 5.741, "ci_low": 5.5,
+          "ci_high": 6.0, "correct": False, "status": "ok", "reused": False, "findings": [],
+          "timing": timing}
+    _print_evaluation(ev)
+    out = capsys.readouterr().out
+    assert "verdict invalid" in out and "5.741" not in out and "0.35" not in out, out
+    _print_evaluation({**ev, "verdict": "faster", "correct": True})  # negative control
+    out = capsys.readouterr().out
+    assert "speedup 5.741x" in out and "0.3500" in out, out
+
+
 def test_region_command_exit_code_and_report(daemon):
     out = run_krex("run", "--", PY, "-m", "krex", "region", "--label", "sh", "--", PY, "-c",
                    "raise SystemExit(3)")

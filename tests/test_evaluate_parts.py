@@ -7,6 +7,7 @@ store — each claim with its negative control.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sqlite3
@@ -545,6 +546,13 @@ def test_no_held_out_shape_names_the_option_in_every_interface():
     """The next action names the CLI flag as well as the field (HTTP, MCP, Python)."""
     action = Code.NO_HELD_OUT_SHAPE.next_action
     assert "--shapes" in action and "shapes=" in action and "SHAPES" in action, action
+
+
+def test_an_invalid_evaluations_summary_has_no_speed():
+    ev = Evaluation(id="e1", created_at="t", request_key="k", device="cpu", status="ok",
+                    verdict="invalid", correct=False, speedup=5.741, ci_low=5.5, ci_high=6.0)
+    assert "5.741" not in ev.summary() and "invalid" in ev.summary(), ev.summary()
+    assert "5.741x" in dataclasses.replace(ev, verdict="faster", correct=True).summary()
 
 
 def test_plan_holds_out_shapes_and_seeds():

@@ -84,7 +84,8 @@ def _shapes(text: str | None) -> list[Any] | None:
 def _print_evaluation(ev: dict[str, Any]) -> None:
     from krex.cli.output import console, table
 
-    speed = "" if ev["speedup"] is None else \
+    invalid = ev["verdict"] == "invalid"  # a wrong or cheating candidate's speed means nothing
+    speed = "" if ev["speedup"] is None or invalid else \
         f"  speedup {ev['speedup']:.3f}x [{ev['ci_low']:.3f}, {ev['ci_high']:.3f}]"
     reused = "  (stored result: identical request; --fresh measures again)" if ev["reused"] else ""
     console.print(f"{ev['id']}  verdict [bold]{ev['verdict']}[/bold]{speed}  "
@@ -94,7 +95,7 @@ def _print_evaluation(ev: dict[str, Any]) -> None:
               [(f["code"], f["severity"], f["message"][:100], f["next_action"])
                for f in ev["findings"]])
     timing = ev.get("timing") or {}
-    if timing:
+    if timing and not invalid:
         console.print(f"timing: {timing.get('pairs')} pairs, reference median "
                       f"{timing['reference'].get('median_ms', 0):.4f} ms, candidate median "
                       f"{timing['candidate'].get('median_ms', 0):.4f} ms, region clean "
@@ -120,7 +121,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     table(f"evaluations in {store.path}", ["id", "when", "device", "verdict", "speedup",
                                            "correct", "candidate", "findings"],
           [(r["id"], r["created_at"][:19], r["device"], r["verdict"],
-            "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["correct"],
+            "" if r["speedup"] is None or r["verdict"] == "invalid" else f"{r['speedup']:.3f}",
+            r["correct"],
             r["candidate"].rsplit("/", 1)[-1], " ".join(r["findings"])) for r in rows])
     return 0
 

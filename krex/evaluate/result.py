@@ -59,8 +59,8 @@ class Evaluation:
         return [f.code.name for f in self.findings]
 
     def summary(self) -> str:
-        speed = "" if self.speedup is None else \
-            f" {self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+        speed = "" if self.speedup is None or self.verdict == "invalid" else \
+            f" {self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"  # never invalid's
         found = ", ".join(self.codes()) or "no findings"
         return f"{self.id}: {self.verdict}{speed}; correct={self.correct}; {found}"
 
