@@ -579,6 +579,32 @@ def record(i, key="k1", **kw):
     return ev.to_dict()
 
 
+def test_history_export_into_a_closed_pipe_exits_quietly(tmp_path):
+    """``krex history export --format csv | head``: the reader gone, no traceback."""
+    import os
+    import subprocess
+
+    from helpers import PY
+
+    db = str(tmp_path / "r.sqlite3")
+    with RecordStore(db) as store:
+        for i in range(1, 4):
+            store.save(record(i))
+    for fmt in ("csv", "jsonl"):
+        read, write = os.pipe()
+        os.close(read)  # the reader left before krex wrote
+        try:
+            done = subprocess.run([PY, "-m", "krex", "history", "export", "--format", fmt,
+                                   "--records", db], stdout=write, stderr=subprocess.PIPE,
+                                  text=True, timeout=60)
+        finally:
+            os.close(write)
+        assert done.stderr == "" and done.returncode == 141, (fmt, done)  # as SIGPIPE's
+    ok = subprocess.run([PY, "-m", "krex", "history", "export", "--format", "csv",
+                         "--records", db], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and len(ok.stdout.splitlines()) == 4, ok  # negative control
+
+
 def test_records_store_find_and_export(tmp_path):
     db = str(tmp_path / "r.sqlite3")
     with RecordStore(db) as store:

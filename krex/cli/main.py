@@ -66,8 +66,31 @@ def build_parser(serve_flags: bool = True, only: str | None = None) -> argparse.
     return parser
 
 
+EXIT_SIGPIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run ``krex argv…``; a reader that went away (``krex … | head``) ends it quietly."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe: say nothing (the reader chose to stop), and send
+    what is left in stdout's buffer nowhere so that exit does not fail on it again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_SIGPIPE
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"krex {__version__}")
         return 0
