@@ -277,7 +277,7 @@ def exec_program(program: str, args: list[str], *, device: str | None,
 
 def _report(result: dict, timeout_s: float | None, json_out: bool) -> int:
     if json_out:
-        from krex.workers.spec import outcome
+        from krex.protocol.outcome import outcome
 
         result["outcome"] = outcome(result["status"], result["exit_code"],
                                     result.get("recycle_reason"))

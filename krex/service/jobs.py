@@ -5,7 +5,7 @@ A job is one evaluation, exec or bench on behalf of a tenant.  States:
 ``cancelled``.  ``succeeded`` means the work was done and, for a program, that it exited 0:
 a program that raised or exited non-zero is ``failed``, one stopped at its timeout
 ``timed_out``, one whose worker died under it ``crashed`` (the result's ``outcome``, the
-word of :data:`krex.workers.spec.OUTCOMES`); an error of krex's own is ``failed``.
+word of :data:`krex.protocol.outcome.OUTCOMES`); an error of krex's own is ``failed``.
 The store is SQLite (``jobs.sqlite3`` in the state directory), so a retried
 submit finds its job after a restart too; a job that was running when the
 service stopped is ``failed`` with ``interrupted`` on the next start, and
@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex.errors import IdempotencyConflict, JobNotFound, KrexError, ServiceQuotaExceeded
+from krex.protocol.outcome import OUTCOMES
 from krex.service.config import KEEP_FINISHED
 from krex.service.tenants import Tenant
 
 KINDS = ("evaluate", "exec", "bench")
 ACTIVE = ("queued", "running")
-TERMINAL = ("succeeded", "failed", "timed_out", "crashed", "cancelled")
+TERMINAL = OUTCOMES  # succeeded, failed, timed_out, crashed, cancelled
 # SQLite's page cache for the jobs database (KiB; SQLite's default is 2000): every query
 # is by an index, and the cache is memory the service keeps once the database outgrows it.
 CACHE_KIB = 512

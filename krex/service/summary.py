@@ -53,7 +53,7 @@ def bench(result: dict[str, Any]) -> dict[str, Any]:
 def execution(result: dict[str, Any], stdout: str, stderr: str) -> dict[str, Any]:
     keys = ("status", "exit_code", "exception", "worker_pid", "recycled", "recycle_reason",
             "duration_s", "dispatch_s", "started_mono_s", "ended_mono_s")
-    from krex.workers.spec import outcome
+    from krex.protocol.outcome import outcome
 
     return {**{k: result.get(k) for k in keys},
             "outcome": outcome(result["status"], result["exit_code"], result.get("recycle_reason")),

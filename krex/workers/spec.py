@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from krex.protocol.outcome import outcome
+
 Status = Literal["ok", "error", "timeout", "crashed", "recycled", "cancelled"]
 
 # ``status`` is the outcome of the *program*; ``recycled``/``recycle_reason``
@@ -20,23 +22,6 @@ Status = Literal["ok", "error", "timeout", "crashed", "recycled", "cancelled"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "crashed", "recycled", "cancelled")
 
 EXIT_TIMEOUT = 124
-
-# What a program's run means to whoever asked for it, in one word: ``succeeded`` is an
-# exit 0 and nothing else; the others say why not.  The CLI's ``--json`` (``outcome``)
-# and the service's job states use these same words.
-OUTCOMES: tuple[str, ...] = ("succeeded", "failed", "timed_out", "crashed", "cancelled")
-_EXITED = "crashed: exited with status"  # os._exit(N): an exit, not a crash
-
-
-def outcome(status: str, exit_code: int, recycle_reason: str | None = None) -> str:
-    """The outcome (one of :data:`OUTCOMES`) of a program that ended with ``status``."""
-    if status == "timeout":
-        return "timed_out"
-    if status == "cancelled":
-        return "cancelled"
-    if status in ("crashed", "recycled") and not (recycle_reason or "").startswith(_EXITED):
-        return "crashed"
-    return "succeeded" if exit_code == 0 else "failed"
 
 
 @dataclass
