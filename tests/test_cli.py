@@ -149,6 +149,19 @@ def test_region_command_exit_code_and_report(daemon):
         assert "sh" in [r["label"] for r in c.regions()]
 
 
+def test_region_says_what_its_region_was_and_help_says_what_it_does(daemon):
+    out = run_krex("region", "--label", "said", "--", PY, "-c", "print('inside')")
+    assert out.returncode == 0 and out.stdout == "inside\n", out  # stdout is the command's
+    line = out.stderr.strip()
+    assert line.startswith("krex: region ") and "'said'" in line and "on cpu" in line, line
+    assert "waited " in line and "held " in line and ("clean" in line), line
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    quiet = run_krex("region", "--quiet", "--", "true")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet  # negative control
+    helped = run_krex("region", "--help").stdout
+    assert "exclusive" in helped and "one line on stderr" in helped, helped
+
+
 def test_region_timeout_exits_124(runtime_dir, monkeypatch, tmp_path):
     from helpers import Daemon, krex, reap
 
