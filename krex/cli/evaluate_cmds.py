@@ -62,10 +62,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         from krex.cli.output import print_json
 
-        print_json(ev.to_dict())
+        print_json(json_of(ev.to_dict()))
     else:
         _print_evaluation(ev.to_dict())
     return 0
+
+
+def json_of(ev: dict[str, Any]) -> dict[str, Any]:
+    """``krex evaluate --json``: the record, with the names SKILL.md has an agent read
+    (as the service answers them): ``record_id`` and ``region_clean``."""
+    region = (ev.get("timing") or {}).get("region") or {}
+    return {**ev, "record_id": ev["id"], "region_clean": region.get("clean")}
 
 
 def _shapes(text: str | None) -> list[Any] | None:
