@@ -36,6 +36,25 @@ def test_overlap_from_own_observations():
     assert obs["latecomer_beats"] == 1 and obs["sibling_ran"] == 0
 
 
+def test_demo_explains_every_not_clean_count(capsys):
+    """``clean 1/2`` comes with why the other region was not clean."""
+    from krex.cli.demo import _show, _summarise
+
+    preempted = "holder_preempted"  # the daemon's region records keep the reasons' codes
+    records = [{"job": "t-a", "clean": True, "waited_s": 0.0, "held_s": 0.1, "reasons": []},
+               {"job": "t-a", "clean": False, "waited_s": 0.0, "held_s": 0.1,
+                "reasons": [preempted]},
+               {"job": "t-b", "clean": True, "waited_s": 0.0, "held_s": 0.1, "reasons": []}]
+    summary = _summarise(records, {"t-a": 0, "t-b": 0}, "t")
+    a, b = summary["jobs"]
+    assert a["clean"] == 1 and a["not_clean"] == {preempted: 1}, a
+    assert b["not_clean"] == {}, b  # negative control: all clean, nothing to explain
+    _show(summary, {})
+    out = capsys.readouterr().out
+    assert "not clean: a: 1 of 2 regions: holder_preempted (docs/protocol.md, reason codes)" in out, out
+    assert "not clean: b" not in out
+
+
 def _demo(runtime_dir, monkeypatch, *serve_args: str, copies: int = 1):
     d = Daemon(str(runtime_dir), *serve_args).start()
     monkeypatch.setenv("KREX_SOCKET", d.socket)

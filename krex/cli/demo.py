@@ -141,6 +141,7 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str,
         held = [r["held_s"] for r in mine]
         jobs.append({"job": name.removeprefix(tag + "-"), "exit_code": code,
                      "regions": len(mine), "clean": sum(bool(r.get("clean")) for r in mine),
+                     "not_clean": not_clean_reasons(mine),
                      "waited_p50_s": statistics.median(waited) if waited else None,
                      "waited_max_s": max(waited, default=None),
                      "held_p50_s": statistics.median(held) if held else None,
@@ -153,6 +154,27 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str,
     return {"jobs": jobs, "overlaps": overlaps(records), "regions": len(records)}
 
 
+def not_clean_reasons(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Why regions were not clean: each reason code (the daemon's region records keep
+    the codes; docs/protocol.md says what each means), and in how many regions."""
+    why: dict[str, int] = {}
+    for r in records:
+        if r.get("clean"):
+            continue
+        for code in set(r.get("reasons") or []) or {"no reason recorded"}:
+            why[code] = why.get(code, 0) + 1
+    return why
+
+
+def _show_not_clean(jobs: list[dict[str, Any]]) -> None:
+    for j in jobs:
+        if j.get("not_clean"):
+            because = "; ".join(f"{m}" + (f" (×{n})" if n > 1 else "")
+                                for m, n in sorted(j["not_clean"].items(), key=lambda x: -x[1]))
+            console.print(f"not clean: {j['job']}: {j['regions'] - j['clean']} of "
+                          f"{j['regions']} regions: {because} (docs/protocol.md, reason codes)")
+
+
 def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
     for name, out in outputs.items():
         for line in out.strip().splitlines()[-3:]:
@@ -163,6 +185,7 @@ def _show(summary: dict[str, Any], outputs: dict[str, str]) -> None:
           [[j["job"], j["exit_code"], j["regions"], j["clean"], ms(j["waited_total_s"]),
             ms(j["waited_max_s"]), ms(j["frozen_s"]), ms(j["enforce_total_s"]),
             ms(j["held_p50_s"]), ms(j["held_total_s"])] for j in summary["jobs"]])
+    _show_not_clean(summary["jobs"])
     console.print(f"{summary['regions']} regions, {summary['overlaps']} overlapping "
                   "exclusive regions on any device (daemon's records)")
     obs = summary.get("observed") or {}
