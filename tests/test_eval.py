@@ -251,6 +251,31 @@ def test_not_clean_kernels_are_counted_by_reason():
     assert metrics.summarise_mode([_block()])["not_clean_reasons"] == {}  # clean: none
 
 
+def _summary(infl_p95: float, drift_p95: float, not_clean: int = 0,
+             reasons: dict | None = None) -> dict:
+    return {"inflation_pct": {"0.1": {"p95": infl_p95}, "1": {"p95": 5.0}},
+            "reference_drift_pct": {"0.1": {"p95": drift_p95}, "1": {"p95": 0.2}},
+            "regions_not_clean": not_clean, "timed_kernels": 20,
+            "not_clean_reasons": reasons or {}}
+
+
+def test_console_notes_warn_below_the_noise_floor_and_explain_not_clean():
+    """krex eval --quick said region 33 %, none -2.4 % at >= 0.1 ms while the machine's
+    own drift reached 58 %: the console must say that this cannot be read."""
+    doc = {"profile": {"buckets_ms": [0.1, 1.0]},
+           "summary": {"region": _summary(33.0, 58.0, 1, {"holder_preempted": 1}),
+                       "none": _summary(-2.4, 41.0)}}
+    notes = results.console_notes(doc)
+    floor = [n for n in notes if "noise floor" in n]
+    assert len(floor) == 1 and "≥0.1 ms" in floor[0] and "58" in floor[0], notes
+    assert "next:" in floor[0]
+    assert any(n.startswith("not clean: region 1/20: holder_preempted ×1") for n in notes), notes
+    # negative control: inflations well above the drift, all clean: nothing to say
+    quiet = {"profile": {"buckets_ms": [0.1, 1.0]},
+             "summary": {"region": _summary(0.5, 0.2), "none": _summary(90.0, 0.3)}}
+    assert results.console_notes(quiet) == []
+
+
 def test_eval_takes_gpu_devices_and_refuses_others():
     import argparse
 

@@ -120,7 +120,7 @@ def narrow(cols: list[str], rows: list[list[str]]) -> tuple[list[str], list[list
 
 
 def _show_report(path: str, made: dict, as_json: bool, wide: bool = False) -> int:
-    from krex.eval.results import load, table_rows
+    from krex.eval.results import console_notes, load, table_rows
 
     doc = load(path)
     if as_json:
@@ -132,6 +132,8 @@ def _show_report(path: str, made: dict, as_json: bool, wide: bool = False) -> in
     table(f"krex eval on {doc['device']} ({doc['agents']} agents)", cols, rows)
     if not wide:
         console.print("(main columns; --wide or the markdown table for all)")
+    for note in console_notes(doc):
+        console.print(note, highlight=False)
     console.print(f"results: {path}; table: {made['table']}")
     if made["plots_skipped"]:
         console.print(f"plots: {made['plots_skipped']}")

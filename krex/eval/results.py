@@ -118,6 +118,48 @@ def kind_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return cols, rows
 
 
+def console_notes(doc: dict[str, Any]) -> list[str]:
+    """What the console says under the table: each bucket whose readings lie below the
+    machine's noise floor, and why regions were not clean, per mode."""
+    return [*_noise_floor_notes(doc), *_not_clean_notes(doc)]
+
+
+def _noise_floor_notes(doc: dict[str, Any]) -> list[str]:
+    """A bucket where the references' own drift (p95, the worst mode's) is as large as the
+    p95 inflations compared (the largest, or the spread between modes): unreadable."""
+    notes = []
+    for b in (f"{x:g}" for x in doc["profile"]["buckets_ms"]):
+        infl = {m: (s.get("inflation_pct") or {}).get(b, {}).get("p95")
+                for m, s in doc["summary"].items()}
+        infl = {m: v for m, v in infl.items() if v is not None and math.isfinite(v)}
+        drifts = [(s.get("reference_drift_pct") or {}).get(b, {}).get("p95")
+                  for s in doc["summary"].values()]
+        drifts = [d for d in drifts if d is not None and math.isfinite(d)]
+        if not infl or not drifts:
+            continue
+        compared = max(max(abs(v) for v in infl.values()),
+                       max(infl.values()) - min(infl.values()))
+        if max(drifts) >= compared:
+            readings = ", ".join(f"{m} {v:.1f} %" for m, v in infl.items())
+            notes.append(f"warning: below the noise floor at ≥{b} ms: the machine's own drift "
+                         f"(p95 {max(drifts):.1f} %) is as large as the p95 inflations "
+                         f"compared ({readings}); they cannot be told apart (next: run on a "
+                         "quieter machine or with more rounds, and read the longer buckets)")
+    return notes
+
+
+def _not_clean_notes(doc: dict[str, Any]) -> list[str]:
+    notes = []
+    for mode, s in doc["summary"].items():
+        if not s.get("regions_not_clean"):
+            continue
+        why = sorted((s.get("not_clean_reasons") or {}).items(), key=lambda kv: -kv[1])
+        because = ", ".join(f"{code} ×{n}" for code, n in why) or "no reason recorded"
+        notes.append(f"not clean: {mode} {s['regions_not_clean']}/{s['timed_kernels']}: "
+                     f"{because} (docs/protocol.md, reason codes)")
+    return notes
+
+
 def _md(cols: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *["| " + " | ".join(r) + " |" for r in rows]]
