@@ -51,7 +51,8 @@ def test_demo_explains_every_not_clean_count(capsys):
     assert b["not_clean"] == {}, b  # negative control: all clean, nothing to explain
     _show(summary, {})
     out = capsys.readouterr().out
-    assert "not clean: a: 1 of 2 regions: holder_preempted (docs/protocol.md, reason codes)" in out, out
+    want = "not clean: a: 1 of 2 regions: holder_preempted (docs/protocol.md, reason codes)"
+    assert want in out, out
     assert "not clean: b" not in out
 
 
