@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import krex, reap, run_krex, wait_for
+from test_skill import BENCH_FIELDS, EVALUATE_FIELDS, EXEC_FIELDS, FINDING_FIELDS, keys_of
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 pytest.importorskip("uvicorn", reason="the `server` extra is not installed")
@@ -125,6 +126,7 @@ def test_exec_job_state_says_what_the_program_did(service):
     for want, job_id in jobs.items():
         done = service.wait(job_id)
         assert done["state"] == want and done["result"]["outcome"] == want, done
+        assert EXEC_FIELDS <= set(done) | set(done["result"])  # SKILL.md's
     done = service.wait(service.call("POST", "/v1/jobs/exec", exit3)[1]["id"])
     assert done["state"] == "failed" and done["result"]["exit_code"] == 3, done
     status, listing = service.call("GET", "/v1/jobs?state=timed_out")
@@ -322,6 +324,7 @@ def test_bench_job_times_a_command_in_a_region(service):
     assert done["state"] == "succeeded", done
     r = done["result"]
     assert r["runs"] == 3 and r["p50_ms"] > 0 and r["p95_ms"] >= r["p50_ms"]
+    assert BENCH_FIELDS <= set(r), BENCH_FIELDS - set(r)  # SKILL.md's
     assert r["region_id"] is not None and r["exit_codes"] == [0, 0, 0]
 
 
@@ -389,9 +392,12 @@ def test_evaluate_job_answers_verdict_and_stores_a_record(service):
     assert ev["state"] == "succeeded", ev
     r = ev["result"]
     assert r["verdict"] == "faster" and r["correct"] is True and r["ci_low"] > 1.0, r
+    top = EVALUATE_FIELDS - FINDING_FIELDS  # SKILL.md's fields
+    assert top <= keys_of(r), top - keys_of(r)
     bad = service.wait(jobs["wrong"]["id"], wait_s=60)["result"]
     assert bad["verdict"] == "invalid" and bad["correct"] is False, bad
     assert any(f["code"] and f["next_action"] for f in bad["findings"]), bad
+    assert EVALUATE_FIELDS <= keys_of(bad), EVALUATE_FIELDS - keys_of(bad)  # with findings
     status, record = service.call("GET", f"/v1/records/{r['record_id']}")
     assert status == 200 and record["id"] == r["record_id"] and record["verdict"] == "faster"
     status, rows = service.call("GET", "/v1/records?limit=10")

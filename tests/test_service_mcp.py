@@ -16,6 +16,7 @@ import anyio
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import PY
+from test_skill import EVALUATE_FIELDS, FINDING_FIELDS, keys_of
 
 mcp = pytest.importorskip("mcp", reason="the `server` extra is not installed")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
@@ -73,6 +74,8 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
     assert {"reference", "candidate", "inputs"} <= set(seen["tools"]["evaluate"]["properties"])
     ev = seen["evaluate"]
     assert ev["verdict"] == "faster" and ev["correct"] is True, ev
+    top = EVALUATE_FIELDS - FINDING_FIELDS  # SKILL.md's fields (findings: if any)
+    assert top <= keys_of(ev), top - keys_of(ev)
     assert ev["ci_low"] <= ev["speedup"] <= ev["ci_high"] and ev["ci_low"] > 1.0
     assert ev["reference"]["p50_ms"] > ev["candidate"]["p50_ms"] > 0
     assert ev["record_id"] and seen["record"]["id"] == ev["record_id"]

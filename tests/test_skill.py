@@ -47,6 +47,7 @@ def fields_named(text: str) -> set[str]:
 
 
 EVALUATE_FIELDS = fields_named(section("Read the answer in this order", "## Timing your own"))
+FINDING_FIELDS = fields_named(section("`findings`: each has", "Do what")) - {"findings"}
 BENCH_FIELDS = fields_named(section("- Whole command:", "- In Python"))
 EXEC_FIELDS = fields_named(section("its exit code is the", "## When something fails"))
 
@@ -55,6 +56,7 @@ def test_the_sections_name_the_fields_agents_read():
     """The extraction itself (so that an empty set cannot pass the tests below)."""
     assert {"verdict", "findings", "code", "severity", "next_action", "region_clean",
             "speedup", "ci_low", "ci_high", "record_id", "reused"} == EVALUATE_FIELDS
+    assert {"code", "severity", "next_action"} == FINDING_FIELDS
     assert {"p50_ms", "p95_ms", "noise_rel"} == BENCH_FIELDS
     assert {"state", "outcome"} == EXEC_FIELDS
     assert REQUEST_OPTIONS <= set(FIELD.findall(SKILL))
@@ -72,9 +74,10 @@ def evaluation() -> dict:
 
 
 def keys_of(answer: dict) -> set[str]:
-    """Its keys and those of its findings (``code``, ``severity``, ``next_action``)."""
-    inner = {k for f in answer.get("findings") or [] for k in f}
-    return set(answer) | inner
+    """Its keys, and those SKILL.md says each finding has where it has findings."""
+    findings = answer.get("findings") or []
+    assert all(FINDING_FIELDS <= set(f) for f in findings), findings
+    return set(answer) | (FINDING_FIELDS if findings else set())
 
 
 def test_evaluate_answers_have_every_field_skill_md_names():
