@@ -130,8 +130,11 @@ def test_records_provenance_and_identical_requests(daemon_m, tmp_path):
     fresh = krex.evaluate(REF, spec(CPU, "honest.py:faster"), INPUTS, records=db, cache="hot",
                           fresh=True)
     other = krex.evaluate(REF, spec(CPU, "honest.py:slower"), INPUTS, records=db, cache="hot")
-    assert not first.reused and again.reused and again.id == first.id
-    assert again.speedup == first.speedup
+    if first.verdict != "unclear":  # decided: the stored record is the answer
+        assert not first.reused and again.reused and again.id == first.id
+        assert again.speedup == first.speedup
+    else:  # unclear (a loaded machine): the identical request added pairs to it
+        assert not again.reused and again.timing["pooled"]["extends"] == first.id
     assert not fresh.reused and fresh.id != first.id
     assert not other.reused and other.request_key != first.request_key
     p = first.provenance

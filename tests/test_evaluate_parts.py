@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import sqlite3
 import sys
 import time
@@ -553,6 +554,70 @@ def test_an_invalid_evaluations_summary_has_no_speed():
                     verdict="invalid", correct=False, speedup=5.741, ci_low=5.5, ci_high=6.0)
     assert "5.741" not in ev.summary() and "invalid" in ev.summary(), ev.summary()
     assert "5.741x" in dataclasses.replace(ev, verdict="faster", correct=True).summary()
+
+
+def _timed(speedups: list[float], verdict: str, n: int, untrusted: bool = False):
+    """An evaluation as ``pipeline._run`` makes one, with ``n`` pairs cycling ``speedups``."""
+    ratios = [speedups[i % len(speedups)] for i in range(n)]
+
+    def run(specs, device, options, key, timeout_s, label, use_cache=True):
+        import uuid
+
+        from krex.measure.compare import speedup_interval
+
+        ref = [1.0] * n
+        cand = [1.0 / r for r in ratios]
+        sp, lo, hi = speedup_interval([math.log(r) for r in ratios], options["confidence"])
+        findings = [Finding(Code.TIMING_UNTRUSTED, "disturbed", {})] if untrusted else []
+        return Evaluation(id=uuid.uuid4().hex, created_at="t", request_key=key, device=device,
+                          status="ok", verdict=verdict, correct=True, speedup=sp, ci_low=lo,
+                          ci_high=hi, findings=findings, options=dict(options),
+                          timing={"pairs": n, "speedup": sp, "ci_low": lo, "ci_high": hi,
+                                  "reference_samples_ms": ref, "candidate_samples_ms": cand})
+    return run
+
+
+def test_an_unclear_record_is_extended_by_an_identical_request_not_replaced(tmp_path,
+                                                                           monkeypatch):
+    """Re-evaluation without noise-shopping (#48): the new pairs are pooled with the old
+    ones and the verdict is the pooled interval's; a decided record is returned as it
+    is, and ``fresh`` measures independently."""
+    from krex.evaluate import pipeline
+
+    for name in ("ref.py", "cand.py", "inputs.py"):
+        (tmp_path / name).write_text("def fn(*a):\n    return a\n")
+    db = str(tmp_path / "r.sqlite3")
+    args = [f"{tmp_path}/ref.py:fn", f"{tmp_path}/cand.py:fn", f"{tmp_path}/inputs.py:fn"]
+    monkeypatch.setattr(pipeline, "_run", _timed([0.97, 1.12, 1.08], "unclear", 12))
+    first = pipeline.evaluate(*args, records=db)
+    assert first.verdict == "unclear" and first.ci_low < 1.0 < first.ci_high, first.summary()
+    monkeypatch.setattr(pipeline, "_run", _timed([1.05, 1.12, 1.08], "unclear", 24))
+    second = pipeline.evaluate(*args, records=db)
+    pooled = second.timing["pooled"]
+    assert not second.reused and pooled["extends"] == first.id and pooled["pairs"] == 36
+    assert len(pooled["reference_samples_ms"]) == 36
+    assert second.ci_high - second.ci_low < first.ci_high - first.ci_low  # only narrows
+    assert second.verdict == "faster" and second.ci_low > 1.0, second.summary()
+    from krex.evaluate.result import pooling  # what the CLI's --json and the service answer
+
+    assert pooling(second.to_dict()) == {"pooled_pairs": 36, "extends": first.id}
+    assert pooling(first.to_dict()) == {"pooled_pairs": 12, "extends": None}
+    # a decided record is the answer, unchanged (negative control)
+    monkeypatch.setattr(pipeline, "_run", _timed([0.5], "slower", 30))
+    third = pipeline.evaluate(*args, records=db)
+    assert third.reused and third.id == second.id and third.verdict == "faster"
+    # new pairs that krex distrusts extend the evidence but decide nothing
+    (tmp_path / "cand.py").write_text("def fn(*a):\n    return a  # v2\n")
+    monkeypatch.setattr(pipeline, "_run", _timed([0.97, 1.12, 1.08], "unclear", 12))
+    v2 = pipeline.evaluate(*args, records=db)
+    monkeypatch.setattr(pipeline, "_run", _timed([1.1], "unclear", 60, untrusted=True))
+    again = pipeline.evaluate(*args, records=db)
+    assert again.timing["pooled"]["pairs"] == 72 and again.verdict == "unclear", again.summary()
+    assert again.timing["pooled"]["extends"] == v2.id
+    # fresh: an independent measurement, nothing pooled
+    monkeypatch.setattr(pipeline, "_run", _timed([1.1], "faster", 30))
+    fresh = pipeline.evaluate(*args, records=db, fresh=True)
+    assert "pooled" not in fresh.timing and fresh.verdict == "faster"
 
 
 def test_plan_holds_out_shapes_and_seeds():

@@ -55,7 +55,8 @@ EXEC_FIELDS = fields_named(section("its exit code is the", "## When something fa
 def test_the_sections_name_the_fields_agents_read():
     """The extraction itself (so that an empty set cannot pass the tests below)."""
     assert {"verdict", "findings", "code", "severity", "next_action", "region_clean",
-            "speedup", "ci_low", "ci_high", "record_id", "reused"} == EVALUATE_FIELDS
+            "speedup", "ci_low", "ci_high", "record_id", "reused", "pooled_pairs",
+            "extends"} == EVALUATE_FIELDS
     assert {"code", "severity", "next_action"} == FINDING_FIELDS
     assert {"p50_ms", "p95_ms", "noise_rel"} == BENCH_FIELDS
     assert {"state", "outcome"} == EXEC_FIELDS

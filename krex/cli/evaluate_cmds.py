@@ -70,9 +70,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def json_of(ev: dict[str, Any]) -> dict[str, Any]:
     """``krex evaluate --json``: the record, with the names SKILL.md has an agent read
-    (as the service answers them): ``record_id`` and ``region_clean``."""
+    (as the service answers them): ``record_id``, ``region_clean``, ``pooled_pairs``
+    and ``extends``."""
+    from krex.evaluate.result import pooling
+
     region = (ev.get("timing") or {}).get("region") or {}
-    return {**ev, "record_id": ev["id"], "region_clean": region.get("clean")}
+    return {**ev, "record_id": ev["id"], "region_clean": region.get("clean"), **pooling(ev)}
 
 
 def _shapes(text: str | None) -> list[Any] | None:
@@ -95,6 +98,9 @@ def _print_evaluation(ev: dict[str, Any]) -> None:
     speed = "" if ev["speedup"] is None or invalid else \
         f"  speedup {ev['speedup']:.3f}x [{ev['ci_low']:.3f}, {ev['ci_high']:.3f}]"
     reused = "  (stored result: identical request; --fresh measures again)" if ev["reused"] else ""
+    pooled = (ev.get("timing") or {}).get("pooled")
+    if pooled:
+        reused = f"  (pooled: {pooled['pairs']} pairs, with record {pooled['extends']}'s)"
     console.print(f"{ev['id']}  verdict [bold]{ev['verdict']}[/bold]{speed}  "
                   f"correct {ev['correct']}  status {ev['status']}{reused}")
     if ev["findings"]:

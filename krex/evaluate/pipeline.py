@@ -16,6 +16,7 @@ import ast
 import datetime
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -87,17 +88,56 @@ def evaluate(
                "max_time_s": max_time_s, "timing_timeout_s": timing_timeout_s,
                "plausible_speedup": plausible_speedup}
     key = request_key(specs, device, options)
-    if not fresh and save:
-        stored = _stored(records, key)
-        if stored is not None:
-            return stored
+    stored = _stored(records, key) if not fresh and save else None
+    if stored is not None and not extendable(stored):
+        return stored
     evaluation = _run(specs, device, options, key, timeout_s, label)
+    if stored is not None:
+        evaluation = pooled(stored, evaluation, options)
     if save:
         from krex.records import RecordStore
 
         with RecordStore(records) as store:
             store.save(evaluation.to_dict())
     return evaluation
+
+
+def extendable(stored: Evaluation) -> bool:
+    """An ``unclear`` record of a correct candidate with its samples: an identical request
+    adds pairs to it (:func:`pooled`) rather than returning it or starting afresh."""
+    timing = stored.timing or {}
+    return stored.verdict == "unclear" and stored.correct is True \
+        and not stored.invalid_findings and bool(_samples(timing)[0])
+
+
+def pooled(old: Evaluation, new: Evaluation, options: dict[str, Any]) -> Evaluation:
+    """``new`` with ``old``'s pairs pooled in: the interval and the verdict are those of
+    all the pairs, so resubmitting gains evidence and never a fresh draw of the noise.
+    A candidate now invalid stays invalid; pairs krex distrusts decide nothing."""
+    if new.verdict == "invalid" or not _samples(new.timing or {})[0]:
+        return new
+    from krex.measure.compare import speedup_interval
+
+    (old_a, old_b), (new_a, new_b) = _samples(old.timing), _samples(new.timing)
+    ref, cand = [*old_a, *new_a], [*old_b, *new_b]
+    ratios = [math.log(a / b) for a, b in zip(ref, cand, strict=True) if a > 0 and b > 0]
+    speedup, low, high = speedup_interval(ratios, options["confidence"])
+    interval = {"speedup": speedup, "ci_low": low, "ci_high": high}
+    untrusted = any(f.code is Code.TIMING_UNTRUSTED for f in new.findings)
+    new.verdict = "unclear" if untrusted else \
+        judging.timing_verdict(interval, options["same_within"])
+    new.speedup, new.ci_low, new.ci_high = speedup, low, high
+    new.timing = {**new.timing, "pooled": {
+        "extends": old.id, "pairs": len(ratios), **interval,
+        "reference_samples_ms": ref, "candidate_samples_ms": cand}}
+    return new
+
+
+def _samples(timing: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The paired samples behind a record's verdict: its pooled ones where it has them."""
+    source = timing.get("pooled") or timing
+    return (list(source.get("reference_samples_ms") or []),
+            list(source.get("candidate_samples_ms") or []))
 
 
 def request_key(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any]) -> str:

@@ -77,3 +77,13 @@ class Evaluation:
         kw = {k: v for k, v in data.items() if k in known}
         kw["findings"] = [Finding.from_dict(f) for f in data.get("findings", [])]
         return cls(**kw)
+
+
+def pooling(ev: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation's answer to "how much evidence": ``pooled_pairs`` (all the pairs its
+    verdict is from, an unclear record's included) and ``extends`` (the record whose pairs
+    it pooled, or None)."""
+    timing = ev.get("timing") or {}
+    pooled = timing.get("pooled") or {}
+    return {"pooled_pairs": pooled.get("pairs", timing.get("pairs")),
+            "extends": pooled.get("extends")}

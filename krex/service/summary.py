@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from krex.evaluate.result import pooling
+
 
 def evaluation(ev: dict[str, Any]) -> dict[str, Any]:
     timing = ev.get("timing") or {}
@@ -21,7 +23,7 @@ def evaluation(ev: dict[str, Any]) -> dict[str, Any]:
         "findings": [{k: f.get(k) for k in ("code", "severity", "message", "next_action")}
                      for f in ev.get("findings", [])],
         "reference": _side(timing.get("reference")), "candidate": _side(timing.get("candidate")),
-        "pairs": timing.get("pairs"), "region_clean": region.get("clean"),
+        "pairs": timing.get("pairs"), **pooling(ev), "region_clean": region.get("clean"),
         "region_id": region.get("region"), "device": ev.get("device"),
         "output_tail": (ev.get("output_tail") or "")[-2000:],
     }
