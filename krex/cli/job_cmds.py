@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from krex.cli.output import JSON_OUTPUT
 from krex.errors import BadRequest, UsageError
@@ -93,9 +93,21 @@ def cmd_region(args: argparse.Namespace) -> int:
             code = exit_code_of(subprocess.call(cmd))
         except OSError as exc:
             raise command_error(cmd[0], exc) from None
-    if not args.quiet and region.report is not None:
-        print(region_line(region.report), file=sys.stderr)
+    if not args.quiet:
+        _say_region(region)
     return code
+
+
+def _say_region(region: Any) -> None:
+    """The one line about ``region`` on stderr; a report the daemon never sent (it
+    stopped, say) is said too, and does not change the command's exit code."""
+    try:
+        report = region.report
+    except Exception as exc:  # noqa: BLE001 - whatever lost it (Region.report), CMD ran
+        print(f"krex: region report lost: {exc}", file=sys.stderr)
+        return
+    if report is not None:
+        print(region_line(report), file=sys.stderr)
 
 
 def region_line(report: RegionReport) -> str:
