@@ -111,7 +111,8 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
         output dtype's default tolerances.  Answers verdict
         (faster/slower/same/unclear/invalid), speedup [ci_low, ci_high], correct,
         findings (code, severity, message, next_action), p50/p95 and noise of each
-        side, region_clean and record_id."""
+        side, region_clean and record_id; reused (a decided record answered again) or
+        pooled_pairs and extends (an unclear record's pairs pooled with new ones)."""
         return await run("evaluate", dict(
             reference=_plain(reference), candidate=_plain(candidate), inputs=_plain(inputs),
             device=device, seeds=seeds, shapes=shapes, atol=atol, rtol=rtol, cache=cache,
@@ -130,7 +131,8 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
                            args: list[str] | None = None, device: str | None = None,
                            timeout_s: float = 60.0) -> dict[str, Any]:
         """Run a Python program (its source as `program`, or a `path` on this node) in a
-        warm worker: status, exit_code, stdout, stderr, traceback, duration_s."""
+        warm worker: state (succeeded only when it exited 0; else failed, timed_out,
+        crashed), status, exit_code, stdout, stderr, traceback, duration_s."""
         return await run("exec", dict(program=program, path=path, args=args or [],
                                       device=device, timeout_s=timeout_s))
 
