@@ -47,6 +47,17 @@ def test_version_prints_the_installed_version_and_imports_nothing():
     assert rc == 0 and heavy == set()
 
 
+def test_help_builds_every_parser_without_the_commands_machinery():
+    """``krex --help`` (179 ms, #48) imports each command's module for its parser, not
+    the client, the measurement or the experiment those commands use when they run."""
+    running = tuple(n for n in HEAVY if not n.startswith("krex.cli."))  # parsers: needed
+    rc, heavy = imported_by(["--help"], heavy_names=running + ("krex.client",
+                                                               "krex.protocol.messages"))
+    assert rc == 0 and heavy == set(), sorted(heavy)
+    rc, heavy = imported_by(["demo", "--help"], heavy_names=("argparse",))
+    assert rc == 0 and heavy == {"argparse"}  # negative control: the check sees imports
+
+
 # What the lean path (krex.cli.lean) of a plain `krex exec` / `krex status` must not import:
 # argparse, dataclasses (and with it inspect, ast, dis, tokenize), typing, the dataclass
 # messages, the full client (ExecRequest/ExecResult dataclasses) — they cost ~40 ms.

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.cli.output import JSON_OUTPUT, console, ms, print_json, table
-from krex.client.connection import Client
 from krex.errors import DaemonNotRunning
 
 
@@ -92,6 +91,8 @@ def add_stop(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from krex.client.connection import Client  # here: `krex --help` builds the parser
+
     try:
         client = Client(autostart=False, check_installation=False)
     except DaemonNotRunning:

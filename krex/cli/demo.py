@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.cli.output import JSON_OUTPUT, console, ms, print_json, table
-from krex.client.connection import Client
 from krex.errors import BadRequest
-from krex.eval.metrics import overlaps
 
 EXAMPLES = ["compute_kernel.py", "memory_kernel.py", "compare_kernels.py", "shell_region.sh"]
 
@@ -65,6 +63,8 @@ def _launch(example: Path, name: str, args: argparse.Namespace,
 
 def cmd_demo(args: argparse.Namespace) -> int:
     folder = _examples_dir(args.examples)
+    from krex.client.connection import Client  # here: `krex --help` builds this parser
+
     client = Client()  # auto-starts the embedded daemon when none is running
     tag = f"demo{os.getpid()}"
     procs = {}
@@ -151,6 +151,8 @@ def _summarise(records: list[dict[str, Any]], codes: dict[str, int], tag: str,
                      "waited_total_s": account.get("waited_s"),
                      "enforce_total_s": account.get("enforce_s"),
                      "frozen_s": account.get("frozen_s")})
+    from krex.eval.metrics import overlaps
+
     return {"jobs": jobs, "overlaps": overlaps(records), "regions": len(records)}
 
 
