@@ -328,43 +328,6 @@ def test_bench_job_times_a_command_in_a_region(service):
     assert r["region_id"] is not None and r["exit_codes"] == [0, 0, 0]
 
 
-def test_a_scripted_agent_follows_skill_md_through_the_service(service):
-    """SKILL.md's loop, as an agent with no human: evaluate, read the verdict, evaluate
-    again (an unclear record gains pairs; a decided one is the answer), read the record,
-    bench a command and read its p95."""
-    body = {"reference": spec(CPU, "kernels.py:reference"),
-            "candidate": spec(CPU, "honest.py:same"), "inputs": spec(CPU, "inputs.py:make"),
-            "cache": "hot", "seeds": 2}
-
-    def evaluate(key: str) -> dict:
-        status, job = service.call("POST", "/v1/jobs/evaluate", body,
-                                   headers={"Idempotency-Key": key})
-        assert status == 201, job
-        done = service.wait(job["id"], wait_s=60, timeout=90)
-        assert done["state"] == "succeeded", done
-        return done["result"]
-
-    first = evaluate("agent-1")
-    assert first["verdict"] in ("faster", "slower", "same", "unclear"), first
-    assert first["correct"] is True and first["pooled_pairs"] == first["pairs"] > 0, first
-    again = evaluate("agent-2")  # a new key: a new job for the same request
-    if first["verdict"] == "unclear":
-        assert not again["reused"] and again["extends"] == first["record_id"], again
-        assert again["pooled_pairs"] == first["pooled_pairs"] + again["pairs"], again
-    else:
-        assert again["reused"] and again["record_id"] == first["record_id"], again
-        assert again["verdict"] == first["verdict"] and again["speedup"] == first["speedup"]
-    status, record = service.call("GET", f"/v1/records/{again['record_id']}")
-    assert status == 200 and record["verdict"] == again["verdict"], record
-    status, job = service.call("POST", "/v1/jobs/bench", {"command": ["true"], "runs": 5,
-                                                          "warmup": 1})
-    assert status == 201, job
-    bench = service.wait(job["id"], wait_s=60)
-    assert bench["state"] == "succeeded", bench
-    r = bench["result"]
-    assert 0 < r["p50_ms"] <= r["p95_ms"] and r["noise_rel"] >= 0, r
-
-
 def test_trust_loopback_needs_a_loopback_listener(tmp_path):
     """On any other address requests from loopback are not told apart: refused at start."""
     out = run_krex("service", "--http", f"0.0.0.0:{free_port()}", "--trust-loopback",
@@ -439,6 +402,43 @@ def test_evaluate_job_answers_verdict_and_stores_a_record(service):
     assert status == 200 and record["id"] == r["record_id"] and record["verdict"] == "faster"
     status, rows = service.call("GET", "/v1/records?limit=10")
     assert r["record_id"] in {row["id"] for row in rows["records"]}
+
+
+def test_a_scripted_agent_follows_skill_md_through_the_service(service):
+    """SKILL.md's loop, as an agent with no human: evaluate, read the verdict, evaluate
+    again (an unclear record gains pairs; a decided one is the answer), read the record,
+    bench a command and read its p95."""
+    body = {"reference": spec(CPU, "kernels.py:reference"),
+            "candidate": spec(CPU, "honest.py:same"), "inputs": spec(CPU, "inputs.py:make"),
+            "cache": "hot", "seeds": 2}
+
+    def evaluate(key: str) -> dict:
+        status, job = service.call("POST", "/v1/jobs/evaluate", body,
+                                   headers={"Idempotency-Key": key})
+        assert status == 201, job
+        done = service.wait(job["id"], wait_s=60, timeout=90)
+        assert done["state"] == "succeeded", done
+        return done["result"]
+
+    first = evaluate("agent-1")
+    assert first["verdict"] in ("faster", "slower", "same", "unclear"), first
+    assert first["correct"] is True and first["pooled_pairs"] == first["pairs"] > 0, first
+    again = evaluate("agent-2")  # a new key: a new job for the same request
+    if first["verdict"] == "unclear":
+        assert not again["reused"] and again["extends"] == first["record_id"], again
+        assert again["pooled_pairs"] == first["pooled_pairs"] + again["pairs"], again
+    else:
+        assert again["reused"] and again["record_id"] == first["record_id"], again
+        assert again["verdict"] == first["verdict"] and again["speedup"] == first["speedup"]
+    status, record = service.call("GET", f"/v1/records/{again['record_id']}")
+    assert status == 200 and record["verdict"] == again["verdict"], record
+    status, job = service.call("POST", "/v1/jobs/bench", {"command": ["true"], "runs": 5,
+                                                          "warmup": 1})
+    assert status == 201, job
+    bench = service.wait(job["id"], wait_s=60)
+    assert bench["state"] == "succeeded", bench
+    r = bench["result"]
+    assert 0 < r["p50_ms"] <= r["p95_ms"] and r["noise_rel"] >= 0, r
 
 
 @pytest.fixture
