@@ -236,7 +236,8 @@ class Shield:
         swept or narrowed.  Its execution thread pins itself off the reserved cores; its
         serving threads do what a driver does in the caller's thread, so they may run
         where the holder runs.  Taken out of the rest cpuset if it was born there (its
-        pinned thread keeps its own affinity through the move, Linux >= 6.2)."""
+        pinned thread keeps its own affinity through the move, Linux >= 6.2).  The serving
+        threads keep off the device's own core themselves (native/fakegpu/server.c)."""
         self.devices.add(pid)
         if self.path is None or self.root is None:
             return
