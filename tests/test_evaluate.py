@@ -189,8 +189,11 @@ def test_bad_specs_and_a_failing_reference_are_errors_not_verdicts(daemon_m, tmp
     broken.write_text("def ref(x):\n    raise ValueError('reference is broken')\n")
     with pytest.raises(EvaluationFailed, match="reference is broken"):
         krex.evaluate(f"{broken}:ref", spec(CPU, "honest.py:faster"), INPUTS, save=False)
-    missing = krex.evaluate(REF, spec(CPU, "honest.py:no_such"), INPUTS, save=False)
-    assert missing.status == "error" and missing.codes() == ["CANDIDATE_ERROR"]
+    # A name the file does not define is refused before anything runs, naming what it does
+    # define (issue 48); it was a CANDIDATE_ERROR result after a worker ran the file.
+    with pytest.raises(BadRequest, match="has no function 'no_such'") as refused:
+        krex.evaluate(REF, spec(CPU, "honest.py:no_such"), INPUTS, save=False)
+    assert "faster" in (refused.value.hint or "")
 
 
 def test_cli_evaluate_json_and_history(daemon_m, tmp_path):

@@ -96,7 +96,9 @@ def test_a_sibling_that_goes_around_the_gate_makes_the_region_not_clean(runtime_
 
 def test_drain_timeout_aborts_the_region_and_releases_everything(runtime_dir, monkeypatch):
     d = with_daemon(runtime_dir, monkeypatch, "--drain-timeout-s", "0.1")
-    sib = start_sibling(batch=200)  # ~1 s of queued work per batch
+    # ~5 s of queued work per batch: the holder (a fresh interpreter, slower beside a CPU
+    # loop) asks while seconds of it are queued, never between batches or mid-launch-loop.
+    sib = start_sibling(batch=1000)
     try:
         seen = measure_holder()
         assert seen["error"] == "drain_timeout", seen
