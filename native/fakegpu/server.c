@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -195,12 +194,6 @@ static void *executor(void *arg)
     pin_to_core();
     pthread_setname_np(pthread_self(), "fakegpu-exec");
     pid_t tid = (pid_t)syscall(SYS_gettid);
-    /* A GPU does not wait for the host's tasks: a device with a core of its own runs
-     * ahead of the tasks that share that core, where permitted (root; KREX_FAKEGPU_NICE,
-     * default -10; refused quietly otherwise).  Unpinned, it stays at the default: there it
-     * would take a core from the very programs that feed it.  Serving threads keep it. */
-    if (env_int("KREX_FAKEGPU_CORE", -1) >= 0)
-        setpriority(PRIO_PROCESS, (id_t)tid, env_int("KREX_FAKEGPU_NICE", -10));
     __atomic_store_n(&g_exec_tid, (uint64_t)tid, __ATOMIC_RELEASE);
     int last = MAX_CTX - 1;
     pthread_mutex_lock(&g_mu);
