@@ -17,12 +17,12 @@ them here:
 - **fidelity**: the kernels of clean regions are within the bounds below.
 
 The bounds come from runs on the quiet 2-core machine (clean regions' p95 at
-≥ 10 / ≥ 1 / ≥ 0.1 ms: 0.10-0.22 / 0.76-0.86 / 9.6-21 %), with room above
-them; the code before the fix measured far outside them (p95 ≥ 1 ms
-86-362 %, 33 of 37 slow kernels called clean).  When the machine is so busy
-that few regions are clean (a CPU loop beside the suite sits on the fake
-device's core: most regions say ``device_preempted``), fidelity cannot be
-judged and the test says so and skips (both halves).
+≥ 10 / ≥ 1 / ≥ 0.1 ms: 0.10-0.75 / 0.76-8.5 / 9.6-21 % in three runs; the
+quick profile's loops are short), with room above them; the code before the
+fix measured far outside them (p95 ≥ 1 ms 86-362 %, 33 of 37 slow kernels
+called clean).  When the machine is so busy that few regions are clean (a
+CPU loop beside the suite sits on the fake device's core: most regions say
+``device_preempted``), nothing can be judged, and the test says so and skips.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ RUN = ("eval", "--device", "fakegpu:0", "--modes", "region", "--profile", "quick
        "--agents", "4", "--commands", "4", "--rounds", "1", "--json")
 # p95 inflation (%) of kernels in clean regions, per bucket (ms): measured on the quiet
 # 2-core machine (docs/benchmarks.md), with room for a noisy CI machine.
-P95_BOUND_PCT = {"10": 2.0, "1": 5.0, "0.1": 50.0}
+P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 50.0}
 MIN_CLEAN_SHARE = 0.5  # below it the machine is too busy to judge fidelity
 
 
