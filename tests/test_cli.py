@@ -219,9 +219,16 @@ def test_doctor_reports_capabilities():
     assert run_krex("doctor").returncode == 0
 
 
-def test_demo_runs_examples_without_overlap(daemon):
+def test_demo_runs_examples_without_overlap(runtime_dir, monkeypatch):
+    """As `make demo` runs it: no daemon running, the demo starts one, and stops it at
+    its end (tests/test_demo.py: one already running stays)."""
+    monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime_dir))
+    monkeypatch.delenv("KREX_SOCKET", raising=False)
     out = run_krex("demo", "--copies", "1", "--reps", "3", "--json", timeout=180)
     assert out.returncode == 0, out.stderr
+    from krex.client.autostart import daemon_reachable
+
+    assert not daemon_reachable(str(runtime_dir / "krexd.sock")), "the demo's daemon stayed"
     summary = json.loads(out.stdout)
     assert summary["overlaps"] == 0
     assert all(j["exit_code"] == 0 and j["regions"] >= 3 for j in summary["jobs"])

@@ -61,6 +61,7 @@ def _demo(runtime_dir, monkeypatch, *serve_args: str, copies: int = 1):
     monkeypatch.setenv("KREX_SOCKET", d.socket)
     try:
         out = run_krex("demo", "--copies", str(copies), "--reps", "3", "--json", timeout=180)
+        assert d.proc.poll() is None, "the demo stopped a daemon it did not start"
     finally:
         d.stop()
     return out.returncode, json.loads(out.stdout), out.stderr

@@ -98,14 +98,20 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except DaemonNotRunning:
         console.print("krex: no daemon running")
         return 0
+    console.print(f"krex: daemon {stop_daemon(client)} stopped")
+    return 0
+
+
+def stop_daemon(client: Any, timeout_s: float = 15.0) -> int | None:
+    """Ask ``client``'s daemon to stop, close the client, wait (up to ``timeout_s``) for
+    the daemon to exit; returns its pid."""
     pid = client.conn.welcome.get("daemon_pid")
     client.stop()
     client.close()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + timeout_s
     while pid and _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    console.print(f"krex: daemon {pid} stopped")
-    return 0
+    return pid
 
 
 def _alive(pid: int) -> bool:

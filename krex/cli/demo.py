@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import os
 import shutil
@@ -63,9 +64,26 @@ def _launch(example: Path, name: str, args: argparse.Namespace,
 
 def cmd_demo(args: argparse.Namespace) -> int:
     folder = _examples_dir(args.examples)
-    from krex.client.connection import Client  # here: `krex --help` builds this parser
+    from krex.client.autostart import daemon_reachable  # here: `krex --help` builds this parser
+    from krex.client.connection import Client
+    from krex.protocol.address import socket_path
 
+    # The daemon the demo starts is the demo's: stopped at its end, so that it holds
+    # nothing (the shield's cores, say) after the main job; one already running stays.
+    started = not daemon_reachable(socket_path())
     client = Client()  # auto-starts the embedded daemon when none is running
+    try:
+        return _demo(args, folder, client)
+    finally:
+        if started:
+            from krex.cli.daemon_cmds import stop_daemon
+            from krex.errors import DaemonNotRunning
+
+            with contextlib.suppress(DaemonNotRunning):  # it went already
+                stop_daemon(Client(autostart=False, check_installation=False))
+
+
+def _demo(args: argparse.Namespace, folder: Path, client: Any) -> int:
     tag = f"demo{os.getpid()}"
     procs = {}
     traces = tempfile.mkdtemp(prefix="krex-demo-")
