@@ -244,6 +244,22 @@ def test_job_time_accounts(core):
     assert jobs[jb]["frozen_s"] >= 0.45  # a's region stopped b (b exists: a sibling)
     assert jobs[ja]["frozen_s"] < 0.2  # b's region: a was frozen only for its short hold
     assert jobs[ja]["regions"] == jobs[jb]["regions"] == 1
+    # each region's record says how long it kept its sibling stopped: the job's account
+    records = {r["job_id"]: r for r in core.handle(c, m.Regions())["regions"]}
+    assert records[ja]["frozen_s"] == pytest.approx(jobs[jb]["frozen_s"])
+    assert records[jb]["frozen_s"] == pytest.approx(jobs[ja]["frozen_s"])
+
+
+def test_a_region_with_nobody_to_stop_kept_nobody_frozen(core):
+    """Negative control of the region's ``frozen_s``: a lone job stops no sibling."""
+    s = FakeSession()
+    j = job(core, s, "cpu")
+    core.jobs.jobs[j].root = ProcessRef.of(os.getpid())
+    region = s.reply(request(core, s, m.Acquire, job_id=j)).data["region"]
+    time.sleep(0.05)
+    request(core, s, m.Release, region=region)
+    (rec,) = core.handle(s, m.Regions())["regions"]
+    assert rec["held_s"] >= 0.05 and rec["frozen_s"] == 0, rec
 
 
 def test_a_region_whose_requester_left_during_set_up_is_undone_not_granted(core):

@@ -337,13 +337,19 @@ def test_trust_loopback_needs_a_loopback_listener(tmp_path):
 
 
 def _granted(text: str, tenant: str) -> float:
+    return _sample(text, "krex_regions_granted_total", tenant)
+
+
+def _sample(text: str, metric: str, tenant: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("krex_regions_granted_total{") and f'tenant="{tenant}"' in line)
+               if line.startswith(metric + "{") and f'tenant="{tenant}"' in line)
 
 
 def test_metrics_and_node_summary_attribute_regions_to_tenants(daemon, tmp_path):
     """A region taken by a tenant's exec job counts for that tenant; a region taken
-    outside the service (negative control) does not."""
+    outside the service (negative control) does not.  The frozen-time histogram sees the
+    outside region, which froze a sibling job (tests/test_daemon_core.py: a region with
+    nobody to stop says 0)."""
     state = tmp_path / "state"
     token = run_krex("service", "token", "add", "agent-a", "--state-dir",
                      str(state)).stdout.strip()
@@ -356,11 +362,20 @@ def test_metrics_and_node_summary_attribute_regions_to_tenants(daemon, tmp_path)
         prog = "import krex\nfor _ in range(2):\n    with krex.region(label='svc'):\n        pass\n"
         _, job = s.call("POST", "/v1/jobs/exec", {"program": prog}, headers=auth)
         assert s.wait(job["id"], headers=auth)["state"] == "succeeded"
-        outside = run_krex("region", "--label", "outside", "--", "true")
+        sibling = krex("run", "--device", "cpu", "--name", "sibling", "--", "sleep", "60")
+        try:
+            wait_for(lambda: any(j["name"] == "sibling" for j in daemon.client().jobs()))
+            outside = run_krex("region", "--label", "outside", "--", "sleep", "0.2")
+        finally:
+            reap(sibling)
         assert outside.returncode == 0, outside.stderr
         wait_for(lambda: _granted(metrics(), "agent-a") == 2 and _granted(metrics(), "local"),
                  timeout_s=30, interval_s=0.2)
         text = metrics()
+        frozen = "krex_region_frozen_seconds"
+        assert _sample(text, frozen + "_count", "agent-a") == 2, text
+        assert _sample(text, frozen + "_count", "local") == 1, text
+        assert 0.2 <= _sample(text, frozen + "_sum", "local") < 30, text
         assert "krex_worker_pool_size{device=\"cpu\"}" in text
         assert 'krex_service_jobs_total{kind="exec",state="succeeded"} 1.0' in text
         _, summary = s.call("GET", "/v1/node/summary?seconds=300")

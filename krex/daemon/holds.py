@@ -675,7 +675,7 @@ class Holds:
             st.report = self._report(st, evidence, outcome)
             self.d.counters.released += outcome is Outcome.RELEASED
             self.d.record_region(st.uid, st.report)
-            self._account(st, now)
+            self._account(st)
             self.d.events.emit(outcome.value, region=req.region, job_id=req.job_id,
                                device=req.device, held_s=st.report.held_s, reason=st.why)
         self.d.ledger.end(req.region, now)
@@ -693,8 +693,7 @@ class Holds:
         """A re-queued region ends unclaimed: no report (its siblings' frozen time is still
         theirs); its job is re-queued less often."""
         req = st.request
-        if st.enter_mono_s is not None and evidence is not None and _stopped(evidence):
-            self._frozen_through(st, now)
+        self._frozen_through(st, self._frozen_s(st, evidence.host if evidence else None, now))
         self.d.counters.requeue_lapsed += 1
         job = self.d.jobs.get(req.job_id)
         if job is not None:
@@ -754,7 +753,7 @@ class Holds:
             return 0.0
         return max(0.0, st.granted_mono_s - st.enter_mono_s)
 
-    def _account(self, st: RegionState, now: float) -> None:
+    def _account(self, st: RegionState) -> None:
         assert st.report is not None
         job = self.d.jobs.get(st.request.job_id)
         if job is not None:
@@ -763,19 +762,23 @@ class Holds:
             a.waited_s += st.report.waited_s
             a.enforce_s += st.report.enforce_s
             a.held_s += st.report.held_s
-        if st.enter_mono_s is not None and st.report.host is not None \
-                and _stopped_host(st.report.host):
-            self._frozen_through(st, now)
+        self._frozen_through(st, st.report.frozen_s)
 
-    def _frozen_through(self, st: RegionState, now: float) -> None:
-        """Its siblings' time frozen by it; handed over, their freeze from then on is the
-        next region's."""
-        assert st.enter_mono_s is not None
-        until = st.handed_mono_s if st.handed_mono_s is not None else now
-        for job_id in st.frozen_jobs:
+    def _frozen_through(self, st: RegionState, seconds: float) -> None:
+        """Its siblings' time stopped by it (``seconds``: :meth:`_frozen_s`)."""
+        for job_id in st.frozen_jobs if seconds else ():
             sibling = self.d.jobs.get(job_id)
             if sibling is not None:
-                sibling.account.frozen_s += max(0.0, until - st.enter_mono_s)
+                sibling.account.frozen_s += seconds
+
+    @staticmethod
+    def _frozen_s(st: RegionState, host: HostEvidence | None, ended: float) -> float:
+        """How long it kept its siblings stopped; handed over, their stop from then on is
+        the next region's."""
+        if st.enter_mono_s is None or host is None or not _stopped_host(host):
+            return 0.0
+        until = st.handed_mono_s if st.handed_mono_s is not None else ended
+        return max(0.0, until - st.enter_mono_s)
 
     def _report(self, st: RegionState, evidence: Evidence | None,
                 outcome: Outcome) -> RegionReport:
@@ -800,6 +803,7 @@ class Holds:
             unclaimed_s=(st.claimed_mono_s - st.granted_mono_s
                          if st.claimed_mono_s is not None and st.granted_mono_s is not None
                          else 0.0),
+            frozen_s=self._frozen_s(st, evidence.host if evidence else None, ended),
             host=evidence.host if evidence else None,
             device_audit=evidence.device_audit if evidence else None, reasons=reasons)
 

@@ -208,6 +208,9 @@ class RegionReport:
     # re-queued by the daemon at the job's last release (krex.daemon.holds): granted this
     # long before the job asked for it (its times and hold count from the ask)
     unclaimed_s: float = 0.0
+    # how long it kept its siblings stopped (frozen, gated or locked): from its
+    # enforcement's start until it released or handed the device over; 0: it stopped none
+    frozen_s: float = 0.0
     host: HostEvidence | None = None
     device_audit: DeviceAudit | None = None
     reasons: list[Reason] = field(default_factory=list)
@@ -285,7 +288,7 @@ class RegionReport:
 _TYPED_FIELDS = {"outcome", "host", "device_audit", "reasons"}  # (de)serialised by hand
 _RECORD_FIELDS = ("region", "job_id", "job", "tenant", "device", "label", "nested", "exclusive",
                   "waited_s", "enforce_s", "held_s", "requested_mono_s", "granted_mono_s",
-                  "released_mono_s", "jobs_served_while_waiting")
+                  "released_mono_s", "jobs_served_while_waiting", "frozen_s")
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
