@@ -1,6 +1,6 @@
 """The daemon core in-process, with a scripted enforcement: liveness, cancel, pages, accounts.
 
-The enforcement here is a fake whose ``enter`` can be made to wait, so the
+The enforcement here is a fake (tests/fakes.py) whose ``enter`` can be made to wait, so the
 tests show what the core does while one device's enforcement is slow,
 without root, cgroups or real siblings.  Real enforcement and real timers
 are tested through a real daemon (test_daemon_liveness.py, test_regions.py).
@@ -9,94 +9,21 @@ are tested through a real daemon (test_daemon_liveness.py, test_regions.py).
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 
 import pytest
+from fakes import FakeSession, ScriptedExclusivity, next_id, request
 
 from krex.daemon.config import DaemonConfig
 from krex.daemon.core import Daemon
-from krex.daemon.exclusivity import Evidence
 from krex.daemon.finished import BLOCK
 from krex.enforce.process import ProcessRef
 from krex.errors import AccessDenied, BadRequest, LimitExceeded, QuotaExceeded
 from krex.protocol import messages as m
 from krex.protocol.framing import MAX_FRAME, encode_frame
 from krex.protocol.peer import Peer
-from krex.protocol.report import HostEvidence, Outcome, RegionReport
-
-
-class FakeSession:
-    def __init__(self) -> None:
-        self.peer = Peer(os.getpid(), os.getuid(), os.getgid())
-        self.process = ProcessRef.of(os.getpid())
-        self.verified: set[tuple[int, int]] = set()
-        self.pushed: queue.Queue[m.Message] = queue.Queue()
-
-    def push(self, message: m.Message) -> None:
-        self.pushed.put(message)
-
-    def reply(self, re: int, timeout_s: float = 5.0) -> m.Message:
-        """The next frame pushed for request ``re`` (others are skipped)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            msg = self.pushed.get(timeout=max(0.01, deadline - time.monotonic()))
-            if getattr(msg, "re", None) == re:
-                return msg
-
-
-class FakeHeld:
-    def __init__(self, stopped: int) -> None:
-        self.stopped = stopped
-
-    def exit(self) -> Evidence:
-        return Evidence(HostEvidence(siblings_frozen=self.stopped), None, [])
-
-
-class ScriptedExclusivity:
-    """Enforcement that does nothing, except wait in ``enter`` on ``slow`` devices."""
-
-    def __init__(self) -> None:
-        self.slow: dict[str, threading.Event] = {}
-        self.entered: list[str] = []
-
-    def enter(self, holder, siblings, request, others=()):
-        gate = self.slow.get(request.device)
-        if gate is not None:
-            gate.wait(30)
-        self.entered.append(request.device)
-        return FakeHeld(len(siblings))
-
-    def create_cgroups(self, job_id, device="cpu"):
-        return None
-
-    def adopt(self, cgroups, process):
-        pass
-
-    def remove_cgroups(self, cgroups):
-        pass
-
-    def job_ended(self, job_id):
-        pass
-
-    def cgroup_paths(self, cgroups):
-        return {}
-
-    def job_env(self, job):
-        return {}
-
-    def check_guardian(self):
-        return False
-
-    def guardian_restarts(self):
-        return 0
-
-    def describe(self):
-        return {}
-
-    def close(self):
-        pass
+from krex.protocol.report import Outcome, RegionReport
 
 
 @pytest.fixture
@@ -108,17 +35,6 @@ def core(tmp_path):
     for gate in d.exclusivity.slow.values():  # type: ignore[attr-defined]
         gate.set()
     d.shutdown()
-
-
-_ids = iter(range(1, 1 << 30))
-
-
-def request(d: Daemon, s: FakeSession, msg_type: type[m.Message], **fields) -> int:
-    rid = next(_ids)
-    reply = d.handle(s, msg_type(id=rid, **fields))  # type: ignore[call-arg]
-    if reply is not None:
-        s.push(m.Reply(re=rid, data=reply))
-    return rid
 
 
 def job(d: Daemon, s: FakeSession, device: str) -> int:
@@ -525,7 +441,7 @@ def test_a_release_with_again_queues_the_jobs_next_region_before_the_device_move
     ja, jb = job(core, a, "cpu"), job(core, b, "cpu")
     ra = a.reply(request(core, a, m.Acquire, job_id=ja, label="mine")).data["region"]
     rb_acq = request(core, b, m.Acquire, job_id=jb)  # queued behind a's region
-    nxt = next(_ids)
+    nxt = next_id()
     rel = request(core, a, m.Release, region=ra, **({"again": nxt} if again else {}))
     assert a.reply(rel).data["report"]["region"] == ra
     rb = b.reply(rb_acq).data["region"]

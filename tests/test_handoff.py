@@ -14,8 +14,8 @@ import time
 
 import psutil
 import pytest
+from fakes import FakeSession, ScriptedExclusivity
 from helpers import PY, Daemon, krex, reap, spawn, wait_for
-from test_daemon_core import FakeSession, ScriptedExclusivity
 from test_enforce_support import Sibling, layout_or_skip, stamps_after
 
 from krex.enforce import freeze as freeze_mod

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from fakes import FakeSession, ScriptedExclusivity, request
 from helpers import PY, REPO, Daemon, reap, steal_ms, wait_for
 
 from krex.client.connection import Client
@@ -138,8 +139,6 @@ def _requeues(tmp_path, claim: bool, rounds: int = 8) -> list[bool]:
     """In-process daemon, nothing enforced: each round, A holds, B queues behind it, A
     releases (re-queued or not: noted), B releases; A's re-queued region, granted then,
     is claimed by A (``claim``) or lapses; B's likewise lapses; the device ends idle."""
-    from test_daemon_core import FakeSession, ScriptedExclusivity, request
-
     from krex.daemon.config import DaemonConfig
     from krex.daemon.core import Daemon as Core
     from krex.protocol import messages as m
@@ -350,8 +349,6 @@ def test_a_job_that_asked_again_before_its_requeue_is_not_queued_twice(tmp_path,
     region queued, not two (a second one, granted later, made its offers lapse).
     Control: a job that has not asked is re-queued."""
     import threading
-
-    from test_daemon_core import FakeSession, ScriptedExclusivity, request
 
     from krex.daemon.config import DaemonConfig
     from krex.daemon.core import Daemon as Core
