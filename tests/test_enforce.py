@@ -7,14 +7,14 @@ import signal
 import time
 
 import pytest
-from helpers import CONTENTION, reap, wait_for
-from test_enforce_support import (
+from enforce_support import (
     Sibling,
     assert_frozen_then_resumes,
     hold,
     layout_or_skip,
     start_holder,
 )
+from helpers import CONTENTION, reap, wait_for
 
 from krex.enforce import process as proc_mod
 from krex.enforce.cgroups import CgroupLayout, instance_name

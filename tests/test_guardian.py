@@ -9,8 +9,8 @@ import time
 
 import psutil
 import pytest
+from enforce_support import Sibling, layout_or_skip, stamps_after
 from helpers import PY, reap, spawn, wait_for
-from test_enforce_support import Sibling, layout_or_skip, stamps_after
 
 from krex.enforce.cgroups import CgroupLayout, instance_name
 from krex.enforce.enforcer import EnforceConfig, Enforcer

@@ -14,9 +14,9 @@ import time
 
 import psutil
 import pytest
+from enforce_support import Sibling, layout_or_skip, stamps_after
 from fakes import FakeSession, ScriptedExclusivity
 from helpers import PY, Daemon, krex, reap, spawn, wait_for
-from test_enforce_support import Sibling, layout_or_skip, stamps_after
 
 from krex.enforce import freeze as freeze_mod
 from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read

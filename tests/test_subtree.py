@@ -11,8 +11,7 @@ import threading
 import time
 
 import pytest
-from helpers import PY, reap, spawn, wait_for
-from test_enforce_support import (
+from enforce_support import (
     Sibling,
     assert_frozen_then_resumes,
     hold,
@@ -20,6 +19,7 @@ from test_enforce_support import (
     stamps_after,
     start_holder,
 )
+from helpers import PY, reap, spawn, wait_for
 
 from krex.enforce import freeze as freeze_mod
 from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read
