@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import krex, reap, run_krex, wait_for
-from test_skill import BENCH_FIELDS, EVALUATE_FIELDS, EXEC_FIELDS, FINDING_FIELDS, keys_of
+from skill_fields import BENCH_FIELDS, EVALUATE_FIELDS, EXEC_FIELDS, FINDING_FIELDS, keys_of
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 pytest.importorskip("uvicorn", reason="the `server` extra is not installed")

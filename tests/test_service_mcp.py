@@ -16,7 +16,7 @@ import anyio
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import PY
-from test_skill import EVALUATE_FIELDS, FINDING_FIELDS, keys_of
+from skill_fields import EVALUATE_FIELDS, FINDING_FIELDS, keys_of
 
 mcp = pytest.importorskip("mcp", reason="the `server` extra is not installed")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402

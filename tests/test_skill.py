@@ -2,54 +2,35 @@
 CLI's ``--json``, in the service's answers (HTTP and MCP share them) and in the exports.
 
 The fields are read from SKILL.md itself (backticked snake_case words in the sections
-below, minus the values they take), so a field named there later, or renamed in the
-code, fails here until both agree.  The outputs are the real producers' on a built
-evaluation, a bench run in-process (scripted regions) and an exec result.
+tests/skill_fields.py names, minus the values they take), so a field named there
+later, or renamed in the code, fails here until both agree.  The outputs are the real
+producers' on a built evaluation, a bench run in-process (scripted regions) and an
+exec result.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import re
 import sys
 
 import pytest
 from helpers import PY
+from skill_fields import (
+    BENCH_FIELDS,
+    EVALUATE_FIELDS,
+    EXEC_FIELDS,
+    FIELD,
+    FINDING_FIELDS,
+    REQUEST_OPTIONS,
+    SKILL,
+    keys_of,
+)
 
 from krex.evaluate.findings import Code, Finding
 from krex.evaluate.result import Evaluation
 from krex.measure import ScriptedRegions, bench_command
 from krex.measure.command import relative_speed
-from krex.protocol.outcome import OUTCOMES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-with open(os.path.join(ROOT, "SKILL.md")) as _f:
-    SKILL = _f.read()
-
-# Words SKILL.md puts in backticks that are values (or tools), not fields to read.
-VERDICTS = {"faster", "slower", "same", "unclear", "invalid"}
-SEVERITIES = {"invalid", "flag", "note"}
-TOOLS = {"evaluate", "bench_command", "exec_program", "node_status", "get_record"}
-VALUES = VERDICTS | SEVERITIES | set(OUTCOMES) | TOOLS | {"true", "false"}
-REQUEST_OPTIONS = {"fresh", "timeout_s"}  # what SKILL.md has the agent send, not read
-FIELD = re.compile(r"`([a-z][a-z0-9_]*)(?::[^`]*)?`")
-
-
-def section(start: str, end: str) -> str:
-    begin = SKILL.index(start)
-    return SKILL[begin:SKILL.index(end, begin)]
-
-
-def fields_named(text: str) -> set[str]:
-    return {w for w in FIELD.findall(text) if w not in VALUES | REQUEST_OPTIONS}
-
-
-EVALUATE_FIELDS = fields_named(section("Read the answer in this order", "## Timing your own"))
-FINDING_FIELDS = fields_named(section("`findings`: each has", "Do what")) - {"findings"}
-BENCH_FIELDS = fields_named(section("- Whole command:", "- In Python"))
-EXEC_FIELDS = fields_named(section("its exit code is the", "## When something fails"))
 
 
 def test_the_sections_name_the_fields_agents_read():
@@ -72,13 +53,6 @@ def evaluation() -> dict:
                 "reference": {"median_ms": 1.0, "p95_ms": 1.1, "noise_rel": 0.01},
                 "candidate": {"median_ms": 0.99, "p95_ms": 1.0, "noise_rel": 0.02}})
     return ev.to_dict()
-
-
-def keys_of(answer: dict) -> set[str]:
-    """Its keys, and those SKILL.md says each finding has where it has findings."""
-    findings = answer.get("findings") or []
-    assert all(FINDING_FIELDS <= set(f) for f in findings), findings
-    return set(answer) | (FINDING_FIELDS if findings else set())
 
 
 def test_evaluate_answers_have_every_field_skill_md_names():
