@@ -16,7 +16,7 @@ import types
 
 import pytest
 from helpers import PY, reap, spawn
-from test_gate import drainer
+from native_support import build_drainer
 
 from krex.devices import native
 from krex.devices.fakegpu import FakeGpu
@@ -45,7 +45,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def drainer_bin():
-    built = drainer()
+    built = build_drainer()
     yield built
     shutil.rmtree(os.path.dirname(built), ignore_errors=True)
 

@@ -8,13 +8,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from helpers import REPO, reap, spawn, wait_for
-from test_native import build_launcher, parse_report
+from native_support import build_drainer, build_launcher, parse_report
 
 from krex.devices import native
 from krex.devices.fakegpu import FakeGpu
@@ -207,18 +206,9 @@ def test_a_reused_pid_is_not_a_slot_owner_and_its_slot_is_reclaimed(launcher, gp
 # -- the drain: per stream, capture-safe, honest (issue 16) -----------------------------------
 
 
-def drainer(tmp_path_factory=None):
-    from test_native import build_c
-
-    libs = native.fakegpu_lib_dir()
-    src = (Path(REPO) / "native" / "tests" / "drainer.c").read_text()
-    dest = Path(tempfile.mkdtemp(prefix="krex-drainer-"))
-    return build_c(dest, "drainer", src, f"-L{libs}", "-l:libcuda.so.1", f"-Wl,-rpath,{libs}")
-
-
 @pytest.fixture(scope="module")
 def drainer_bin():
-    built = drainer()
+    built = build_drainer()
     yield built
     shutil.rmtree(os.path.dirname(built), ignore_errors=True)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import PY, REPO, reap, spawn
+from native_support import build_c, build_launcher, parse_report
 
 from krex.devices import native
 from krex.devices.fakegpu import FakeGpu
@@ -17,21 +18,6 @@ from krex.enforce.gate import GateFile
 from krex.errors import InterposerMissing
 
 CUDA_H = Path("/usr/local/cuda/include/cuda.h")
-LAUNCHER_SRC = Path(REPO) / "native" / "tests" / "launcher.c"
-
-
-def build_launcher(dest_dir: Path) -> Path:
-    """Compile native/tests/launcher.c against the fake libcuda / libamdhip64."""
-    libs = native.fakegpu_lib_dir()
-    out = dest_dir / "launcher"
-    subprocess.run(["cc", "-O2", "-o", str(out), str(LAUNCHER_SRC), f"-L{libs}",
-                    "-l:libcuda.so.1", "-l:libamdhip64.so", "-ldl", "-lpthread",
-                    f"-Wl,-rpath,{libs}"], check=True, capture_output=True, text=True)
-    return out
-
-
-def parse_report(line: str) -> dict[str, int]:
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
 
 
 def run_launcher(launcher: Path, env: dict[str, str], *args: str, timeout: float = 30) -> dict:
@@ -187,15 +173,6 @@ def test_counters_and_abi_are_one_contract():
     abi = re.search(r"#define KREX_GATE_ABI (\d+)", (INTERPOSE / "gate.h").read_text())
     assert int(abi.group(1)) == native.ABI_VERSION == lib.krex_interposer_abi_version()
     assert "K_CUDA_END" not in (INTERPOSE / "hooks.c").read_text()  # no sentinel in the enum
-
-
-def build_c(dest: Path, name: str, source: str, *flags: str) -> Path:
-    src = dest / f"{name}.c"
-    src.write_text(source)
-    out = dest / (f"lib{name}.so" if "-shared" in flags else name)
-    subprocess.run(["cc", "-O1", "-fPIC", "-o", str(out), str(src), *flags], check=True,
-                   capture_output=True, text=True)
-    return out
 
 
 PLUGIN = """
