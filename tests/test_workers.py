@@ -7,7 +7,6 @@ import operator
 import os
 import queue
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import reap, spawn, wait_for
+from workers_support import run, write
 
 from krex.errors import WorkerFailed
 from krex.workers import ExecRequest, ExecResult, PoolSpec, WorkerPool
@@ -27,22 +27,6 @@ def pool():
     p.start()
     yield p
     p.shutdown()
-
-
-def write(tmp_path: Path, name: str, source: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(source))
-    return str(path)
-
-
-def run(pool: WorkerPool, path: str, *args: str, **kw) -> tuple[ExecResult, dict[str, str]]:
-    out = {"stdout": "", "stderr": ""}
-
-    def collect(stream: str, text: str) -> None:
-        out[stream] += text
-
-    req = ExecRequest.for_path(path, list(args), cwd=os.path.dirname(path), **kw)
-    return pool.submit(req, collect), out
 
 
 def gone(pid: int) -> bool:

@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from test_workers import run, write
+from workers_support import run, write
 
 from krex.enforce.cgroups import CgroupLayout, move_all
 from krex.enforce.cgroups import write as cg_write
