@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated runtime directory, a daemon, and leak checks."""
+"""Shared fixtures: an isolated runtime directory, daemons, a service, and leak checks."""
 
 from __future__ import annotations
 
@@ -88,14 +88,49 @@ __all__ = ["INFRASTRUCTURE"]
 
 
 @pytest.fixture
-def daemon(runtime_dir, monkeypatch):
-    """A private daemon for one test; yields its handle, stops and reaps it after."""
+def make_daemon(runtime_dir, monkeypatch):
+    """Start a private daemon with extra ``krex serve`` flags, once per test:
+    ``make_daemon("--max-hold-s", "0.5")`` gives its handle (clients reach it through
+    ``KREX_SOCKET``); it is stopped and reaped after the test."""
     from helpers import Daemon
 
-    d = Daemon(str(runtime_dir))
-    d.start()
-    monkeypatch.setenv("KREX_SOCKET", d.socket)
+    started: list[Daemon] = []
+
+    def make(*flags: str) -> Daemon:
+        assert not started, "one daemon per test: it runs in the test's runtime_dir"
+        d = Daemon(str(runtime_dir), *flags)
+        started.append(d)
+        d.start()
+        monkeypatch.setenv("KREX_SOCKET", d.socket)
+        return d
+
     try:
-        yield d
+        yield make
     finally:
-        d.stop()
+        for d in started:
+            d.stop()
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    """A private daemon for one test; yields its handle, stops and reaps it after."""
+    return make_daemon()
+
+
+@pytest.fixture
+def quota_daemon(make_daemon):
+    """A private daemon with a per-tenant budget of 0.5 region-seconds per minute."""
+    return make_daemon("--tenant-region-s-per-min", "0.5")
+
+
+@pytest.fixture
+def service(daemon, tmp_path):
+    """A ``krex service`` with two runners on the test's daemon (tests/service_support.py;
+    the test module is skipped where the ``server`` extra is not installed)."""
+    from service_support import Service
+
+    s = Service(tmp_path / "state", "--runners", "2")
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import run_krex, wait_for
-from test_service_http import Service, service  # noqa: F401  (the fixture)
+from service_support import Service
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 
@@ -72,7 +72,7 @@ def _waiting(pidfile, flag) -> str:
             f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)\n")
 
 
-def test_cancel_a_running_bench_kills_its_command_and_frees_the_device(service, tmp_path):  # noqa: F811
+def test_cancel_a_running_bench_kills_its_command_and_frees_the_device(service, tmp_path):
     trips = _round_trips(service)
     free_s = _region_granted_now()
 
@@ -105,7 +105,7 @@ def _records(s: Service) -> set[str]:
     return {r["id"] for r in rows["records"]}
 
 
-def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(service, tmp_path):  # noqa: F811
+def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(service, tmp_path):
     trips = _round_trips(service)
 
     def body(name: str) -> dict:
@@ -151,7 +151,7 @@ def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):
     import anyio
 
     pytest.importorskip("mcp", reason="the `server` extra is not installed")
-    from test_service_mcp import session_run, structured
+    from mcp_support import session_run, structured
 
     pid, flag = tmp_path / "cancelled.pid", tmp_path / "control.go"
     seen: dict = {}
@@ -191,7 +191,7 @@ def test_mcp_client_cancelling_a_bench_call_stops_its_command(daemon, tmp_path):
     assert states == ["cancelled", "succeeded"], states
 
 
-def test_cancel_kills_an_exec_whose_program_moved_to_another_directory(service, tmp_path):  # noqa: F811
+def test_cancel_kills_an_exec_whose_program_moved_to_another_directory(service, tmp_path):
     """The service finds a running exec's worker by what the daemon says it serves (the
     directory its request named), not by the worker's working directory now: a program
     that calls ``chdir`` is killed, with the process it started.  Negative control: an

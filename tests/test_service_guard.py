@@ -16,7 +16,7 @@ import stat
 import pytest
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
-from test_service_http import Service
+from service_support import Service
 
 
 @pytest.fixture

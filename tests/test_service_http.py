@@ -10,86 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from evaluate_helpers import CPU, spec
 from helpers import krex, reap, run_krex, wait_for
+from service_support import Service, free_port, regions_by_label
 from skill_fields import BENCH_FIELDS, EVALUATE_FIELDS, EXEC_FIELDS, FINDING_FIELDS, keys_of
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 pytest.importorskip("uvicorn", reason="the `server` extra is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Service:
-    """A running ``krex service`` on a free loopback port."""
-
-    def __init__(self, state: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.state = state
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.token: str | None = None  # the service's own token (tenant `local`), once made
-        self.proc = krex("service", "--http", f"127.0.0.1:{self.port}", "--state-dir",
-                         str(state), "--records", str(state / "records.sqlite3"), *flags)
-
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"service exited: {self.proc.communicate()}")
-            try:
-                return self.call("GET", "/v1/health")[0] == 200
-            except OSError:
-                return False
-        wait_for(up, timeout_s=60, interval_s=0.1)
-        if (state / "token").exists():
-            self.token = (state / "token").read_text().strip()
-
-    def call(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
-             headers: dict[str, str] | None = None, timeout: float = 60,
-             token: bool = True) -> tuple[int, dict]:
-        """A request; with the service's own token unless ``token=False`` (or ``headers``
-        has another ``Authorization``)."""
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        auth = {"Authorization": f"Bearer {self.token}"} if token and self.token else {}
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **auth,
-                                              **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                text = r.read()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            text, status = e.read(), e.code
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, {"text": text.decode()}
-
-    def wait(self, job_id: str, wait_s: float = 30, **kw) -> dict:
-        status, job = self.call("GET", f"/v1/jobs/{job_id}?wait_s={wait_s}", **kw)
-        assert status == 200, job
-        return job
-
-    def stop(self) -> None:
-        reap(self.proc, timeout_s=15)
-
-
-@pytest.fixture
-def service(daemon, tmp_path):
-    s = Service(tmp_path / "state", "--runners", "2")
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def test_exec_job_idempotent_submit_and_long_poll(service):
@@ -456,28 +388,6 @@ def test_a_scripted_agent_follows_skill_md_through_the_service(service):
     assert 0 < r["p50_ms"] <= r["p95_ms"] and r["noise_rel"] >= 0, r
 
 
-@pytest.fixture
-def quota_daemon(runtime_dir, monkeypatch):
-    """A private daemon with a per-tenant budget of 0.5 region-seconds per minute."""
-    from helpers import Daemon
-
-    d = Daemon(str(runtime_dir), "--tenant-region-s-per-min", "0.5").start()
-    monkeypatch.setenv("KREX_SOCKET", d.socket)
-    yield d
-    d.stop()  # pytest runs this whether the test passed or not
-
-
-def _regions_by_label() -> dict[str, list[str]]:
-    """The daemon's own record of finished regions: label -> the tenants they were charged to."""
-    from krex.client.connection import Client
-
-    with Client(autostart=False) as client:
-        out: dict[str, list[str]] = {}
-        for r in client.regions():
-            out.setdefault(str(r.get("label")), []).append(str(r.get("tenant")))
-        return out
-
-
 def _submit_raw(s: Service, body: dict, auth: dict[str, str]) -> tuple[int, dict, dict]:
     """POST /v1/jobs/exec: the status, the body and the headers (names in lower case)."""
     req = urllib.request.Request(s.base + "/v1/jobs/exec", data=json.dumps(body).encode(),
@@ -511,7 +421,7 @@ def test_jobs_run_as_their_tenant_in_the_daemon_and_meet_its_quota(quota_daemon,
                 "succeeded"
         outside = run_krex("region", "--label", "outside", "--", "true")
         assert outside.returncode == 0, outside.stderr
-        seen = _regions_by_label()
+        seen = regions_by_label()
         assert seen["a-short"] == ["alice"] and seen["b-short"] == ["bob"], seen
         assert seen["outside"] == [f"uid:{os.getuid()}"]  # negative control: a local client
         # alice uses up her 0.5 region-seconds; her next region is refused by the daemon.
@@ -529,7 +439,7 @@ def test_jobs_run_as_their_tenant_in_the_daemon_and_meet_its_quota(quota_daemon,
         # bob's budget is his own: accepted and run (negative control).
         status, job, _ = _submit_raw(s, region("b-after"), auth["bob"])
         assert status == 201 and s.wait(job["id"], headers=auth["bob"])["state"] == "succeeded"
-        seen = _regions_by_label()
+        seen = regions_by_label()
         assert seen["a-long"] == ["alice"] and seen["b-after"] == ["bob"]
         assert "a-over" not in seen and "a-again" not in seen
     finally:

@@ -9,43 +9,21 @@ arguments answers an error, not a crash, and the session goes on.
 from __future__ import annotations
 
 import json
-import os
 import socket
 
 import anyio
 import pytest
 from evaluate_helpers import CPU, spec
-from helpers import PY
+from mcp_support import session_run, structured
 from skill_fields import EVALUATE_FIELDS, FINDING_FIELDS, keys_of
 
 mcp = pytest.importorskip("mcp", reason="the `server` extra is not installed")
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 TOOLS = {"evaluate", "bench_command", "exec_program", "node_status", "get_record"}
 FASTER = {"source": "import numpy as np\n\n\ndef fast(x):\n"
                     "    return x * np.sqrt(x * x + np.float32(1.0))\n", "function": "fast"}
-
-
-def structured(result) -> dict:
-    assert not result.is_error, result.content
-    if result.structured_content is not None:
-        data = result.structured_content
-        return data.get("result", data) if set(data) == {"result"} else data
-    return json.loads(result.content[0].text)
-
-
-async def session_run(tmp_path, body) -> None:
-    params = StdioServerParameters(
-        command=PY, args=["-m", "krex", "mcp", "--state-dir", str(tmp_path / "state"),
-                          "--records", str(tmp_path / "records.sqlite3"), "--runners", "2"],
-        env=dict(os.environ))
-    with open(tmp_path / "mcp-stderr.log", "w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write), \
-                ClientSession(read, write) as session:
-            await session.initialize()
-            await body(session)
 
 
 def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
@@ -92,7 +70,7 @@ def test_mcp_session_lists_tools_and_runs_evaluate_end_to_end(daemon, tmp_path):
 def start_mcp_http(tmp_path, *flags: str):
     """``krex mcp --transport streamable-http`` on a free port, once it listens."""
     from helpers import krex, wait_for
-    from test_service_http import free_port
+    from service_support import free_port
 
     port = free_port()
     proc = krex("mcp", "--transport", "streamable-http", "--http", f"127.0.0.1:{port}",

@@ -362,7 +362,7 @@ def test_a_real_mcp_server_keeps_nothing_per_call_in_the_sdk_transport(daemon, t
 
     import anyio
     from helpers import krex, reap, run_krex, wait_for
-    from test_service_http import free_port
+    from service_support import free_port
 
     state, trace, port = tmp_path / "state", str(tmp_path / "trace.json"), free_port()
     added = run_krex("service", "token", "add", "mcp", "--state-dir", str(state),

@@ -14,7 +14,7 @@ import pytest
 from helpers import run_krex, wait_for
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
-from test_service_http import Service
+from service_support import Service
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium (apt-get install -y "

@@ -13,7 +13,7 @@ import os
 
 import pytest
 from helpers import run_krex
-from test_service_http import Service, _regions_by_label, quota_daemon  # noqa: F401
+from service_support import Service, regions_by_label
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
 
@@ -22,7 +22,7 @@ def _bench(hold_s: float) -> dict:
     return {"command": f"sleep {hold_s}", "runs": 1, "warmup": 0}
 
 
-def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon, tmp_path):  # noqa: F811
+def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon, tmp_path):
     state = tmp_path / "state"
     tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
                              str(state)).stdout.strip() for name in ("alice", "bob")}
@@ -39,7 +39,7 @@ def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon,
         assert done["state"] == "succeeded" or retried, (done.get("error"), done)
         local = run_krex("bench", "--runs", "1", "--warmup", "0", "--", "true", timeout=60)
         assert local.returncode == 0, local.stderr
-        seen = _regions_by_label()
+        seen = regions_by_label()
         # every region of the bench is alice's (a region that was not clean is taken again)
         assert set(seen["tenant:alice"]) == {"alice"}, seen
         assert {f"uid:{os.getuid()}"} in [set(v) for k, v in seen.items()
@@ -61,7 +61,7 @@ def test_bench_jobs_are_charged_to_their_tenant_and_meet_its_quota(quota_daemon,
         _, other = s.call("POST", "/v1/jobs/bench", _bench(0), headers=auth["bob"])
         ok = s.wait(other["id"], wait_s=60, headers=auth["bob"])
         assert ok["state"] == "succeeded", ok
-        seen = _regions_by_label()
+        seen = regions_by_label()
         assert set(seen["tenant:bob"]) == {"bob"}, seen
     finally:
         s.stop()

@@ -18,7 +18,7 @@ import pytest
 from helpers import PY
 
 pytest.importorskip("fastapi", reason="the `server` extra is not installed")
-from test_service_http import Service
+from service_support import Service
 
 
 def test_an_exec_job_gets_a_minimal_environment(daemon, tmp_path, monkeypatch):
