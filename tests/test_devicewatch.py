@@ -32,13 +32,11 @@ HOG = ("import os; os.sched_setaffinity(0, {%d}); os.nice(%d); print('hog', flus
 
 
 @pytest.fixture
-def daemon(runtime_dir, monkeypatch):
+def device_daemon(make_daemon):
+    """A daemon whose fake device runs on ``DEVICE_CORE``."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores: one for the device, one reserved for the holder")
-    d = Daemon(str(runtime_dir), "--fakegpu-core", str(DEVICE_CORE)).start()
-    monkeypatch.setenv("KREX_SOCKET", d.socket)
-    yield d
-    d.stop()
+    return make_daemon("--fakegpu-core", str(DEVICE_CORE))
 
 
 def _device_server(d: Daemon) -> str:
@@ -83,12 +81,12 @@ def _hog_on_device_core() -> subprocess.Popen:
     return hog
 
 
-def test_a_hog_on_the_devices_core_makes_the_region_not_clean(daemon):
+def test_a_hog_on_the_devices_core_makes_the_region_not_clean(device_daemon):
     """A busy loop pinned to the device's core takes about half of it from the fake
     device: the region says ``device_preempted`` with the run delay as evidence.  Control:
     the same holder without the hog has no such reason (a CPU loop beside the suite may
     wander onto the device's core: then a reason with a far smaller share)."""
-    _device_server(daemon)
+    _device_server(device_daemon)
     control = _measure()
     hog = _hog_on_device_core()
     try:
@@ -105,11 +103,11 @@ def test_a_hog_on_the_devices_core_makes_the_region_not_clean(daemon):
     assert _delay_share(control) < 0.15, _reason(control, "device_preempted")
 
 
-def test_another_process_on_the_device_makes_the_region_not_clean(daemon):
+def test_another_process_on_the_device_makes_the_region_not_clean(device_daemon):
     """A process krex does not manage keeps 5 ms kernels queued on the daemon's device:
     nothing gates or drains it, so the device time-slices it with the holder, and the
     region names it (``foreign_device_work``, its pid).  Control: the holder alone."""
-    sock = _device_server(daemon)
+    sock = _device_server(device_daemon)
     control = _measure()
     env = dict(os.environ, KREX_FAKEGPU_SOCKET=sock, LD_LIBRARY_PATH=str(
         fakegpu.fakegpu_lib_dir()))

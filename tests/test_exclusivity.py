@@ -59,11 +59,8 @@ def hold(tmp_path, hold_s, *extra):
 
 
 @pytest.fixture
-def backend_daemon(request, runtime_dir, monkeypatch):
-    d = Daemon(str(runtime_dir), *request.param).start()
-    monkeypatch.setenv("KREX_SOCKET", d.socket)
-    yield d
-    d.stop()
+def backend_daemon(request, make_daemon):
+    return make_daemon(*request.param)
 
 
 @pytest.mark.parametrize("backend_daemon", [["--freeze", b.values[0]] for b in BACKENDS],

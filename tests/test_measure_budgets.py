@@ -13,7 +13,6 @@ import time
 import warnings
 
 import pytest
-from helpers import Daemon
 
 import krex
 from krex.measure import loop
@@ -61,15 +60,8 @@ def test_measure_and_bench_budgets_bound_the_hold(daemon):
 
 
 @pytest.fixture
-def short_ceiling(tmp_path, monkeypatch):
-    rt = tmp_path / "ceiling"
-    rt.mkdir(mode=0o700)
-    d = Daemon(str(rt), "--max-hold-s", "0.5").start()
-    monkeypatch.setenv("KREX_SOCKET", d.socket)
-    try:
-        yield d
-    finally:
-        d.stop()
+def short_ceiling(make_daemon):
+    return make_daemon("--max-hold-s", "0.5")
 
 
 def _busy(ms: float = 1.0) -> None:
