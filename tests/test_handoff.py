@@ -14,6 +14,7 @@ import time
 
 import psutil
 import pytest
+from daemon_support import freezes, loop_rows, start_loops
 from enforce_support import Sibling, layout_or_skip, stamps_after
 from fakes import FakeSession, ScriptedExclusivity
 from helpers import PY, Daemon, krex, reap, spawn, wait_for
@@ -1125,9 +1126,7 @@ def test_handoffs_are_planned_after_the_grant_and_replanned_when_a_job_arrives(d
     mid-chain changes the jobs the plan was made for: every region granted after it
     counts it among the frozen siblings (a plan kept for the old jobs would count one
     sibling: the control, checked by hand with the key comparison removed)."""
-    from test_regions_pipelined import daemon_freeze, loop_rows, start_loops
-
-    if daemon_freeze(daemon) == "off":
+    if not freezes(daemon):
         pytest.skip("no freeze backend here: nothing is handed over")
     n = 400
     loops, start = start_loops("pipelined", n, 3)

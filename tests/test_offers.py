@@ -16,18 +16,13 @@ import socket
 import subprocess
 import time
 
+from daemon_support import daemon_counters, freezing_daemon, start_steps, step_rows
 from helpers import PY, REPO, bare_connection
-from test_requeue import _freezing_daemon, _rows, _start
 
-from krex.client.connection import Client, Connection
+from krex.client.connection import Connection
 from krex.protocol import messages as m
 
 LATE = os.path.join(REPO, "tests", "jobs", "offer_late.py")
-
-
-def _counters(d) -> dict:
-    with Client(d.socket, autostart=False) as c:
-        return c.status()["counters"]
 
 
 def test_plain_loops_take_their_offers_and_stay_exclusive(runtime_dir):
@@ -35,10 +30,10 @@ def test_plain_loops_take_their_offers_and_stay_exclusive(runtime_dir):
     offers (the claim window is wide, so a loaded machine's slow thaw does not lapse
     them); every region is released, and in the jobs' own clocks each region starts
     after the previous one's release was handled."""
-    with _freezing_daemon(runtime_dir, "--requeue-ms", "300") as (d, procs):
-        procs += [_start(d, *["r0.003"] * 60) for _ in range(2)]
-        a, b = _rows(procs[0]), _rows(procs[1])
-        counters = _counters(d)
+    with freezing_daemon(runtime_dir, "--requeue-ms", "300") as (d, procs):
+        procs += [start_steps(d, *["r0.003"] * 60) for _ in range(2)]
+        a, b = step_rows(procs[0]), step_rows(procs[1])
+        counters = daemon_counters(d)
     assert counters["offers_claimed"] >= 20, counters
     assert counters["offers_lapsed"] == 0, counters
     assert counters["offered"] >= counters["offers_claimed"], counters
@@ -57,15 +52,15 @@ def _late(runtime_dir, mode: str, window_ms: int = 20,
           windows: float = 3.0) -> tuple[dict, dict]:
     """offer_late.py in ``mode`` beside a loop of 20 ms regions, the offer let go for
     ``windows`` claim windows; its line and the daemon's counters."""
-    with _freezing_daemon(runtime_dir, "--requeue-ms", str(window_ms)) as (d, procs):
-        procs.append(_start(d, *["r0.02"] * 3000))  # reaped once offer_late.py is done
+    with freezing_daemon(runtime_dir, "--requeue-ms", str(window_ms)) as (d, procs):
+        procs.append(start_steps(d, *["r0.02"] * 3000))  # reaped once offer_late.py is done
         env = {**os.environ, "KREX_SOCKET": d.socket}
         x = subprocess.Popen([PY, LATE, mode, str(window_ms / 1e3), str(windows)],
                              stdout=subprocess.PIPE, text=True, env=env)
         procs.append(x)
         out, _ = x.communicate(timeout=120)
         assert x.returncode == 0, out
-        counters = _counters(d)
+        counters = daemon_counters(d)
     return json.loads(out.strip().splitlines()[-1]), counters
 
 

@@ -13,47 +13,20 @@ another is waited for is kept, not dropped.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
-from helpers import PY, REPO, bare_connection, reap, steal_ms
+from daemon_support import freezes, loop_rows, start_loops
+from helpers import bare_connection, steal_ms
 
 import krex
 from krex.client.connection import Client
 from krex.protocol import messages as m
 from krex.protocol.framing import FrameReader, encode_frame
 
-JOB = os.path.join(REPO, "tests", "jobs", "regions_loop.py")
 N, HOLD_MS = 40, 3.0
-
-
-def start_loops(how: str, n: int, hold_ms: float, count: int = 2
-                ) -> tuple[list[subprocess.Popen], float]:
-    """``count`` jobs taking ``n`` regions of ``hold_ms`` back to back (tests/jobs/
-    regions_loop.py), all from the returned monotonic start, 1.5 s from now (registered
-    and warm by then); :func:`loop_rows` collects them."""
-    start = time.monotonic() + 1.5
-    return [subprocess.Popen([PY, JOB, how, str(n), str(hold_ms), str(start)],
-                             stdout=subprocess.PIPE, text=True) for _ in range(count)], start
-
-
-def loop_rows(procs: list[subprocess.Popen]) -> list[dict]:
-    """Every region the loops took (their daemon times), in grant order; all reaped."""
-    try:
-        rows = []
-        for p in procs:
-            out, _ = p.communicate(timeout=180)
-            assert p.returncode == 0
-            rows += json.loads(out)
-    finally:
-        for p in procs:
-            reap(p)
-    return sorted(rows, key=lambda r: r["granted"])
 
 
 def _two_jobs(how: str) -> list[dict]:
@@ -88,7 +61,7 @@ def _on_daemon(tmp_path, monkeypatch, name: str, *args: str,
 
 def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon, tmp_path,
                                                                  monkeypatch):
-    if daemon_freeze(daemon) == "off":
+    if not freezes(daemon):
         pytest.skip("no freeze backend here: a job is not frozen while another holds")
     pipelined = _two_jobs("pipelined")
     # plain: the daemon queues each job again at its release (--requeue-ms), and the
@@ -149,7 +122,7 @@ def test_a_plain_loop_asks_again_before_the_handoff_freezes_it(daemon, tmp_path,
     carries the release out may be woken on the releasing holder's own core and run
     there first, and an unmanaged task (a CPU loop beside the suite) may hold that
     core, so the job does not get to ask before the freeze (half the chains ended)."""
-    if daemon_freeze(daemon) == "off":
+    if not freezes(daemon):
         pytest.skip("no freeze backend here: a job is not frozen while another holds")
     from helpers import skip_if_another_daemon_owns_the_shield
 
@@ -161,11 +134,6 @@ def test_a_plain_loop_asks_again_before_the_handoff_freezes_it(daemon, tmp_path,
     assert _chain_ends(plain) <= N // 4, plain
     assert sum(not r["handed_over"] for r in plain) <= N // 4, plain
     assert counters["chain_ends"].get("nobody_queued", 0) <= N // 4, counters
-
-
-def daemon_freeze(daemon) -> str:
-    with Client(daemon.socket, autostart=False) as c:
-        return str((c.status().get("enforcement") or {}).get("freeze", "off"))
 
 
 @pytest.mark.parametrize("leave", ["break", "raise"])

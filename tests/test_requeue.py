@@ -10,43 +10,24 @@ test in ``test_regions_pipelined.py``).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 
 import pytest
+from daemon_support import (
+    daemon_counters,
+    freezes,
+    freezing_daemon,
+    loop_rows,
+    start_loops,
+    start_steps,
+    step_rows,
+)
 from fakes import FakeSession, ScriptedExclusivity, request
-from helpers import PY, REPO, Daemon, reap, steal_ms, wait_for
+from helpers import Daemon, reap, steal_ms, wait_for
 
 from krex.client.connection import Client
-
-STEPS = os.path.join(REPO, "tests", "jobs", "steps.py")
-
-
-def _freezes(d: Daemon) -> bool:
-    with Client(d.socket, autostart=False) as c:
-        return (c.status().get("enforcement") or {}).get("freeze", "off") != "off"
-
-
-def _start(d: Daemon, *steps: str) -> subprocess.Popen:
-    """A job running ``steps``; its rows go to a file (a pipe nobody reads yet would
-    block it once full)."""
-    env = {**os.environ, "KREX_SOCKET": d.socket}
-    out = tempfile.NamedTemporaryFile("w+", dir=d.runtime_dir, suffix=".rows", delete=False)
-    p = subprocess.Popen([PY, STEPS, *steps], stdout=out, text=True, env=env)
-    p.rows_path = out.name  # type: ignore[attr-defined]
-    out.close()
-    return p
-
-
-def _rows(p: subprocess.Popen) -> list[dict]:
-    assert p.wait(timeout=60) == 0
-    with open(p.rows_path) as f:  # type: ignore[attr-defined]
-        return [json.loads(line) for line in f]
 
 
 def _holding(d: Daemon) -> bool:
@@ -59,11 +40,6 @@ def _queued(d: Daemon) -> int:
         return sum(len(dev["queue"]) for dev in c.status()["scheduler"].values())
 
 
-def _counters(d: Daemon) -> dict:
-    with Client(d.socket, autostart=False) as c:
-        return c.status()["counters"]
-
-
 def _with_loop(runtime_dir, requeue_ms: str | None, *steps: str,
                loop: int = 150) -> tuple[list[dict], list[dict], dict, list[dict]]:
     """Y takes ``loop`` plain 20 ms regions; X, started once Y holds, runs ``steps``.
@@ -73,13 +49,13 @@ def _with_loop(runtime_dir, requeue_ms: str | None, *steps: str,
     d.start()
     procs: list[subprocess.Popen] = []
     try:
-        if not _freezes(d):
+        if not freezes(d):
             pytest.skip("no freeze backend here: a job is not frozen while another holds")
-        procs.append(_start(d, *["r0.02"] * loop))
+        procs.append(start_steps(d, *["r0.02"] * loop))
         wait_for(lambda: _holding(d), 20)
-        procs.append(_start(d, *steps))
-        x, y = _rows(procs[1]), _rows(procs[0])
-        counters = _counters(d)
+        procs.append(start_steps(d, *steps))
+        x, y = step_rows(procs[1]), step_rows(procs[0])
+        counters = daemon_counters(d)
         with Client(d.socket, autostart=False) as c:
             regions = c.regions()
         return x, y, counters, regions
@@ -198,14 +174,14 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_requeued_loops(runtime_d
     they hold (frozen before it can ask) and then wants 3 regions.  Long chains end
     (``MAX_REQUEUED_CHAIN``), thawing it: it gets them within seconds.  (Checked by hand:
     with the bound lifted, the third job got no region in 30 s.)"""
-    with _freezing_daemon(runtime_dir) as (d, procs):
-        procs += [_start(d, *["r0.003"] * 4000) for _ in range(2)]
-        wait_for(lambda: _counters(d)["requeue_claimed"] >= 50, 30)
-        late = _start(d, *["r0.003"] * 3)
+    with freezing_daemon(runtime_dir) as (d, procs):
+        procs += [start_steps(d, *["r0.003"] * 4000) for _ in range(2)]
+        wait_for(lambda: daemon_counters(d)["requeue_claimed"] >= 50, 30)
+        late = start_steps(d, *["r0.003"] * 3)
         t0 = time.monotonic()
         assert late.wait(timeout=30) == 0
         assert time.monotonic() - t0 < 20
-        assert len(_rows(late)) == 3
+        assert len(step_rows(late)) == 3
 
 
 def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_dir):
@@ -215,14 +191,14 @@ def test_a_job_frozen_before_it_asked_is_not_starved_by_pipelined_loops(runtime_
     in the run: the loops are still taking regions when the third job is done, so it
     did not just wait for them to end.  (Checked by hand: without the bound on the
     handoff, the third job got its regions only after the loops had ended.)"""
-    with _freezing_daemon(runtime_dir) as (d, procs):
-        procs += [_start(d, "p8000x0.003") for _ in range(2)]
-        wait_for(lambda: _counters(d)["granted"] >= 100, 30)
-        late = _start(d, *["r0.003"] * 3)
+    with freezing_daemon(runtime_dir) as (d, procs):
+        procs += [start_steps(d, "p8000x0.003") for _ in range(2)]
+        wait_for(lambda: daemon_counters(d)["granted"] >= 100, 30)
+        late = start_steps(d, *["r0.003"] * 3)
         assert late.wait(timeout=40) == 0
         assert all(p.poll() is None for p in procs[:2]), "the loops ended first"
-        assert len(_rows(late)) == 3
-        ends = _counters(d)["chain_ends"]  # the daemon says which chains the bound ended
+        assert len(step_rows(late)) == 3
+        ends = daemon_counters(d)["chain_ends"]  # the daemon says which chains the bound ended
         loops = [_rows_so_far(p) for p in procs[:2]]
         if not any(r["report"]["host"].get("handed_over") for rows in loops for r in rows):
             # no chain at all, so nothing to end (seen: another krex daemon on the
@@ -238,24 +214,6 @@ def _rows_so_far(p: subprocess.Popen) -> list[dict]:
     with open(p.rows_path) as f:  # type: ignore[attr-defined]
         lines = f.read().split("\n")[:-1]
     return [json.loads(line) for line in lines]
-
-
-@contextlib.contextmanager
-def _freezing_daemon(runtime_dir, *flags: str) -> Iterator[tuple[Daemon,
-                                                                  list[subprocess.Popen]]]:
-    """A daemon with ``flags`` (skip where nothing freezes) and a list of the jobs started
-    on it: each reaped, the daemon stopped, at the end."""
-    d = Daemon(str(runtime_dir), *flags)
-    d.start()
-    procs: list[subprocess.Popen] = []
-    try:
-        if not _freezes(d):
-            pytest.skip("no freeze backend here: a job is not frozen while another holds")
-        yield d, procs
-    finally:
-        for p in procs:
-            reap(p)
-        d.stop()
 
 
 def _longest_chain(*jobs: list[dict]) -> int:
@@ -288,9 +246,9 @@ def test_a_chain_of_queued_loops_is_not_cut_by_the_bound(runtime_dir):
         stolen = steal_ms()
         # A claim window wide enough that a loaded machine's late claim does not lapse (a
         # lapse ends a chain too, and under heavy load every 5 ms window lapsed).
-        with _freezing_daemon(rt, "--requeue-ms", "300") as (d, procs):
-            procs += [_start(d, *["r0.003"] * 150) for _ in range(2)]
-            a, b = _rows(procs[0]), _rows(procs[1])
+        with freezing_daemon(rt, "--requeue-ms", "300") as (d, procs):
+            procs += [start_steps(d, *["r0.003"] * 150) for _ in range(2)]
+            a, b = step_rows(procs[0]), step_rows(procs[1])
             with Client(d.socket, autostart=False) as c:
                 ends = c.status()["counters"]["chain_ends"]  # why chains ended
         if not any(r["report"]["host"].get("handed_over") for r in a + b):
@@ -314,9 +272,7 @@ def test_a_release_re_queues_its_job_after_the_handoff_not_before(daemon):
     is handed on: in the event log each job's ``requeued`` comes after the grant of the
     region handed over at that release.  Control, run by hand against the previous code
     (which re-queued before the handoff): 0 of 77 after, 76 before."""
-    from test_regions_pipelined import loop_rows, start_loops
-
-    if not _freezes(daemon):
+    if not freezes(daemon):
         pytest.skip("no freeze backend here: nothing is handed over or re-queued")
     rows = loop_rows(start_loops("plain", 40, 3)[0])
     with open(daemon.events_path) as f:

@@ -17,8 +17,8 @@ import threading
 import time
 
 import pytest
+from daemon_support import daemon_counters, freezes, start_steps
 from helpers import PY, reap, wait_for
-from test_requeue import _counters, _freezes, _start
 
 SIZE = 262144
 PROGRAM = f"""
@@ -59,11 +59,11 @@ def _run(daemon, argv: list[str]) -> bytes:
 
 
 def test_a_frozen_command_delivers_its_whole_output_through_krex_run(daemon):
-    if not _freezes(daemon):
+    if not freezes(daemon):
         pytest.skip("no freeze backend here: no job is frozen while another holds")
-    loop = _start(daemon, *["r0.003"] * 4000)
+    loop = start_steps(daemon, *["r0.003"] * 4000)
     try:
-        wait_for(lambda: _counters(daemon)["granted"] >= 20, 30)  # the loop holds
+        wait_for(lambda: daemon_counters(daemon)["granted"] >= 20, 30)  # the loop holds
         ad_hoc = [_run(daemon, [PY, "-c", PROGRAM]) for _ in range(3)]
         relayed = [_run(daemon, [PY, "-m", "krex", "run", "--", PY, "-c", PROGRAM])
                    for _ in range(3)]

@@ -15,6 +15,7 @@ import statistics
 import time
 
 import pytest
+from daemon_support import loop_rows, start_loops
 from helpers import PY, Daemon, reap, wait_for
 from helpers import krex as krex_cli
 
@@ -237,8 +238,6 @@ def test_a_chain_of_handoffs_keeps_moves_warm_without_pings(tmp_path, monkeypatc
     """The daemon's own slot moves count as pings: while two loops hand the device back
     and forth (a move every ~2 ms) the warmer pings (almost) nothing; control: the same
     daemon, warm and idle for as long right after, pings every period."""
-    from test_regions_pipelined import loop_rows, start_loops
-
     layout = CgroupLayout.probe()
     if MoveWarmer.for_layout(layout, 4.0, 30.0).root is None:
         pytest.skip("warm pings are off on this machine")
