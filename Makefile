@@ -30,9 +30,20 @@ install: $(STAMP)  ## create .venv and install krex (editable, builds the native
 demo: $(STAMP)  ## the main job: examples run concurrently under an auto-started daemon
 	$(VENV)/bin/krex demo
 
-test: $(STAMP)  ## run the whole test suite
-	@$(VPY) -m pytest -q -rs -p no:cacheprovider --durations=15; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+TEST_WORKERS ?= 2
+PYTEST  := $(VPY) -m pytest -q -rs -p no:cacheprovider --durations=10
+
+test: $(STAMP)  ## run the whole test suite: the most in parallel, then the serial ones
+	@# Two phases (tests/conftest.py's SERIAL: timing, hogs, node-wide cpusets need the
+	@# machine to themselves).  Either failing, or collecting no tests (pytest's exit 5),
+	@# fails the target.
+	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial"; a=$$?; \
+	$(PYTEST) -m serial; b=$$?; \
+	echo "make test: parallel phase exit $$a, serial phase exit $$b"; \
+	for rc in $$a $$b; do \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests in a phase: failing"; exit 1; fi; \
+	  if [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	done
 
 test-fast: $(STAMP)  ## the tests not marked slow
 	$(VPY) -m pytest -q -m "not slow"
