@@ -244,8 +244,7 @@ def test_descendants_follow_the_subtree_not_the_whole_machine():
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         grandchild, zombie = map(int, child.stdout.readline().split())
-        wait_for(lambda: canary.stat_fields(zombie) is not None
-                 and canary.stat_fields(zombie)[0] == "Z")
+        wait_for(lambda: getattr(canary.task_stat(zombie), "state", None) == "Z")
         walked = canary.descendants(os.getpid())
         assert child.pid in walked and grandchild in walked and zombie not in walked
         assert walked.index(child.pid) < walked.index(grandchild)

@@ -115,8 +115,12 @@ def describe() -> dict[str, object]:
 
 def thread_nice(pid: int, tid: int) -> int:
     """A thread's nice value as the kernel reports it (tests, benchmarks)."""
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[16])
+    from krex.enforce.process import task_stat
+
+    st = task_stat(pid, tid)
+    if st is None:
+        raise ProcessLookupError(f"thread {tid} of process {pid} is gone")
+    return st.nice
 
 
 __all__ = ["configure", "describe", "elevate", "thread_nice", "widen"]

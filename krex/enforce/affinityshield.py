@@ -22,7 +22,14 @@ import os
 import time
 from typing import Any
 
-from krex.enforce.process import ProcessRef, ThreadRef, may_touch, start_time, threads_of
+from krex.enforce.process import (
+    ProcessRef,
+    ThreadRef,
+    may_touch,
+    start_time,
+    task_stat,
+    threads_of,
+)
 
 _PF_KTHREAD = 0x00200000
 _LISTED = 32
@@ -33,12 +40,8 @@ def _pids() -> list[int]:
 
 
 def _flags_ppid(pid: int) -> tuple[int, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        return int(fields[6]), int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    st = task_stat(pid)
+    return (st.flags, st.ppid) if st else None
 
 
 def _mask(tid: int) -> set[int] | None:

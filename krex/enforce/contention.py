@@ -41,6 +41,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from krex.enforce.process import task_stat
 from krex.enforce.schedstat import Counts, HolderCounters
 from krex.protocol.report import HostEvidence, Reason, ReasonCode
 
@@ -202,17 +203,10 @@ def runnable_on(cores: list[int], exclude_pids: set[int]) -> list[dict]:
 
 
 def _runnable(pid: int, tid: int, cores: set[int]) -> dict | None:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    st = task_stat(pid, tid)
+    if st is None or st.state != "R" or st.processor not in cores:
         return None
-    close = data.rfind(b")")
-    fields = data[close + 2:].split()
-    if len(fields) < 37 or fields[0] != b"R" or int(fields[36]) not in cores:
-        return None
-    comm = data[data.find(b"(") + 1:close].decode(errors="replace")
-    return {"pid": pid, "tid": tid, "comm": comm, "cpu": int(fields[36]),
+    return {"pid": pid, "tid": tid, "comm": st.comm, "cpu": st.processor,
             "cmdline": _cmdline(pid)}
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from krex.devices.native import ABI_VERSION, COUNTERS
-from krex.enforce.process import ProcessRef, stat_fields
+from krex.enforce.process import ProcessRef, task_stat
 from krex.errors import DrainTimeout, EnforcementFailed
 
 MAGIC = 0x4758524B  # "KRXG"
@@ -99,10 +99,10 @@ class Slot:
 def _owner(p: _Proc) -> ProcessRef | None:
     """The live process that owns slot ``p``, or None (free, gone, or pid reused)."""
     pid, claimed = int(p.pid), int(p.start_time)
-    fields = stat_fields(pid) if pid else None
-    if fields is None or fields[0] in "ZX":
+    st = task_stat(pid) if pid else None
+    if st is None or st.state in "ZX":
         return None  # free, or its owner is gone (a zombie has no GPU work left)
-    now = int(fields[19])
+    now = st.start_time
     if claimed and now != claimed:
         return None  # stale: the pid now names another process; the interposer reclaims it
     return ProcessRef(pid, now)

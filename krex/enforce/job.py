@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from krex.enforce.cgroups import JobCgroups
-from krex.enforce.process import ProcessRef, may_touch, start_time, stat_fields
+from krex.enforce.process import ProcessRef, may_touch, start_time, task_stat
 
 # pid -> (ppid, pgid, start time): one pass over /proc/*/stat.
 ProcTable = dict[int, tuple[int, int, int]]
@@ -17,9 +17,9 @@ def scan() -> ProcTable:
     table: ProcTable = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            fields = stat_fields(int(name))
-            if fields is not None:
-                table[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+            st = task_stat(int(name))
+            if st is not None:
+                table[int(name)] = (st.ppid, st.pgrp, st.start_time)
     return table
 
 

@@ -37,35 +37,54 @@ def read_bytes(path: str) -> bytes:
     return b"".join(chunks)
 
 
-def _stat_fields(path: str) -> list[str] | None:
-    """Fields 3.. of a /proc stat file (after the comm), or None if gone."""
+@dataclass(frozen=True, slots=True)
+class TaskStat:
+    """The fields krex reads of ``/proc/PID/stat`` (or a thread's ``task/TID/stat``),
+    named (proc(5): field numbers in the comments)."""
+
+    comm: str  # (2)
+    state: str  # (3) R, S, D, T, t, Z, X...
+    ppid: int  # (4)
+    pgrp: int  # (5)
+    flags: int  # (9) PF_* (PF_KTHREAD: a kernel thread)
+    nice: int  # (19)
+    start_time: int  # (22) clock ticks after boot
+    processor: int  # (39) the CPU it last ran on
+
+    @classmethod
+    def parse(cls, data: bytes) -> TaskStat | None:
+        """From a stat file's bytes; None when it is cut short."""
+        head, _, tail = data.rpartition(b")")
+        f = tail.split()
+        if len(f) < 37:
+            return None
+        return cls(comm=head.partition(b"(")[2].decode(errors="replace"),
+                   state=f[0].decode(), ppid=int(f[1]), pgrp=int(f[2]), flags=int(f[6]),
+                   nice=int(f[16]), start_time=int(f[19]), processor=int(f[36]))
+
+
+def task_stat(pid: int, tid: int | None = None) -> TaskStat | None:
+    """``/proc/PID/stat`` (or thread ``tid``'s), parsed; None when it is gone or unreadable."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        data = read_bytes(path)
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return TaskStat.parse(read_bytes(path))
+    except OSError:
         return None
-    return data[data.rfind(b")") + 2 :].decode().split()
-
-
-def stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
-    """``/proc/PID/stat`` (or a thread's) fields from field 3 (state) onwards."""
-    if tid is None:
-        return _stat_fields(f"/proc/{pid}/stat")
-    return _stat_fields(f"/proc/{pid}/task/{tid}/stat")
 
 
 def start_time(pid: int, tid: int | None = None) -> int | None:
-    fields = stat_fields(pid, tid)
-    return int(fields[19]) if fields else None
+    st = task_stat(pid, tid)
+    return st.start_time if st else None
 
 
 def parent_pid(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return int(fields[1]) if fields else None
+    st = task_stat(pid)
+    return st.ppid if st else None
 
 
 def process_group(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return int(fields[2]) if fields else None
+    st = task_stat(pid)
+    return st.pgrp if st else None
 
 
 def is_descendant(pid: int, ancestor: int) -> bool:
@@ -84,8 +103,8 @@ def is_descendant(pid: int, ancestor: int) -> bool:
 
 def state(pid: int, tid: int | None = None) -> str | None:
     """Single-letter scheduler state (R, S, D, T, t, Z, X...), None if gone."""
-    fields = stat_fields(pid, tid)
-    return fields[0] if fields else None
+    st = task_stat(pid, tid)
+    return st.state if st else None
 
 
 def thread_ids(pid: int) -> list[int]:
@@ -115,15 +134,15 @@ class ProcessRef:
         return cls(pid, started)
 
     def alive(self) -> bool:
-        fields = stat_fields(self.pid)
-        return fields is not None and int(fields[19]) == self.start_time and fields[0] not in "ZX"
+        st = task_stat(self.pid)
+        return st is not None and st.start_time == self.start_time and st.state not in "ZX"
 
     def state(self) -> str | None:
         """Scheduler state if this is still the same process, else None."""
-        fields = stat_fields(self.pid)
-        if fields is None or int(fields[19]) != self.start_time:
+        st = task_stat(self.pid)
+        if st is None or st.start_time != self.start_time:
             return None
-        return fields[0]
+        return st.state
 
     def send_signal(self, sig: int) -> bool:
         """Signal this exact process; False if it is gone, reused or protected."""

@@ -54,6 +54,7 @@ from typing import Any
 from krex.enforce.cgroups import instance_name, read, write
 from krex.enforce.isolation import _cpulist as _isolation_cpulist
 from krex.enforce.isolation import _parse_cpulist
+from krex.enforce.process import task_stat
 
 ENV = "KREX_SHIELD"
 MODES = ("auto", "on", "off", "affinity")  # affinity: the fallback even with a cpuset
@@ -121,15 +122,8 @@ def _none(code: str, why: str) -> dict[str, str]:
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(comm, flags) of a task, None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    head, _, tail = data.rpartition(b")")
-    comm = head.partition(b"(")[2].decode(errors="replace")
-    fields = tail.split()
-    return (comm, int(fields[6])) if len(fields) > 6 else None
+    st = task_stat(pid)
+    return (st.comm, st.flags) if st else None
 
 
 def _procs(d: str) -> list[int]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from krex.enforce.process import stat_fields
+from krex.enforce.process import task_stat
 from krex.workers import fingerprint
 
 _SYSTEM_PREFIXES = tuple(
@@ -159,8 +159,8 @@ def _children_tree(root: int) -> list[int]:
             continue  # a descendant that exited meanwhile
         first = False
         for kid in kids:
-            fields = stat_fields(kid)
-            if fields is not None and fields[0] != "Z":  # a zombie is not a leak
+            st = task_stat(kid)
+            if st is not None and st.state != "Z":  # a zombie is not a leak
                 out.append(kid)
                 todo.append(kid)
     return out
@@ -182,10 +182,10 @@ def _scanned_tree(root: int) -> list[int]:
 
 
 def _ppid(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    if fields is None or fields[0] == "Z":  # a zombie is not a leak
+    st = task_stat(pid)
+    if st is None or st.state == "Z":  # a zombie is not a leak
         return None
-    return int(fields[1])
+    return st.ppid
 
 
 def _device_error(context: Any) -> str | None:
