@@ -38,11 +38,10 @@ SERIAL = {
     # "timing untrusted" when another task takes the holder's core
     "test_eval_guard", "test_evaluate", "test_evaluate_fakegpu", "test_fairness",
     "test_measure_warnings", "test_regions", "test_regions_pipelined", "test_warm_moves",
-    "test_handoff", "test_memtrace",
-    # node-wide cpusets and freezers (the shield, the slots), or a sibling that must
-    # make no progress
-    "test_shield", "test_subtree", "test_exclusivity", "test_gpu_exclusivity",
-    "test_enforce",
+    "test_memtrace",
+    # node-wide cpusets (the shield moves every task of the machine; the slots), or a
+    # sibling that must make no progress
+    "test_shield", "test_subtree", "test_exclusivity",
 }
 
 
