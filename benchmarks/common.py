@@ -42,7 +42,7 @@ def write_results(name: str, data: dict[str, Any], path: str | None = None) -> s
 def private_daemon(*args: str) -> Iterator[str]:
     """Start ``krex serve`` on a fresh runtime dir; yield its socket path; stop it."""
     rt = tempfile.mkdtemp(prefix="krex-bench-")
-    proc = spawn_daemon(rt, args, new_session=False)
+    proc = spawn_daemon(rt, [*args, "--exit-with", str(os.getpid())], new_session=False)
     sock = os.path.join(rt, SOCKET_NAME)
     try:
         old = os.environ.get("KREX_SOCKET")

@@ -130,7 +130,9 @@ class Daemon:
     def start(self, timeout_s: float = 20.0) -> Daemon:
         env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
         self.proc = subprocess.Popen(
-            [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir, *self.extra],
+            # --exit-with: a suite killed by a timeout leaves no daemon behind
+            [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir, "--exit-with",
+             str(os.getpid()), *self.extra],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.runtime_dir, "log"), "ab"),
             env=env,
         )

@@ -413,3 +413,44 @@ def test_an_idle_daemon_exits_with_its_warm_workers(runtime_dir, tmp_path):
                                  for k in kids), 10)
     finally:
         d.stop()
+
+
+def test_a_daemon_exits_with_the_process_it_must_not_outlive(runtime_dir):
+    """``--exit-with PID``: a harness's private daemon (krex eval's, the tests') exits
+    cleanly once that process is gone, even killed, holding a sibling frozen; nothing is
+    left stopped.  Control: while it lives, the daemon stays."""
+    owner = subprocess.Popen(["sleep", "60"])
+    sibling = None
+    # the signal freeze: a frozen sibling shows as stopped (T) to psutil
+    d = Daemon(str(runtime_dir), "--exit-with", str(owner.pid), "--freeze", "signal").start()
+    try:
+        env = {**os.environ, "KREX_SOCKET": d.socket}
+        sibling = krex("run", "--device", "cpu", "--", "sleep", "60", env=env)
+        with d.client() as c:
+            wait_for(lambda: c.jobs(), 10)
+            job = c.register()["job_id"]
+            region = c.acquire(job)["region"]  # held: the sibling frozen
+            wait_for(lambda: _stopped_in(sibling.pid), 10)
+            time.sleep(1.2)  # past two of the daemon's checks
+            assert d.proc.poll() is None, "exited while its owner lives"
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait()
+            assert d.proc.wait(10) == 0, d.log()
+        assert not os.path.exists(d.socket)
+        assert not _stopped_in(sibling.pid), region
+    finally:
+        reap(owner)
+        if sibling is not None:
+            reap(sibling)
+        d.stop()
+    bad = subprocess.run([PY, "-m", "krex", "serve", "--runtime-dir", str(runtime_dir),
+                          "--exit-with", str(owner.pid)], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode != 0 and "no such process" in bad.stderr, bad.stderr
+
+
+def _stopped_in(pid: int) -> list[int]:
+    """The stopped processes of the tree under ``pid`` (itself included)."""
+    root = psutil.Process(pid)
+    return [p.pid for p in [root, *root.children(recursive=True)]
+            if p.status() == psutil.STATUS_STOPPED]

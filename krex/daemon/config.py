@@ -111,6 +111,10 @@ class DaemonConfig:
     idle_exit_s: float | None = field(default=None, metadata=flag(
         "exit after this long with nothing to do: no connection, region or job, and no "
         "program running in a warm worker (idle warm workers are stopped with it)"))
+    exit_with: int | None = field(default=None, metadata=flag(
+        "exit (cleanly: nothing left frozen) once this process is gone: the private "
+        "daemon of a harness (krex eval, a benchmark, the tests) never outlives it, even "
+        "when it is killed", metavar="PID"))
     group_access: bool = field(default=False, metadata=flag(
         "let the socket's group connect (owner-only by default)"))
     freeze: str = field(default="auto", metadata=flag(

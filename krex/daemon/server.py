@@ -14,6 +14,7 @@ deadline, never dies of an exception and never spins.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
 import fcntl
@@ -34,6 +35,7 @@ from krex.daemon.core import Daemon
 from krex.enforce.process import ProcessRef
 from krex.errors import (
     AlreadyRunning,
+    BadRequest,
     InternalError,
     KrexError,
     LimitExceeded,
@@ -118,6 +120,7 @@ class Server:
         self._signals = 0
         self.accept_errors = 0
         self.shed_connections = 0
+        self._owner = _owner(config.exit_with)
 
     @property
     def core(self) -> Daemon:
@@ -236,6 +239,7 @@ class Server:
                 if now >= next_chores:
                     d.reap_jobs()
                     d.housekeeping()
+                    self._exit_without_owner()
                     next_chores = time.monotonic() + HOUSEKEEPING_S
                 floor = STUCK_TICK_S if deadline == last and deadline <= now else MIN_TICK_S
                 last = deadline
@@ -244,6 +248,16 @@ class Server:
             except Exception:  # the ticker must outlive any bug: log, pause, go on
                 log.exception("ticker: unexpected error (continuing)")
                 time.sleep(0.1)
+
+    def _exit_without_owner(self) -> None:
+        try:
+            gone = self._owner is not None and not self._owner.alive()
+        except OSError:  # out of descriptors, say: not known to be gone
+            return
+        if gone:
+            assert self._owner is not None
+            log.info("process %d (--exit-with) is gone: exiting", self._owner.pid)
+            self.core.accepting = False
 
     @staticmethod
     def _sleep(d: Daemon, wait: float) -> None:
@@ -272,8 +286,12 @@ class Server:
             os.close(self._lockfile)
 
     def _let_holders_finish(self) -> None:
-        """Admissions are closed; give regions already granted time to end by themselves."""
-        deadline = time.monotonic() + self.config.shutdown_grace_s
+        """Admissions are closed; give regions already granted time to end by themselves
+        (none when the harness it served is gone: nobody is measuring)."""
+        gone = False
+        with contextlib.suppress(OSError):
+            gone = self._owner is not None and not self._owner.alive()
+        deadline = time.monotonic() + (0.0 if gone else self.config.shutdown_grace_s)
         while self.core.held_regions() and time.monotonic() < deadline and self._signals < 2:
             time.sleep(0.01)
 
@@ -435,3 +453,16 @@ def serve(config: DaemonConfig) -> int:
     server.serve_forever()
     log.info("stopped")
     return 0
+
+
+def _owner(pid: int | None) -> ProcessRef | None:
+    """The process ``--exit-with`` names, by pid and start time (a reused pid is not it);
+    one already gone is refused at start."""
+    if pid is None:
+        return None
+    try:
+        return ProcessRef.of(pid)
+    except ProcessGone:
+        raise BadRequest(f"--exit-with {pid}: no such process",
+                         hint="pass the pid of the process the daemon should not outlive") \
+            from None

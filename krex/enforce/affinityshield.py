@@ -40,7 +40,10 @@ def _pids() -> list[int]:
 
 
 def _flags_ppid(pid: int) -> tuple[int, int] | None:
-    st = task_stat(pid)
+    try:
+        st = task_stat(pid)
+    except OSError:
+        return None
     return (st.flags, st.ppid) if st else None
 
 

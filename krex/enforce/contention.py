@@ -203,7 +203,10 @@ def runnable_on(cores: list[int], exclude_pids: set[int]) -> list[dict]:
 
 
 def _runnable(pid: int, tid: int, cores: set[int]) -> dict | None:
-    st = task_stat(pid, tid)
+    try:
+        st = task_stat(pid, tid)
+    except OSError:  # unreadable now: not listed
+        return None
     if st is None or st.state != "R" or st.processor not in cores:
         return None
     return {"pid": pid, "tid": tid, "comm": st.comm, "cpu": st.processor,

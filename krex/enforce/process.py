@@ -64,11 +64,12 @@ class TaskStat:
 
 
 def task_stat(pid: int, tid: int | None = None) -> TaskStat | None:
-    """``/proc/PID/stat`` (or thread ``tid``'s), parsed; None when it is gone or unreadable."""
+    """``/proc/PID/stat`` (or thread ``tid``'s), parsed; None when it is gone.  Other
+    errors (out of descriptors, say) raise: they do not say the task is gone."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
         return TaskStat.parse(read_bytes(path))
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
 
 

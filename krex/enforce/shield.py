@@ -122,7 +122,10 @@ def _none(code: str, why: str) -> dict[str, str]:
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(comm, flags) of a task, None when gone."""
-    st = task_stat(pid)
+    try:
+        st = task_stat(pid)
+    except OSError:
+        return None
     return (st.comm, st.flags) if st else None
 
 

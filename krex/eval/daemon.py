@@ -57,7 +57,9 @@ class EvalDaemon:
 
     def start(self, timeout_s: float = 30.0) -> EvalDaemon:
         env = self._base_env()
-        self.proc = spawn_daemon(self.runtime_dir, [*self.serve_args, *self._pool_flags()],
+        # --exit-with: a killed eval (a timeout's SIGKILL) leaves no daemon behind
+        flags = [*self.serve_args, *self._pool_flags(), "--exit-with", str(os.getpid())]
+        self.proc = spawn_daemon(self.runtime_dir, flags,
                                  env=env, log_path=os.path.join(self.runtime_dir, "log"),
                                  timeout_s=timeout_s, new_session=False)
         self.env = {**env, "KREX_SOCKET": self.socket}
