@@ -13,7 +13,7 @@ from helpers import PY, reap, spawn, wait_for
 
 from krex.enforce.cgroups import CgroupLayout, JobCgroups
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 
 # A sibling job: a busy loop that appends "<monotonic time>" every ~1000
 # iterations to PATH.<pid>; with FORK=1 it first forks once (two processes).
@@ -77,7 +77,8 @@ class Sibling:
             preexec_fn=pre,
         )
         self.target = JobTarget(
-            job_id, root=ProcessRef.of(self.proc.pid), pgid=self.proc.pid, cgroups=cgroups
+            job_id, root=ProcessRef.of(self.proc.pid), group=ProcessGroup.led_by(self.proc.pid),
+            cgroups=cgroups,
         )
         wait_for(lambda: len(self.stamps()) >= (4 if fork else 2), timeout_s=10)
         if fork:

@@ -22,7 +22,7 @@ from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.freeze import FREEZERS
 from krex.enforce.isolation import CpuIsolation
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 from krex.errors import EnforcementFailed, ProcessGone
 from krex.protocol.report import ReasonCode
 
@@ -171,7 +171,7 @@ def test_protected_pids_are_never_signalled(tmp_path):
 def test_job_processes_cover_group_descendants_and_tracked(tmp_path):
     sib = Sibling(str(tmp_path), 1, fork=True)
     try:
-        pids = {r.pid for r in JobTarget(1, pgid=sib.proc.pid).processes()}
+        pids = {r.pid for r in JobTarget(1, group=ProcessGroup.led_by(sib.proc.pid)).processes()}
         assert sib.proc.pid in pids and len(pids) == 2
         assert {r.pid for r in JobTarget(1, root=sib.target.root).processes()} == pids
         assert {r.pid for r in JobTarget(1, tracked=[sib.target.root]).processes()} == pids
@@ -210,7 +210,8 @@ def test_isolation_moves_every_holder_thread_and_restores_exactly(with_cpuset, t
         os.sched_setaffinity(max(_masks(holder.pid)), [all_cores[0]])  # a custom mask to keep
         before_h, before_s = _masks(holder.pid), _masks(sib.proc.pid)
         assert len(before_h) == 4 and any(m != reserved for m in before_h.values())
-        target = JobTarget(10, root=ProcessRef.of(holder.pid), pgid=holder.pid, cgroups=holder_cg)
+        target = JobTarget(10, root=ProcessRef.of(holder.pid),
+                           group=ProcessGroup.led_by(holder.pid), cgroups=holder_cg)
         op = CpuIsolation(target, [sib.target], reserved, all_cores)
         assert op.available() == (True, "")
         op.apply()
@@ -275,7 +276,7 @@ def test_enforcer_region_report(backend, tmp_path, instance):
     try:
         sib = Sibling(str(tmp_path), 2, _cgroups(layout, backend, instance, 2))
         holder = start_holder(threads=2)
-        target = JobTarget(1, root=ProcessRef.of(holder.pid), pgid=holder.pid)
+        target = JobTarget(1, root=ProcessRef.of(holder.pid), group=ProcessGroup.led_by(holder.pid))
         log: list = []
         enforcer = Enforcer(EnforceConfig(freeze=backend), layout, None)
         region = enforcer.enter(target, [sib.target], max_hold_s=5, pre_ops=[Recorder(log)])
@@ -373,7 +374,7 @@ def test_unfrozen_jobs_are_kept_off_the_reserved_cores(tmp_path):
     holder = start_holder(threads=2)
     try:
         before = _masks(other.proc.pid)
-        target = JobTarget(1, root=ProcessRef.of(holder.pid), pgid=holder.pid)
+        target = JobTarget(1, root=ProcessRef.of(holder.pid), group=ProcessGroup.led_by(holder.pid))
         enforcer = Enforcer(
             EnforceConfig(freeze="off", measure_cores=reserved), CgroupLayout.none()
         )

@@ -25,12 +25,13 @@ from krex.enforce.cgroups import CgroupLayout, JobCgroups
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 backend, journal, pid, cg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 guardian = GuardianClient()
 guardian.start("standin", journal)
 cgroups = JobCgroups(v2=cg or None) if backend == "cgroup2" else JobCgroups(freezer=cg or None)
-sibling = JobTarget(2, root=ProcessRef.of(pid), pgid=pid, cgroups=cgroups if cg else None)
+sibling = JobTarget(2, root=ProcessRef.of(pid), group=ProcessGroup.led_by(pid),
+                    cgroups=cgroups if cg else None)
 enforcer = Enforcer(EnforceConfig(freeze=backend, isolate=False), CgroupLayout.probe(), guardian)
 enforcer.enter(JobTarget(1), [sibling], max_hold_s=60)
 print(json.dumps({"guardian": guardian.pid, "frozen_at": time.monotonic()}), flush=True)

@@ -205,9 +205,8 @@ from krex.enforce.cgroups import CgroupLayout
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.handoff import lease_handed
-from krex.enforce.process import ProcessRef
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 backend, journal, instance = sys.argv[1:4]
 leased, pids = sys.argv[4] == "1", list(map(int, sys.argv[5:]))
 layout, guardian = CgroupLayout.probe(), GuardianClient()
@@ -217,7 +216,7 @@ for i, pid in enumerate(pids, 1):
     ref = ProcessRef.of(pid)
     cgroups = layout.create_job(instance, i)
     cgroups.adopt(ref)
-    targets.append(JobTarget(i, root=ref, pgid=pid, cgroups=cgroups))
+    targets.append(JobTarget(i, root=ref, group=ProcessGroup.led_by(pid), cgroups=cgroups))
 a, b, c = targets
 enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
 first = enforcer.enter(a, [b, c], max_hold_s=60)

@@ -25,7 +25,7 @@ from krex.enforce import freeze as freeze_mod
 from krex.enforce.cgroups import CgroupLayout, _procs, instance_name, read
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 from krex.enforce.undo import replay
 
 CGROUP_BACKENDS = ["cgroup2", "cgroup1"]
@@ -46,7 +46,8 @@ def _holder(layout: CgroupLayout, instance: str):
     proc = start_holder(threads=1)
     cg = layout.create_job(instance, 1)
     assert cg.adopt(ProcessRef.of(proc.pid))
-    return proc, JobTarget(1, root=ProcessRef.of(proc.pid), pgid=proc.pid, cgroups=cg)
+    return proc, JobTarget(1, root=ProcessRef.of(proc.pid), group=ProcessGroup.led_by(proc.pid),
+                           cgroups=cg)
 
 
 def _end(sibs: list, holder) -> None:
@@ -236,7 +237,7 @@ from krex.enforce.cgroups import CgroupLayout
 from krex.enforce.enforcer import EnforceConfig, Enforcer
 from krex.enforce.guardian import GuardianClient
 from krex.enforce.job import JobTarget
-from krex.enforce.process import ProcessRef
+from krex.enforce.process import ProcessGroup, ProcessRef
 backend, journal, instance, sib, hold = sys.argv[1:3] + [sys.argv[3]] + list(map(int, sys.argv[4:]))
 layout = CgroupLayout.probe()
 guardian = GuardianClient()
@@ -244,7 +245,7 @@ guardian.start("standin", journal)
 def job(i, pid):
     cg = layout.create_job(instance, i)
     cg.adopt(ProcessRef.of(pid))
-    return JobTarget(i, root=ProcessRef.of(pid), pgid=pid, cgroups=cg)
+    return JobTarget(i, root=ProcessRef.of(pid), group=ProcessGroup.led_by(pid), cgroups=cg)
 sibling, holder = job(2, sib), job(1, hold)
 enforcer = Enforcer(EnforceConfig(freeze=backend), layout, guardian)
 enforcer.enter(holder, [sibling], max_hold_s=60)
@@ -367,7 +368,7 @@ def test_signal_freezing_stops_only_the_job_not_its_callers_group(adhoc, tmp_pat
         member, mate = sorted(sleeps(), key=lambda p: p.cmdline()[-1])
         owner = ProcessRef.of(member.pid)
         job = Job(5, "j", "cpu", "region", "adhoc" if adhoc else "managed", owner,
-                  root=None if adhoc else owner, pgid=shell.pid)
+                  root=None if adhoc else owner, group=ProcessGroup.led_by(shell.pid))
         target = Exclusivity.target(object.__new__(Exclusivity), job)
         op = SignalFreeze([target])
         op.apply()

@@ -41,7 +41,7 @@ from krex.daemon.pools import Pools
 from krex.daemon.scheduler import Request, Scheduler
 from krex.daemon.tenants import Ledger, Quota
 from krex.devices import discover, parse_device
-from krex.enforce.process import ProcessRef, is_descendant, process_group
+from krex.enforce.process import ProcessGroup, ProcessRef, is_descendant
 from krex.enforce.warm import MoveWarmer
 from krex.errors import (
     AccessDenied,
@@ -230,8 +230,9 @@ class Daemon:
             job.root = ProcessRef.of(msg.pid)
         except ProcessGone:
             return {"attached": False}
-        job.pgid = process_group(msg.pid)
-        self.events.emit("job_attached", job_id=job.job_id, pid=msg.pid, pgid=job.pgid)
+        job.group = ProcessGroup.of(msg.pid)
+        self.events.emit("job_attached", job_id=job.job_id, pid=msg.pid,
+                         pgid=job.group.pgid if job.group else None)
         return {"attached": True}
 
     def _on_end_job(self, session: Session, msg: m.EndJob) -> dict[str, Any]:
@@ -383,7 +384,7 @@ class Daemon:
             except ProcessGone:
                 return
             if job is not None:
-                job.root, job.pgid = root, process_group(pid)
+                job.root, job.group = root, ProcessGroup.of(pid)
 
     def worker_exited(self, pid: int) -> None:
         with self.locked():

@@ -385,8 +385,8 @@ class Exclusivity:
             tracked.append(job.owner)
         # An ad-hoc job's process group is its caller's (a shell pipeline, say): it is
         # never signalled as a group, only the job's own processes and descendants.
-        pgid = None if job.kind == "adhoc" else job.pgid
-        return JobTarget(job.job_id, root=job.root, pgid=pgid, cgroups=job.cgroups,
+        group = None if job.kind == "adhoc" else job.group
+        return JobTarget(job.job_id, root=job.root, group=group, cgroups=job.cgroups,
                          tracked=tracked)
 
     # -- the node --------------------------------------------------------------------

@@ -21,7 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.enforce.process import ProcessRef, is_descendant, process_group, start_time
+from krex.enforce.process import (
+    ProcessGroup,
+    ProcessRef,
+    is_descendant,
+    process_group,
+    start_time,
+)
 
 MODES = ("region", "command", "none")
 
@@ -50,7 +56,7 @@ class Job:
     kind: str  # "managed" | "adhoc" | "worker"
     owner: ProcessRef
     root: ProcessRef | None = None
-    pgid: int | None = None
+    group: ProcessGroup | None = None  # its root's group, while that group's leader lives
     cgroups: Any = None
     members: set[ProcessRef] = field(default_factory=set)
     created_wall_s: float = field(default_factory=time.time)
@@ -73,7 +79,8 @@ class Job:
             return False
         if any(a.pid == pid and a.start_time == st for a in self.anchors()):
             return True
-        if self.pgid is not None and process_group(pid) == self.pgid:
+        if self.group is not None and process_group(pid) == self.group.pgid \
+                and self.group.live():
             return True
         if self.cgroups is not None and pid in _cgroup_pids(self.cgroups):
             return True

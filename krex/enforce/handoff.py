@@ -120,7 +120,7 @@ def _lease_alive(old: Enforcement) -> bool:
 def job_key(holder: Any, siblings: list, others: list) -> tuple:
     """What the targets and operations of a handoff are made from, for the daemon's jobs:
     the same key, the same operations (the same jobs, anchors, groups and cgroups)."""
-    return tuple((j.job_id, id(j), j.root, j.pgid, id(j.cgroups), j.kind, j.owner,
+    return tuple((j.job_id, id(j), j.root, j.group, id(j.cgroups), j.kind, j.owner,
                   frozenset(j.members)) for j in (holder, *siblings, None, *others)
                  if j is not None) + (len(siblings),)
 

@@ -268,5 +268,5 @@ class SlotIsolation:
 
 def _bare(target: JobTarget) -> JobTarget:
     """The job without its cgroups: its processes found from /proc (affinity only)."""
-    return JobTarget(target.job_id, root=target.root, pgid=target.pgid, cgroups=None,
+    return JobTarget(target.job_id, root=target.root, group=target.group, cgroups=None,
                      tracked=list(target.tracked))

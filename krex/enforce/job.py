@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from krex.enforce.cgroups import JobCgroups
-from krex.enforce.process import ProcessRef, may_touch, start_time, task_stat
+from krex.enforce.process import ProcessGroup, ProcessRef, may_touch, start_time, task_stat
 
 # pid -> (ppid, pgid, start time): one pass over /proc/*/stat.
 ProcTable = dict[int, tuple[int, int, int]]
@@ -29,7 +29,7 @@ class JobTarget:
 
     job_id: int
     root: ProcessRef | None = None
-    pgid: int | None = None
+    group: ProcessGroup | None = None  # matched while its leader lives
     cgroups: JobCgroups | None = None
     tracked: list[ProcessRef] = field(default_factory=list)
 
@@ -84,8 +84,9 @@ class JobTarget:
         anchors = ([self.root] if self.root else []) + list(self.tracked)
         table = scan() if table is None else table
         pids = set(in_cgroup)
-        if self.pgid is not None and self.pgid > 1:
-            pids.update(pid for pid, (_, pgid, _) in table.items() if pgid == self.pgid)
+        if self.group is not None and self.group.live():
+            number = self.group.pgid
+            pids.update(pid for pid, (_, pgid, _) in table.items() if pgid == number)
         for anchor in anchors:
             if table.get(anchor.pid, (0, 0, -1))[2] == anchor.start_time:
                 pids.update(_descendants(table, anchor.pid) + [anchor.pid])

@@ -200,3 +200,37 @@ def threads_of(ref: ProcessRef) -> list[ThreadRef]:
         if started is not None:
             out.append(ThreadRef(ref.pid, tid, started))
     return out
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """A job's process group, named by its leader (whose pid is the group's number) and
+    the leader's start time.  Its members are the job's only while that leader lives: a
+    group whose members are all gone leaves its number free, and the kernel gives it to
+    the next process that asks, a stranger's (issue 44)."""
+
+    leader: ProcessRef
+
+    @property
+    def pgid(self) -> int:
+        return self.leader.pid
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessGroup | None:
+        """``pid``'s group while its leader lives; None without one (a group whose leader
+        is gone is not matched: nothing tells its members from a later stranger's)."""
+        number = process_group(pid)
+        if number is None or number <= 1:
+            return None
+        try:
+            return cls(ProcessRef.of(number))
+        except ProcessGone:
+            return None
+
+    @classmethod
+    def led_by(cls, pid: int) -> ProcessGroup:
+        """The group numbered ``pid``, led by that process (raises ProcessGone)."""
+        return cls(ProcessRef.of(pid))
+
+    def live(self) -> bool:
+        return self.leader.alive()
