@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(VPY) -m pip install -q --upgrade pip
 	@# compat: a plain path entry, not setuptools' editable import finder, which site
 	@# imports (pathlib, re, ...) at every Python start: ~20 ms of every krex command
-	@# (docs/benchmarks.md, CLI start-up).  Plain -e where a setuptools lacks the mode.
+	@# (docs/notes/startup.md).  Plain -e where a setuptools lacks the mode.
 	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' --config-settings editable_mode=compat \
 	  || $(VPY) -m pip install -q -e '.[$(EXTRAS)]'
 	@# Bytecode now, as pip does for a wheel: where PYTHONDONTWRITEBYTECODE is set, an

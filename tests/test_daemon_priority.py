@@ -1,7 +1,7 @@
 """The daemon's threads run in SCHED_RR (or at a nice value); what they start does not.
 
 A handoff is a chain of the daemon's thread wake-ups; on a loaded machine each
-waited for a CPU behind the contenders (docs/benchmarks.md).  The daemon's
+waited for a CPU behind the contenders (docs/notes/handoff.md).  The daemon's
 threads raise themselves (``--rt-priority``, default 1; ``--nice``), each for
 itself, with ``SCHED_RESET_ON_FORK`` so workers, the guardian and jobs never
 inherit it, and keep off the holders' reserved cores.

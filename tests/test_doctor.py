@@ -60,7 +60,7 @@ def test_back_to_back_moves_are_not_reported_as_waiting():
 
 
 def test_the_verdict_turns_on_a_grace_period_and_says_what_to_do():
-    # measured here (docs/benchmarks.md): 5.8 ms after 50 ms of quiet on a stock kernel,
+    # measured here (docs/notes/handoff.md): 5.8 ms after 50 ms of quiet on a stock kernel,
     # 0.13-0.23 ms with the per-threadgroup rwsem that favordynmods enables
     waited = move_verdict(5.8, favordynmods_on=False, warmed=False)
     assert waited["ok"] is False and "grace period" in waited["why"]

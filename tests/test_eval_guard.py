@@ -13,7 +13,7 @@ them here:
   holder's core, are in no account; both halves are judged only on a machine
   quiet enough that most regions are clean.  (The 0.1 ms bucket is left out: with the quick
   profile's few samples, 2 of 16 such kernels read > 20 % slow in regions no
-  counter could fault, in one of two quiet runs — docs/benchmarks.md, issue 41.)
+  counter could fault, in one of two quiet runs — docs/notes/headline-eval.md, issue 41.)
 - **fidelity**: the kernels of clean regions are within the bounds below.
 
 The bounds come from runs on the quiet 2-core machine (clean regions' p95 at
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.slow,
 RUN = ("eval", "--device", "fakegpu:0", "--modes", "region", "--profile", "quick",
        "--agents", "4", "--commands", "4", "--rounds", "1", "--json")
 # p95 inflation (%) of kernels in clean regions, per bucket (ms): measured on the quiet
-# 2-core machine (docs/benchmarks.md), with room for a noisy CI machine.
+# 2-core machine (docs/notes/headline-eval.md), with room for a noisy CI machine.
 P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 50.0}
 MIN_CLEAN_SHARE = 0.5  # below it the machine is too busy to judge fidelity
 

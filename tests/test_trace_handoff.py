@@ -1,6 +1,6 @@
 """benchmarks/trace_handoff.py cuts a plain handoff at the kernel's marks.
 
-The fixtures are real handoffs from ftraces of held runs (docs/benchmarks.md, "the
+The fixtures are real handoffs from ftraces of held runs (docs/notes/handoff.md, "the
 handoff's floor"): the outgoing job's region, its release, the daemon's moves, the
 next job's thaw, then its ask and its grant (before offers), or its claim of the
 daemon's offer and its region.  The figures the docs quote come from this parser;

@@ -2,7 +2,7 @@
 
 ``import json`` costs ≈ 20 ms of every ``krex exec``/``krex status`` on the
 2-core machine (``re``, ``enum`` and ``functools`` come with it; measured in
-docs/benchmarks.md, CLI start-up), more than everything else the lean path
+docs/notes/startup.md), more than everything else the lean path
 imports together.  The parsing and string escaping are C code in ``_json``
 either way; what ``json`` adds in Python is its configuration.  So here:
 :func:`loads` is ``_json``'s scanner with ``json.loads``' defaults, and

@@ -158,7 +158,7 @@ class DaemonConfig:
         "by the thread itself, kept off the holders' reserved cores; whatever they start "
         "begins at SCHED_OTHER, nice 0, on every core.  A woken daemon thread preempts the "
         "contenders at once (and keeps them waiting while it runs: not a measured gain "
-        "on a loaded 2-core machine, docs/benchmarks.md).  Needs root (CAP_SYS_NICE) or "
+        "on a loaded 2-core machine, docs/notes/handoff.md).  Needs root (CAP_SYS_NICE) or "
         "RLIMIT_RTPRIO, else --nice, else nothing (krex status: daemon.priority)",
         metavar="N"))
     nice: int = field(default=0, metadata=flag(

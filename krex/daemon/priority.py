@@ -5,7 +5,7 @@ holder's grant, the outgoing region's report.  On a loaded machine each of
 them waits for a CPU behind the contenders' own busy loops (and everything
 else the machine runs): measured under ``bench_regions.py``'s held run, the
 daemon's threads spent more time runnable-but-waiting than running
-(docs/benchmarks.md, "Where the enforced handoff's time goes").  So each
+(docs/notes/handoff.md, "Where the enforced handoff's time goes").  So each
 daemon thread that serves requests or runs a device's enforcement can put
 itself in ``SCHED_RR`` (``krex serve --rt-priority N``) when it starts:
 woken, it preempts a CFS task at once.  (A nice value, ``--nice``, is the
@@ -14,7 +14,7 @@ task's slice, and measured with the shield it made round trips slower.)  Off
 by default: on the loaded 2-core development machine neither gave a gain
 that stood out of the noise, and with the shield (the daemon and every
 contender not holding the device share the other core) RR's daemon kept the
-thawed contenders waiting (docs/benchmarks.md).
+thawed contenders waiting (docs/notes/handoff.md).
 
 Policies are per thread on Linux and a new thread inherits its creator's, as
 does a child process.  Every elevated thread also sets

@@ -5,7 +5,7 @@ kernel's ``cgroup_threadgroup_rwsem`` for writing.  Unless the cgroup2 mount
 has ``favordynmods``, that rwsem is a per-CPU one whose writer must wait for
 an RCU grace period when it has not been taken for writing within about one
 grace period: a move after a quiet spell took 7.5-7.8 ms p50 here (up to 15 ms),
-a move within a few milliseconds of the last one 0.2-0.3 ms (docs/benchmarks.md,
+a move within a few milliseconds of the last one 0.2-0.3 ms (docs/notes/handoff.md,
 "Cgroup moves kept warm").  A region's set-up moves its holder into the slot and
 its undo moves it back, so a region taken after a pause — every region of an
 agent that compiles and checks between its timings — paid a grace period at

@@ -7,7 +7,7 @@ on (the largest of them) — capped at :data:`FLUSH_CAP_BYTES`.  One write of
 that size evicts what the previous sample left behind; on the 2-core
 development machine a flush of twice the last level (210 MiB, the earlier
 default) cost 3.4 × the capped 64 MiB one and left a call over 1–8 MiB of
-data only 2–3 % colder (docs/benchmarks.md, "Defaults before and after").
+data only 2–3 % colder (docs/notes/measure.md, "Defaults before and after").
 Device timers flush their own L2 (see :mod:`krex.measure.events`).
 """
 

@@ -4,7 +4,7 @@ glibc serves an allocation of 128 KiB or more with ``mmap`` — until such a
 block is freed: then it raises that threshold to the freed block's size (up to
 32 MiB), so later large buffers (request bodies, programs' output, JSON texts)
 come from the heap, between long-lived allocations, and what they leave when
-freed stays there, fragmented. Traced under the full load (docs/benchmarks.md),
+freed stays there, fragmented. Traced under the full load (docs/notes/service-memory.md),
 the HTTP service's Python objects were flat while memory malloc had freed and
 kept grew by ≈ 0.3 MiB a minute; with the threshold fixed, a third of that.
 :func:`fix_mmap_threshold` fixes it (``mallopt(M_MMAP_THRESHOLD)``, which also

@@ -15,7 +15,7 @@ Memory: the SDK's streamable-HTTP transport parses each POST body with
 a process-wide cache of 16384 slots (≈ 0.9 MiB once full): each call's unique
 strings (a program's arguments, ids) filled it over ~16k calls, which a
 long-lived ``krex mcp`` showed as RSS growing for its first quarter hour
-(docs/benchmarks.md).  :func:`parse_without_string_cache` makes the transport
+(docs/notes/service-memory.md).  :func:`parse_without_string_cache` makes the transport
 keep only the bodies' keys (few, repeated); ``KREX_MCP_JSON_STRING_CACHE=1``
 leaves the SDK as it is (the control of ``tests/test_service_memory.py``).
 """

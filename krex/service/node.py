@@ -46,7 +46,7 @@ _WALL = KEPT.index("requested_wall_s")
 MAX_REMEMBERED = 5000  # daemon job -> pid, region -> tenant: newest entries kept
 # An exec's run is looked up only by regions that end before it and are read within
 # ATTRIBUTION_S after their end: older runs are let go (at ~400 execs a minute a 5000-run
-# ring held ~0.7 MiB and took 13 minutes to fill; docs/benchmarks.md).
+# ring held ~0.7 MiB and took 13 minutes to fill; docs/notes/service-memory.md).
 RUN_KEEP_S = 3 * ATTRIBUTION_S
 
 
