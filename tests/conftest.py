@@ -30,7 +30,8 @@ from helpers import (  # noqa: E402  (the environment must be set first)
 
 # The modules that need the machine to themselves: `make test` runs them after the rest,
 # one at a time, the rest in parallel (pytest-xdist).  Each was seen failing or skipping
-# beside two other workers of the suite on 2 cores:
+# beside other workers of the suite on 2 cores.  (A single test elsewhere carries
+# ``@pytest.mark.serial`` with its reason.)
 SERIAL = {
     # hogs on the holder's or the device's core, run delay and "clean" judged
     "test_contention", "test_devicewatch", "test_evaluate_untrusted", "test_latecomers",

@@ -105,6 +105,7 @@ def _records(s: Service) -> set[str]:
     return {r["id"] for r in rows["records"]}
 
 
+@pytest.mark.serial  # compares the machine's krex-evaluate-* scratch dirs before and after
 def test_cancel_a_running_evaluation_kills_its_program_and_records_nothing(service, tmp_path):
     trips = _round_trips(service)
 
