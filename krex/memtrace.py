@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import os
 import signal
 import threading
 import tracemalloc
 from typing import Any
+
+from krex import resultfile
 
 ENV = "KREX_TRACEMALLOC"
 DAEMON_ENV = "KREX_DAEMON_TRACEMALLOC"
@@ -68,10 +69,7 @@ class _Tracer:
             if os.environ.get(TRIM_ENV):
                 _trim()
                 report["rss_after_trim_bytes"] = _rss()
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=1)
-            os.replace(tmp, self.path)
+            resultfile.write(self.path, report)
 
 
 _tracer: _Tracer | None = None

@@ -13,12 +13,13 @@ sibling that ran while it should have been frozen).
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
 import threading
 import time
+
+from krex import resultfile
 
 BEAT_S = 0.002
 
@@ -56,10 +57,8 @@ class Witness:
 
     def write(self, path: str) -> None:
         self._stop.set()
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"pid": os.getpid(), "regions": self.regions, "beats": self.beats}, f)
-        os.replace(tmp, path)
+        resultfile.write(path, {"pid": os.getpid(), "regions": self.regions,
+                                "beats": self.beats}, indent=None)
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex import resultfile
 from krex.errors import KrexError
 from krex.eval import compile as cc
 from krex.eval import kernels as kn
@@ -65,8 +66,7 @@ def calibrate(cfg: EvalConfig, workdir: str) -> dict[str, Any]:
              else kn.device_specs(cfg.device, p.buckets_ms, *twins))
     spec = {"device": cfg.device, "profile": p.to_dict(), "n_funcs": cc.calibrate(p.compile_ms),
             "kernels": [k.to_dict() for k in specs]}
-    with open(os.path.join(workdir, "spec.json"), "w") as f:
-        json.dump(spec, f)
+    resultfile.write(os.path.join(workdir, "spec.json"), spec, indent=None)
     return spec
 
 

@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any
 
+from krex import resultfile
+
 RESULT_NAME = "result.json"
 LOG_NAME = "child.log"
 
@@ -67,10 +69,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(out: dict[str, Any], folder: str) -> None:
-    tmp = os.path.join(folder, RESULT_NAME + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(out, f, default=str)
-    os.replace(tmp, os.path.join(folder, RESULT_NAME))
+    resultfile.write(os.path.join(folder, RESULT_NAME), out, indent=None, default=str)
 
 
 def _warm() -> None:
