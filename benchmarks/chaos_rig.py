@@ -19,8 +19,9 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import stop_process
 
+from krex.client.autostart import spawn_daemon
 from krex.client.connection import Client
-from krex.errors import KrexError
+from krex.errors import DaemonNotRunning, KrexError
 from krex.protocol.address import SOCKET_NAME
 
 PY = sys.executable
@@ -57,16 +58,11 @@ class Krexd:
 
     def start(self, timeout_s: float = 30.0) -> Krexd:
         env = {k: v for k, v in os.environ.items() if k not in ("KREX_SOCKET", "LD_PRELOAD")}
-        with open(os.path.join(self.runtime_dir, "daemon.log"), "ab") as log:
-            self.proc = subprocess.Popen(
-                [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir, *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                preexec_fn=self._limits)
-        deadline = time.monotonic() + timeout_s
-        while not self.serves():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daemon did not start: {self.log()[-2000:]}")
-            time.sleep(0.01)
+        try:
+            self.proc = spawn_daemon(self.runtime_dir, self.args, env=env, timeout_s=timeout_s,
+                                     new_session=False, preexec_fn=self._limits)
+        except DaemonNotRunning as exc:
+            raise RuntimeError(f"daemon did not start: {self.log()[-2000:]}") from exc
         return self
 
     def _limits(self) -> None:

@@ -117,10 +117,12 @@ def stopped(procs: list[psutil.Process]) -> list[psutil.Process]:
 class Daemon:
     """A ``krex serve`` child process on a private runtime directory."""
 
-    def __init__(self, runtime_dir: str, *extra: str) -> None:
+    def __init__(self, runtime_dir: str, *extra: str,
+                 preexec_fn: Callable[[], object] | None = None) -> None:
         self.runtime_dir = runtime_dir
         self.socket = os.path.join(runtime_dir, "krexd.sock")
         self.extra = list(extra)
+        self.preexec_fn = preexec_fn  # in the child before it starts (resource limits)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -128,31 +130,21 @@ class Daemon:
         return os.path.join(self.runtime_dir, "events.jsonl")
 
     def start(self, timeout_s: float = 20.0) -> Daemon:
+        """Started as the client starts one (krex.client.autostart.spawn_daemon), in the
+        suite's session; --exit-with: a suite killed by a timeout leaves no daemon."""
+        from krex.client.autostart import spawn_daemon
+        from krex.errors import DaemonNotRunning
+
         env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
-        self.proc = subprocess.Popen(
-            # --exit-with: a suite killed by a timeout leaves no daemon behind
-            [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir, "--exit-with",
-             str(os.getpid()), *self.extra],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.runtime_dir, "log"), "ab"),
-            env=env,
-        )
-        INFRASTRUCTURE.add(self.proc.pid)
-        wait_for(self._up, timeout_s)
-        return self
-
-    def _up(self) -> bool:
-        import socket
-
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.log()}")
-        s = socket.socket(socket.AF_UNIX)
         try:
-            s.connect(self.socket)
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+            self.proc = spawn_daemon(
+                self.runtime_dir, ["--exit-with", str(os.getpid()), *self.extra], env=env,
+                log_path=os.path.join(self.runtime_dir, "log"), timeout_s=timeout_s,
+                new_session=False, preexec_fn=self.preexec_fn)
+        except DaemonNotRunning as exc:
+            raise AssertionError(f"{exc.message}: {self.log()}") from None
+        INFRASTRUCTURE.add(self.proc.pid)
+        return self
 
     def log(self) -> str:
         try:

@@ -83,22 +83,10 @@ def test_a_dead_guardian_is_restarted_and_regions_go_on(daemon):
         reap(sibling)
 
 
-class _LowFdDaemon(Daemon):
-    """A daemon with 48 file descriptors (RLIMIT_NOFILE), to run out of them."""
-
-    def start(self, timeout_s: float = 20.0) -> Daemon:
-        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
-        with open(os.path.join(self.runtime_dir, "log"), "ab") as log:
-            self.proc = subprocess.Popen(
-                [PY, "-m", "krex", "serve", "--runtime-dir", self.runtime_dir],
-                stdout=subprocess.DEVNULL, env=env, stderr=log,
-                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
-        wait_for(self._up, timeout_s)
-        return self
-
-
 def _low_fd_daemon(runtime_dir) -> Daemon:
-    return _LowFdDaemon(str(runtime_dir)).start()
+    """A daemon with 48 file descriptors (RLIMIT_NOFILE), to run out of them."""
+    return Daemon(str(runtime_dir), preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_NOFILE, (48, 48))).start()
 
 
 def test_accept_errors_do_not_end_the_daemon(runtime_dir):

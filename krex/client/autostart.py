@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from krex.errors import DaemonNotRunning
@@ -53,10 +53,12 @@ def daemon_env(runtime_dir: str | None = None) -> dict[str, str]:
 
 def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
                  log_path: str | None = None, timeout_s: float = START_TIMEOUT_S,
-                 new_session: bool = True) -> subprocess.Popen[bytes]:
+                 new_session: bool = True,
+                 preexec_fn: Callable[[], object] | None = None) -> subprocess.Popen[bytes]:
     """Start ``krex serve --runtime-dir RUNTIME_DIR ARGS`` and wait until its socket answers.
 
-    Its output goes to ``log_path`` (default ``RUNTIME_DIR/daemon.log``).  A
+    Its output goes to ``log_path`` (default ``RUNTIME_DIR/daemon.log``); ``preexec_fn``
+    runs in the child before it starts (a harness's resource limits, say).  A
     daemon that exits 0 found another one serving the directory: that one's
     socket is waited for.  Raises :class:`~krex.errors.DaemonNotRunning` (the
     log in the hint) when nothing answers in time or the daemon fails; the
@@ -72,7 +74,8 @@ def spawn_daemon(runtime_dir: str, args: Sequence[str] = (), *, env: dict[str, s
         proc = subprocess.Popen(
             [sys.executable, "-m", "krex", "serve", "--runtime-dir", runtime_dir, *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=new_session,
-            env=daemon_env() if env is None else env, cwd=PACKAGE_PARENT)
+            env=daemon_env() if env is None else env, cwd=PACKAGE_PARENT,
+            preexec_fn=preexec_fn)
     try:
         _wait_up(proc, path, time.monotonic() + timeout_s, runtime_dir, log_path)
     except BaseException:  # not up in time, or interrupted (Ctrl-C, SIGTERM) while waiting
