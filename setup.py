@@ -8,6 +8,8 @@ shared libraries and executables (no Python linkage) under ``krex/_native/``:
     krex/_native/fakegpu/libcuda.so.1       fake CUDA driver
     krex/_native/fakegpu/libamdhip64.so     fake HIP runtime
     krex/_native/bin/krex-fakegpu-server    fakegpu device server
+    krex/_native/_dispatch.*.so             krex.evaluate's sealed call loop (a CPython
+                                            extension: native/dispatch/dispatch.c)
 
 Works for ``pip install .`` and, in place, for ``pip install -e .``.
 """
@@ -53,6 +55,9 @@ NATIVE = [
                  ldflags=("-Wl,-Bsymbolic", "-Wl,-soname,libamdhip64.so")),
     NativeTarget("krex._native.bin.krex_fakegpu_server", "krex/_native/bin/krex-fakegpu-server",
                  _sources("native/fakegpu/server.c"), kind="exe", libraries=("pthread",)),
+    # a CPython extension (the only one): krex.evaluate's sealed call loop (issue 42)
+    Extension("krex._native._dispatch", sources=["native/dispatch/dispatch.c"],
+              extra_compile_args=["-O2", "-std=gnu11", "-Wall"]),
 ]
 
 
@@ -63,6 +68,8 @@ class BuildNative(build_ext):
         # setuptools asks with the full dotted name (wants the path from the
         # root), distutils' get_ext_fullpath with the last component only.
         for ext in NATIVE:
+            if not isinstance(ext, NativeTarget):
+                continue
             if ext.name == fullname:
                 return ext.output
             if ext.name.rsplit(".", 1)[-1] == fullname:

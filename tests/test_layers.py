@@ -35,7 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"measure", "client", "workers", "devices", "protocol"},
     "integrations": {"measure", "client", "workers", "devices", "protocol"},
     "records": {"protocol"},
-    "evaluate": {"records", "measure", "client", "workers", "enforce", "devices", "protocol"},
+    "evaluate": {"records", "measure", "client", "workers", "enforce", "devices", "protocol",
+                 "_native"},  # _native: the sealed call loop, a CPython extension
     "service": {"evaluate", "records", "measure", "client", "workers", "devices", "protocol"},
     # The front ends: nothing imports them.
     "krex": {"evaluate", "client", "measure", "protocol"},  # the package root: public names
