@@ -36,19 +36,30 @@ def evaluate(cand: str, **kw):
     return krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False, **kw)
 
 
-# hack -> the finding that must name it (others may come along)
+# hack -> the finding that must name it (others may come along), with isolation="process"
+# (cpu's default: the reference, the candidate and the trusted driver each in a process of
+# their own) and with isolation="worker" (one program in the candidate's worker)
 HACKS = {
-    "hacks.py:background_thread": "WORK_AFTER_RETURN",
     "hacks.py:cache_by_identity": "STALE_OUTPUT",
     "hacks.py:mutate_input": "INPUT_MUTATED",
     "hacks.py:in_place": "OUTPUT_ALIASES_INPUT",
     "hacks.py:early_return": "WRONG_DURING_TIMING",
-    "hacks.py:patch_perf_counter": "KREX_TAMPERED",
-    "hacks.py:patch_krex_timer": "KREX_TAMPERED",
     "hacks.py:zeros_only": "WRONG_OUTPUT",
     "hacks.py:half_precision": "WRONG_OUTPUT",
     "hacks.py:segfault": "CRASHED",
 }
+WORKER_HACKS = {  # only the one-program evaluation needs these findings ...
+    "hacks.py:background_thread": "WORK_AFTER_RETURN",
+    "hacks.py:patch_perf_counter": "KREX_TAMPERED",
+    "hacks.py:patch_krex_timer": "KREX_TAMPERED",
+}
+# ... in a sealed one the patches reach nothing that measures (true speed 1x, a little
+# less for the patching itself: never faster, no finding; patch_krex_timer read 0.957x
+# [0.943, 0.975] once, "slower"), and an output filled by a thread after return is copied
+# unfilled when the call returns: wrong (or the thread ran inside the call and was timed)
+HARMLESS = {"hacks.py:patch_perf_counter": ("same", "unclear", "slower"),
+            "hacks.py:patch_krex_timer": ("same", "unclear", "slower")}
+SEALED_BACKGROUND = {"WORK_AFTER_RETURN", "WRONG_OUTPUT", "NON_FINITE"}
 
 
 # The background thread fills the output "shortly after" the call returns: on a loaded
@@ -73,27 +84,57 @@ def caught(hack: str, finding: str, **kw):
     return ev
 
 
+@pytest.mark.parametrize("isolation", ["process", "worker"])
 @pytest.mark.parametrize("hack", sorted(HACKS))
-def test_each_hack_is_caught_with_its_finding(daemon_m, hack):
+def test_each_hack_is_caught_with_its_finding(daemon_m, hack, isolation):
     for _ in range(REPEATS):
-        caught(hack, HACKS[hack])
+        ev = caught(hack, HACKS[hack], isolation=isolation)
+        assert ev.integrity.get("isolation", "worker") == isolation, ev.summary()
+
+
+@pytest.mark.parametrize("hack", sorted(WORKER_HACKS))
+def test_each_hack_of_the_one_program_evaluation_is_caught(daemon_m, hack):
+    for _ in range(REPEATS):
+        caught(hack, WORKER_HACKS[hack], isolation="worker")
+
+
+@pytest.mark.parametrize("hack", sorted(HARMLESS))
+def test_patches_measure_nothing_in_a_sealed_evaluation(daemon_m, hack):
+    for _ in range(REPEATS):
+        ev = evaluate(hack)
+        assert ev.verdict in HARMLESS[hack] and ev.correct, ev.summary()
+        assert not ev.invalid_findings, ev.summary()
+
+
+def test_an_output_filled_after_return_is_wrong_or_caught_in_a_sealed_evaluation(daemon_m):
+    for _ in range(REPEATS):
+        ev = evaluate("hacks.py:background_thread")
+        assert ev.verdict == "invalid" and SEALED_BACKGROUND & set(ev.codes()), ev.summary()
 
 
 def test_background_thread_is_caught_with_a_cold_cache_too(daemon_m):
-    caught("hacks.py:background_thread", "WORK_AFTER_RETURN", cache="cold")
+    caught("hacks.py:background_thread", "WORK_AFTER_RETURN", cache="cold", isolation="worker")
 
 
 def test_the_cpu_probe_runs_only_where_a_thread_of_the_candidates_was_seen(daemon_m):
     """On cpu the return probe watches nothing but the candidate's threads' CPU time: an
     honest candidate that started none skips it (~40 ms of a worker per evaluation);
     one whose module keeps a thread alive (idle) still gets it, and is not flagged."""
-    honest = evaluate("honest.py:slower")
+    honest = evaluate("honest.py:slower", isolation="worker")
     assert honest.integrity["probe_skipped"] and honest.integrity["probe"] == [], \
         honest.summary()
     assert honest.integrity["threads_started"] == 0
-    threaded = evaluate("threaded.py:faster")
+    threaded = evaluate("threaded.py:faster", isolation="worker")
     assert "probe_skipped" not in threaded.integrity, threaded.summary()
     assert len(threaded.integrity["probe"]) == 3 and threaded.integrity["threads_started"] == 1
+    assert threaded.correct and "WORK_AFTER_RETURN" not in threaded.codes(), threaded.summary()
+
+
+def test_an_idle_thread_is_not_work_after_return_in_a_sealed_evaluation(daemon_m):
+    """The kernel counts the candidate's threads' CPU time (its cgroup): an idle one adds
+    none, and is not flagged."""
+    threaded = evaluate("threaded.py:faster")
+    assert threaded.integrity["accounting"]["threads_started"] >= 1, threaded.summary()
     assert threaded.correct and "WORK_AFTER_RETURN" not in threaded.codes(), threaded.summary()
 
 
@@ -147,9 +188,11 @@ def test_records_provenance_and_identical_requests(daemon_m, tmp_path):
     assert all(stage[k] >= 0 for k in parts), stage
     assert stage["timing:acquire"] + stage["timing:in_region"] + stage["timing:release"] \
         <= stage["timing:compare"] <= stage["timing"]
+    saved = 3 + (first.verdict == "unclear")  # an extension is a record of its own
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT count(*) FROM evaluations").fetchone()[0] == 3
-        assert con.execute("SELECT count(*) FROM regions WHERE accepted = 1").fetchone()[0] == 3
+        assert con.execute("SELECT count(*) FROM evaluations").fetchone()[0] == saved
+        assert con.execute("SELECT count(*) FROM regions WHERE accepted = 1").fetchone()[0] \
+            == saved
 
 
 def test_a_changed_candidate_file_is_a_new_request(daemon_m, tmp_path):
@@ -171,13 +214,15 @@ def test_rewritten_reference_outputs_are_caught_by_their_announced_digest(daemon
     rewrite: tests/test_evaluate_references.py.)"""
     for _ in range(REPEATS):
         REFERENCES.clear()  # a miss: the program writes the reference's files
-        ev = evaluate("rewrite_reference.py:fn")
+        ev = evaluate("rewrite_reference.py:fn", isolation="worker")
         tampered = [f for f in ev.findings if f.code.name == "KREX_TAMPERED"]
         assert tampered and "changed after the candidate was imported" in tampered[0].message
         assert tampered[0].evidence["sha256"] != tampered[0].evidence["announced"]
         assert ev.verdict == "invalid" and not ev.ok, ev.summary()
         assert "WRONG_OUTPUT" not in ev.codes()  # the rewrite worked: only the digest sees it
         assert ev.timing.get("verdict") == "faster", ev.summary()
+        sealed = evaluate("rewrite_reference.py:fn")  # the reference is in another process:
+        assert sealed.codes() == ["WRONG_OUTPUT"], sealed.summary()  # nothing to rewrite
 
 
 def test_bad_specs_and_a_failing_reference_are_errors_not_verdicts(daemon_m, tmp_path):

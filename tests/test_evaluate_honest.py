@@ -25,7 +25,9 @@ from evaluate_helpers import CPU, module_daemon, spec
 
 import krex
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.timeout(900)]  # 120 evaluations; a sealed one (cpu's default)
+# starts two interpreters (~0.5-1.3 s here under load): over the suite's 300 s
 
 RUNS = 40
 SHARE = 0.95  # of the runs that gave an answer

@@ -7,7 +7,9 @@ inputs builder, or other cases, miss; a candidate cannot poison the entry
 (rewriting the files on a miss is caught by the announced digest and nothing
 is kept; on a hit it finds no files the evaluator reads); an entry whose
 bytes changed is dropped on use; a worker that builds other inputs than the
-entry was made from makes the evaluation run again without it.
+entry was made from makes the evaluation run again without it.  All with
+``isolation="worker"``: a sealed evaluation (``"process"``) keeps nothing
+(test_a_sealed_evaluation_keeps_nothing).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def empty_cache():
 def evaluate(cand: str, ref: str = REF, inputs: str = INPUTS, **kw):
     kw.setdefault("cache", "hot")
     kw.setdefault("max_time_s", 0.3)
+    kw.setdefault("isolation", "worker")  # the cache serves one-program evaluations only: with
+    # isolation="process" (cpu's default) the reference runs in a process of its own each time
     return krex.evaluate(ref, cand, inputs, fresh=True, save=False, **kw)
 
 
@@ -189,3 +193,12 @@ def test_only_a_sealed_copy_of_the_kept_inputs_is_read_unhashed(daemon_m, monkey
         assert fcntl.fcntl(unsealed, fcntl.F_GET_SEALS) == 0  # the control was unsealed
     finally:
         os.close(unsealed)
+
+
+def test_a_sealed_evaluation_keeps_nothing(daemon_m):
+    """The reference of a sealed evaluation runs in a process of its own each time: no
+    entry is made or used (its outputs never pass through the candidate's process)."""
+    first = evaluate(spec(CPU, "honest.py:faster"), isolation="process")
+    second = evaluate(spec(CPU, "honest.py:faster"), isolation="process")
+    assert not cached(first) and not cached(second)
+    assert second.integrity["isolation"] == "process" and second.correct, second.summary()

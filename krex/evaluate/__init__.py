@@ -8,7 +8,12 @@ unclear / invalid), speedup with its interval, correctness, named
 database (``krex.records``).
 
 A pure pipeline over ``workers`` and ``measure`` (no transport code):
-``pipeline`` plans the cases and runs one program in a warm worker —
+``pipeline`` plans the cases and runs one program in a warm worker.  On ``cpu``
+(``isolation="process"``) that program is ``sealed.run_sealed``, a trusted driver
+that runs the reference and the candidate each in a ``callee`` process of its own
+through the native dispatcher (``dispatch``, ``callees``, ``timing``,
+``accounting``; judged by ``isolation``; read back by ``evidence``, no pickle).
+With ``isolation="worker"`` (devices) it is
 ``worker.run_candidate`` (the reference's outputs, announced before the
 candidate is imported, then correctness,
 identity probe, ``krex.compare`` with input rotation and the counters of

@@ -46,6 +46,10 @@ class Code(Enum):
                             "return newly allocated outputs")
     NONDETERMINISTIC = (INVALID, "two calls on identical inputs disagree beyond tolerance",
                         "look for races or uninitialised memory")
+    OUTPUT_NOT_A_BUFFER = (INVALID, "an output is not an exact numpy array, torch tensor, "
+                           "tuple, list, str-keyed dict or plain value (a lookalike class, a "
+                           "subclass, a lazy object): krex copies only real buffers",
+                           "return numpy.ndarray / torch.Tensor objects themselves")
     # integrity of the timing
     WORK_AFTER_RETURN = (INVALID, "work ran after a timed call returned (side stream, second "
                          "context or background thread): the timer missed it",

@@ -1,8 +1,9 @@
 """Pure judgement: from what the workers wrote to findings, correctness and a verdict.
 
-Runs in the evaluator's process, where no candidate code ever ran.  In: the
-reference's outputs, the candidate's outputs and summary (its program's
-return value) and the plan of cases.  Out: :class:`Judgement`.  Thresholds
+Runs in the evaluator's process.  In: the reference's outputs, the candidate's
+outputs and the program's summary (``isolation="process"``: written by the trusted
+driver, no candidate code ran there; ``"worker"``: the candidate's program's return
+value, which the candidate could reach) and the plan of cases.  Out: :class:`Judgement`.  Thresholds
 are named constants; docs/evaluate.md explains each.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.evaluate import values
+from krex.evaluate import isolation, values
 from krex.evaluate.findings import Code, Finding, invalidating
 from krex.protocol.report import ReasonCode
 
@@ -57,12 +58,12 @@ def judge(plan: dict[str, Any], ref: Tree | None, cand: Tree | None,
     j = Judgement()
     if ref is not None and cand is not None:
         _correctness(j, plan, ref, cand, summary, options)
-    if summary.get("status") == "error":
+    if summary.get("status") == "error" and isolation.candidate_error(summary):
         j.findings.append(Finding(Code.CANDIDATE_ERROR,
                                   f"in stage {summary.get('stage')}: {summary.get('exception')}",
                                   {"stage": summary.get("stage"),
                                    "traceback": summary.get("traceback", "")}))
-    j.findings += integrity(summary, options)
+    j.findings += integrity(summary, options) + isolation.findings(summary)
     j.findings = merge(j.findings)
     if j.correct is None and any(f.code in CORRECTNESS_CODES for f in j.findings):
         j.correct = False

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from krex.errors import EvaluationFailed
+from krex.evaluate import evidence, references, spec, values
 from krex.evaluate import judge as judging
-from krex.evaluate import references, spec, values
 from krex.evaluate.findings import Code, Finding
 from krex.evaluate.result import Evaluation
 
@@ -41,6 +41,7 @@ EARLY_PAIRS = 10  # ... unless the effect is material: the stricter interval who
 WARMUP_MS = 0.0  # two calls per side (the first, one more): both sides ran several times
 # before the timing, and 1 ms (2-10 calls) cost 7 % of the workers' CPU for no better verdicts
 ANNOUNCE_WITHIN_CHARS = 1 << 20  # stdout read for the reference announcement, at most
+SEALED_MARGIN_S = 30.0  # the sealed driver's time beyond the candidate's (start, files)
 MIN_MEASURED_S = 0.005  # ... and of measured time (cold flushes cost far more than kernels)
 
 
@@ -66,6 +67,7 @@ def evaluate(
     records: str | None = None,
     save: bool = True,
     label: str | None = None,
+    isolation: str | None = None,
 ) -> Evaluation:
     """Is ``candidate`` correct against ``reference``, and faster?  See docs/evaluate.md.
 
@@ -75,18 +77,24 @@ def evaluate(
     only after the timing).  ``atol``/``rtol`` override the dtype defaults
     (fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7; integers exact).  An identical
     request (same code, inputs builder and options) returns the stored
-    record unless ``fresh=True``.
+    record unless ``fresh=True``.  ``isolation``: ``process`` (the reference, the
+    candidate and the trusted driver each in a process of their own: the default on
+    ``cpu``) or ``worker`` (one program in the candidate's worker: the default on
+    devices, where the counters of the interposer are read in-process).
     """
     if seeds < 1 or rotation < 2:
         raise ValueError("need seeds >= 1 and rotation >= 2")
+    if isolation not in (None, "process", "worker"):
+        raise ValueError(f"isolation must be 'process' or 'worker', not {isolation!r}")
     specs = {"reference": spec.of(reference, "reference"),
              "candidate": spec.of(candidate, "candidate"), "inputs": spec.of(inputs, "inputs")}
     device = device or os.environ.get("KREX_DEVICE") or "cpu"
     shape_list = _jsonable(shapes if shapes is not None else _declared_shapes(inputs, specs))
+    isolation = isolation or ("process" if device == "cpu" else "worker")
     options = {"atol": atol, "rtol": rtol, "seeds": seeds, "shapes": shape_list, "cache": cache,
                "rotation": rotation, "same_within": same_within, "confidence": confidence,
                "max_time_s": max_time_s, "timing_timeout_s": timing_timeout_s,
-               "plausible_speedup": plausible_speedup}
+               "plausible_speedup": plausible_speedup, "isolation": isolation}
     key = request_key(specs, device, options)
     stored = _stored(records, key) if not fresh and save else None
     if stored is not None and not extendable(stored):
@@ -214,15 +222,17 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
     workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
     try:
         job = _job(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
+        sealed = options.get("isolation") == "process"
         ref_key = references.key(job["reference"], job["inputs"], job["reference_cases"], device)
-        known = references.REFERENCES.get(ref_key) if use_cache else None
+        known = references.REFERENCES.get(ref_key) if use_cache and not sealed else None
         job["reference_known"] = known is not None
         if known is not None:  # the inputs as built before, each checked by its hash there
             job["input_hashes"] = known.meta.get("input_hashes", {})
             job["kept_inputs"] = known.write_inputs(os.path.join(workdir, "kept-inputs"))
             job["kept_sealed"] = known.sealed_inputs()  # read first: no hashing needed
             job["kept_structures"] = known.blobs[3].decode() if job["kept_sealed"] else None
-        cand_result, tail, announced = _program(job, device, timeout_s)
+        job["timeout_s"] = timeout_s
+        cand_result, tail, announced = _program(job, device, timeout_s, sealed)
         if known is not None and announced is not None and announced != known.inputs \
                 and not _reference_failed(cand_result):
             references.REFERENCES.drop(ref_key)  # this worker built other inputs: no cache
@@ -230,10 +240,12 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
         entry, changed = _reference(os.path.join(workdir, "reference"), announced,
                                     cand_result, tail, known)
         ref_tree, ref_meta = _reference_tree(entry, known is not None)
-        if known is None and entry is not None:
+        if known is None and entry is not None and not sealed:
             references.REFERENCES.put(ref_key, entry)
-        cand_tree = _load_if_there(os.path.join(workdir, "candidate"))
         summary, status, early = _candidate_outcome(cand_result, timeout_s)
+        cand_tree, rewritten = evidence.candidate_tree(
+            os.path.join(workdir, "candidate"), summary, _load_if_there)
+        early += [rewritten] if rewritten else []
         if known is not None and job.get("kept_inputs") \
                 and summary.get("inputs_kept", 0) < known.kept_cases:
             known.forget_copy()  # a case did not hash as kept: rewritten through its link?
@@ -309,11 +321,19 @@ class _Output:
         return "".join(self.chunks)
 
 
-def _program(job: dict[str, Any], device: str, timeout_s: float) -> tuple[Any, str, str | None]:
-    """(result, output tail, the announced SHA-256 of the reference's files)."""
+def _program(job: dict[str, Any], device: str, timeout_s: float,
+             sealed: bool) -> tuple[Any, str, str | None]:
+    """(result, output tail, the announced SHA-256 of the reference's files).  Sealed:
+    the driver's summary (JSON text, no pickle) names the digest of the files it wrote
+    once the callees were dead; the driver gets a margin beyond the candidate's time."""
+    from krex.evaluate import sealed as sealing
     from krex.evaluate import worker
 
     sink = _Output(worker.REFERENCE_MARK)
+    if sealed:
+        result = _submit(sealing.run_sealed, job, device, timeout_s + SEALED_MARGIN_S, sink)
+        summary = evidence.summary(result)
+        return result, sink.tail(), None if summary is None else summary.get("reference_sha256")
     result = _submit(worker.run_candidate, job, device, timeout_s, sink)
     return result, sink.tail(), sink.announced
 
@@ -335,7 +355,7 @@ def _reference(path: str, announced: str | None, result: Any, tail: str,
     process already holds them), or a finding when the files no longer match the
     announcement."""
     if _reference_failed(result):
-        summary = result.returned()
+        summary = evidence.summary(result) or {}
         raise EvaluationFailed(f"the reference or the inputs builder failed: "
                                f"{summary.get('exception')}\n"
                                f"{str(summary.get('traceback') or tail)[-2000:]}")
@@ -369,7 +389,7 @@ def _reference_tree(entry: references.Entry | None, cached: bool) -> tuple[Any, 
 
 
 def _reference_failed(result: Any) -> bool:
-    summary = result.returned() if result.status == "ok" else None
+    summary = evidence.summary(result) if result.status == "ok" else None
     return isinstance(summary, dict) and summary.get("status") == "reference_error"
 
 
@@ -386,7 +406,16 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
     """(summary, status, findings about how the program ended)."""
     early: list[Finding] = []
     if result.status == "ok":
-        summary = dict(result.returned())
+        summary = dict(evidence.summary(result) or {})
+        if summary.get("status") == "timeout":
+            early.append(Finding(Code.TIMEOUT, f"no result within {timeout_s:g} s; the "
+                                 "candidate's process was killed", {"timeout_s": timeout_s}))
+            return summary, "timeout", early
+        if summary.get("status") == "crashed":
+            code = summary.get("exit_code")
+            early.append(Finding(Code.CRASHED, f"exit code {code}",
+                                 {"exit_code": code, "traceback": summary.get("exception")}))
+            return summary, "crashed", early
         status = "ok" if summary.get("status") == "ok" else "error"
     elif result.status == "timeout":
         summary, status = {}, "timeout"
@@ -408,7 +437,8 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 
 
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
+    keys = ("isolation", "dispatch", "accounting", "checked_timed", "bad_output",
+            "counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
             "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",
             "inputs_kept", "inputs_sealed",
