@@ -137,6 +137,16 @@ class Accounting:
                     return
             time.sleep(0.01)
 
+    def meter(self) -> GapMeter | None:
+        """A cheap reader for every call boundary (None without a cgroup)."""
+        if self.path is None:
+            return None
+        try:
+            return GapMeter(os.path.join(self.path, "cpuacct.usage"),
+                            [f"/proc/{self.pid}/task/{t}/schedstat" for t in self.krex_tids])
+        except OSError:
+            return None
+
     def close(self) -> None:
         """Remove the cgroup (once it is empty; waits briefly for the killed to go)."""
         if self.path is None:
@@ -148,3 +158,43 @@ class Accounting:
             except OSError:
                 time.sleep(0.01)
         self.path = None
+
+
+class GapMeter:
+    """The candidate's own threads' and processes' CPU time between its calls: read
+    (``pread`` on open files, a few microseconds, never inside a timed span) when a call
+    returns and before the next one starts; what krex's threads (the dispatcher's
+    after-work) used in between is not the candidate's."""
+
+    def __init__(self, usage: str, krex: list[str]) -> None:
+        self.fds = [os.open(usage, os.O_RDONLY)]
+        for path in krex:
+            with contextlib.suppress(OSError):
+                self.fds.append(os.open(path, os.O_RDONLY))
+        self.outside_ns, self.gaps = 0, 0
+        self._returned: int | None = None
+
+    def _candidates_ns(self) -> int | None:
+        try:
+            total = int(os.pread(self.fds[0], 64, 0))
+            krex = sum(int(os.pread(fd, 128, 0).split()[0]) for fd in self.fds[1:])
+        except (OSError, ValueError, IndexError):
+            return None
+        return total - krex
+
+    def returned(self) -> None:
+        """A call of the candidate's just returned."""
+        self._returned = self._candidates_ns()
+
+    def starting(self) -> None:
+        """A call of the candidate's is about to start: the gap since it last returned."""
+        now = self._candidates_ns()
+        if now is not None and self._returned is not None:
+            self.outside_ns += max(0, now - self._returned)
+            self.gaps += 1
+        self._returned = None
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []

@@ -38,17 +38,23 @@ class Side:
     """One side of the A/B for ``compare``: each call is one dispatcher call of its
     callee, over the rotation's argument sets."""
 
-    def __init__(self, callee: Callee, slots: list[int], left: Any, keep: Any = None) -> None:
+    def __init__(self, callee: Callee, slots: list[int], left: Any, keep: Any = None,
+                 meter: Any = None) -> None:
         self.callee, self.slots, self.calls, self.left = callee, slots, 0, left
         self.spans: list[Span] = []
         self.keep = keep  # called after each call (candidate: maybe keep its output)
+        self.meter = meter  # the candidate's CPU time between its calls (GapMeter)
 
     def __call__(self) -> None:
         slot = self.slots[self.calls % len(self.slots)]
         self.calls += 1
+        if self.meter is not None:
+            self.meter.starting()
         delay0 = self.callee.run_delay_ns()
         record = self.callee.block.call(OP_CALL, slot, timeout_s=self.left())
         delay1 = self.callee.run_delay_ns()
+        if self.meter is not None:
+            self.meter.returned()
         if record.status != "ok":
             raise Refused(self.callee.role, "timing", record.status, record.message)
         offcpu = 0 if delay0 is None or delay1 is None else delay1 - delay0
@@ -145,7 +151,10 @@ def timed(run: SealedRun) -> None:
     keeper = Keeper(run)
     a = Side(run.ref, [run.ref.slots[c["id"]] for c in rotation], run._left,
              keep=Reader(run.ref.block))
-    b = Side(run.cand, [run.cand.slots[c["id"]] for c in rotation], run._left, keep=keeper)
+    accounting = run.cand.accounting
+    meter = accounting.meter() if accounting is not None else None
+    b = Side(run.cand, [run.cand.slots[c["id"]] for c in rotation], run._left, keep=keeper,
+             meter=meter)
     timer = DispatchTimer(run.device, [a, b], run.overhead.quantile(0.5))
     factory = _timed_factory(get_region_factory(), parts)
     clocks_before = sample(run.device)
@@ -159,6 +168,9 @@ def timed(run: SealedRun) -> None:
         return
     finally:
         parts["timing:compare"], t0 = time.monotonic() - t0, time.monotonic()
+        if meter is not None:
+            meter.close()
+            run.out["between_calls"] = {"cpu_ms": meter.outside_ns / 1e6, "gaps": meter.gaps}
     parts["timing:probe"] = 0.0  # the kernel's accounting (sealed.py) replaces the probe
     run.out["clocks"] = {"before": clocks_before, "after": sample(run.device)}
     run.out["comparison"] = readings.comparison(result)
