@@ -176,3 +176,32 @@ def test_candidate_files_changed_after_the_driver_wrote_them_are_tampered(tmp_pa
         f.write(b"\0" * 8)
     tree, finding = candidate_tree(path, {"candidate_sha256": digest}, values.load)
     assert tree is None and finding is not None and finding.code.name == "KREX_TAMPERED"
+
+
+def test_cgroups_of_callees_that_are_gone_are_swept():
+    """A driver killed mid-evaluation (its worker's timeout) leaves its callee's empty
+    cgroup behind: the next evaluation's accounting removes it, never a live pid's."""
+    from krex.evaluate import accounting
+
+    root = accounting._cpuacct_root()
+    if root is None:
+        pytest.skip("no cpuacct hierarchy")
+    parent = os.path.join(root, accounting._own_cpuacct().lstrip("/"))
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a pid that is gone
+    stale = os.path.join(parent, f"krex-callee-{pid}-abcdef")
+    mine = os.path.join(parent, f"krex-callee-{os.getpid()}-abcdef")  # a live pid's: kept
+    try:
+        os.mkdir(stale)
+        os.mkdir(mine)
+    except OSError as exc:
+        pytest.skip(f"cpuacct not writable here: {exc}")
+    try:
+        assert f"krex-callee-{pid}-abcdef" in accounting.sweep(parent)
+        assert not os.path.exists(stale) and os.path.exists(mine)
+    finally:
+        os.rmdir(mine)
+        if os.path.exists(stale):
+            os.rmdir(stale)

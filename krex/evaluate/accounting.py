@@ -21,6 +21,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+PREFIX = "krex-callee-"  # + the callee's pid + a random tail
+
 
 @dataclass
 class Usage:
@@ -63,6 +65,25 @@ def _task_ns(pid: int, tid: int) -> int:
         return 0
 
 
+def sweep(parent: str) -> list[str]:
+    """Remove the callee cgroups of callees that are gone (a driver killed before it
+    could remove its own); returns what was removed.  Only empty ones of dead pids."""
+    removed = []
+    for name in os.listdir(parent):
+        if not name.startswith(PREFIX):
+            continue
+        try:
+            pid = int(name[len(PREFIX):].split("-")[0])
+        except ValueError:
+            continue
+        if os.path.exists(f"/proc/{pid}"):
+            continue  # its callee (or a reused pid: left for a later sweep)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(parent, name))  # refused while a process is in it
+            removed.append(name)
+    return removed
+
+
 def tasks(pid: int) -> list[int]:
     try:
         return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -84,8 +105,9 @@ class Accounting:
             root = _cpuacct_root()
             if root is None:
                 raise OSError("no cpuacct hierarchy mounted")
-            path = os.path.join(root, _own_cpuacct().lstrip("/"),
-                                f"krex-callee-{pid}-{secrets.token_hex(3)}")
+            parent = os.path.join(root, _own_cpuacct().lstrip("/"))
+            sweep(parent)
+            path = os.path.join(parent, f"krex-callee-{pid}-{secrets.token_hex(3)}")
             os.mkdir(path)
             self.path = path
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
