@@ -27,10 +27,12 @@ CAUGHT = {  # -> the finding that must name it
     "reach.py:ndarray_subclass": "OUTPUT_NOT_A_BUFFER",
     "reach.py:fork_spinner": "WORK_AFTER_RETURN",
 }
-HARMLESS = {  # -> the highest speedup its true speed allows (true 1x, 1x, 2x)
+HARMLESS = {  # -> the highest speedup its true speed allows (true 1x, 1x, 2x, 1x)
     "reach.py:gc_summary": 1.5,
     "profile_hook.py:profile_hook": 1.5,
     "reach.py:frame_timed": 3.0,
+    "reach.py:patch_restored": 1.5,  # the one-program evaluation catches this one too
+    # (KREX_TAMPERED, 2 of 2): its timer patched for the loop and put back after it
 }
 
 
