@@ -41,9 +41,11 @@ SERIAL = {
     "test_fairness",
     "test_measure_warnings", "test_regions", "test_regions_pipelined", "test_warm_moves",
     "test_memtrace",
-    # node-wide cpusets (the shield moves every task of the machine; the slots), or a
-    # sibling that must make no progress
-    "test_shield", "test_subtree", "test_exclusivity",
+    # node-wide cpusets (the shield moves every task of the machine; the slots; isolation
+    # that moves other processes off the reserved cores, another worker's included), a
+    # sibling that must make no progress, the fake device's spinning thread
+    "test_shield", "test_subtree", "test_exclusivity", "test_handoff", "test_enforce",
+    "test_gpu_exclusivity", "test_gpu_check", "test_latecomers",
 }
 
 
