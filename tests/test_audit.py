@@ -1,49 +1,76 @@
-"""The NVML audit's logic, on a stand-in for NVML (no GPU here: the only double)."""
+"""NVML readings (devices/audit.py) and their judging (enforce/nvmlwatch.py) on the fake
+NVML of tests/fakenvml (no GPU here: the library boundary is the only double)."""
 
+import importlib
+import os
 import sys
 import types
 
-from krex.devices.audit import nvml_audit
+import pytest
+from helpers import REPO
+
+from krex.devices.audit import nvml_device, throttle_names
+from krex.enforce.nvmlwatch import Managed, NvmlWatch
 
 
-class _Proc:
-    def __init__(self, pid):
-        self.pid = pid
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    monkeypatch.setenv("KREX_FAKE_NVML", str(tmp_path / "nvml.json"))
+    monkeypatch.syspath_prepend(os.path.join(REPO, "tests", "fakenvml"))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    return importlib.import_module("pynvml")
 
 
-def fake_nvml(pids_over_time):
-    calls = iter(pids_over_time)
-    mod = types.ModuleType("pynvml")
-    mod.NVML_CLOCK_SM, mod.NVML_TEMPERATURE_GPU = 1, 0
-    mod.nvmlInit = lambda: None
-    mod.nvmlDeviceGetHandleByIndex = lambda i: f"gpu{i}"
-    mod.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=87)
-    mod.nvmlDeviceGetClockInfo = lambda h, kind: 1980
-    mod.nvmlDeviceGetTemperature = lambda h, kind: 51
+class _Job:
+    def __init__(self, *pids):
+        self.pids = set(pids)
 
-    def throttle(h):
-        raise RuntimeError("not supported")
-
-    mod.nvmlDeviceGetCurrentClocksThrottleReasons = throttle
-    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: [_Proc(p) for p in next(calls)]
-    return mod
+    def contains(self, pid):
+        return pid in self.pids
 
 
-def test_foreign_processes_are_those_outside_the_holder(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([[10, 11, 99], [10, 77]]))
-    audit = nvml_audit("cuda:0")
-    audit.begin({10, 11})
-    report = audit.finish()
-    assert report.source == "nvml" and report.foreign_pids == [77, 99]
-    assert report.start["utilization_pct"] == 87 and report.end["sm_clock_mhz"] == 1980
-    # A query the device does not support is recorded, the rest still reported.
-    assert report.start["throttle_reasons"] is None
-    assert any("throttle_reasons" in e for e in report.start["errors"])
+def test_a_reading_has_the_state_and_every_process(fake):
+    fake.update(processes=[{"pid": os.getpid(), "used_mib": 10},
+                           {"pid": os.getpid(), "kind": "graphics"}, {"pid": 2**22 + 7}],
+                throttle_reasons=0x1 | 0x4, unsupported=["power_mw"])
+    reading = nvml_device("cuda:0").read()
+    state = reading.state.to_dict()
+    assert state["sm_clock_mhz"] == 1980 and state["mem_clock_mhz"] == 2619
+    assert state["throttle_names"] == ["gpu_idle", "sw_power_cap"]
+    assert reading.state.throttling == 0x4
+    # a query the device does not support is named, the rest still read
+    assert state["power_w"] is None and any("power_w" in e for e in state["errors"])
+    me, gone = reading.processes
+    assert me.kinds == ("compute", "graphics") and me.used_memory_mib == 10.0
+    assert me.uid == os.getuid() and "pytest" in me.command
+    assert gone.uid is None and gone.command is None  # no such process here
 
 
-def test_no_audit_without_nvml_or_on_other_devices(monkeypatch):
-    assert nvml_audit("cpu") is None
-    assert nvml_audit("fakegpu:0") is None
+def test_another_users_command_is_not_shown_to_the_holder(fake):
+    fake.update(processes=[{"pid": os.getpid()}])
+    (proc,) = nvml_device("cuda:0").read(viewer_uid=os.getuid() + 4321).processes
+    assert proc.uid == os.getuid() and proc.command is None
+
+
+def test_foreign_processes_are_those_no_job_of_the_daemon_holds(fake):
+    fake.update(processes=[{"pid": 10}, {"pid": 11}, {"pid": 99}])
+    watch = NvmlWatch.begin(nvml_device("cuda:0"), Managed.of([_Job(10), _Job(11)], [0]))
+    fake.update(processes=[{"pid": 10}, {"pid": 77}])
+    audit, reasons = watch.finish()
+    assert audit.source == "nvml" and audit.foreign_pids == [77, 99]
+    (reason,) = reasons
+    assert {p["pid"]: p["seen_at"] for p in reason.evidence["processes"]} == {
+        77: ["release"], 99: ["grant"]}
+    # control: only what the daemon manages (its jobs and its own pids)
+    fake.update(processes=[{"pid": 10}, {"pid": 11}])
+    watch = NvmlWatch.begin(nvml_device("cuda:0"), Managed.of([_Job(10)], [11]))
+    assert watch.finish()[1] == []
+
+
+def test_no_device_without_nvml_or_on_other_devices(monkeypatch, fake):
+    assert nvml_device("cpu") is None
+    assert nvml_device("fakegpu:0") is None  # only with the daemon's --fakegpu-nvml hook
+    assert nvml_device("fakegpu:0", fakegpu_nvml=0) is not None
     broken = types.ModuleType("pynvml")
 
     def fail():
@@ -51,4 +78,8 @@ def test_no_audit_without_nvml_or_on_other_devices(monkeypatch):
 
     broken.nvmlInit = fail
     monkeypatch.setitem(sys.modules, "pynvml", broken)
-    assert nvml_audit("cuda:0") is None
+    assert nvml_device("cuda:0") is None
+
+
+def test_throttle_names_name_unknown_bits():
+    assert throttle_names(0x40 | 0x400) == ["hw_thermal_slowdown", "0x400"]

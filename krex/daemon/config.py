@@ -146,6 +146,10 @@ class DaemonConfig:
         shown_default="the first core not reserved for region holders"))
     fakegpu_ctx_delay_ms: int = field(default=0, metadata=flag(
         "fakegpu context-creation delay (serialised node-wide)"))
+    fakegpu_nvml: int | None = field(default=None, metadata=flag(
+        "test hook: also audit fakegpu devices through NVML device N, whatever module "
+        "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
+        hidden=True))
     workers_min: int = field(default=1, metadata=flag("warm workers kept per device"))
     workers_max: int = field(default=2, metadata=flag("warm workers at most per device"))
     max_programs: int = field(default=100, metadata=flag(

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
-from krex.devices.audit import NvmlAudit, nvml_audit
+from krex.devices.audit import NvmlDevice, nvml_device
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
 from krex.enforce.devicewatch import FakegpuWatch
@@ -31,6 +31,7 @@ from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.handoff import job_key, prepare, take_prepared
 from krex.enforce.job import JobTarget
+from krex.enforce.nvmlwatch import Managed, NvmlWatch
 from krex.enforce.process import PROTECTED, ProcessRef
 from krex.enforce.slot import HolderSlot
 from krex.errors import KrexError
@@ -39,6 +40,7 @@ from krex.protocol.report import DeviceAudit, HostEvidence, Reason, ReasonCode
 log = logging.getLogger("krex.daemon")
 GPU_KINDS = ("cuda", "rocm", "fakegpu")
 MAX_LEASE_S = 7 * 24 * 3600.0  # a whole-job hold has no maximum; the lease needs one
+Watch = FakegpuWatch | NvmlWatch  # a source of the device's own account of a region
 
 
 class Evidence(NamedTuple):
@@ -67,10 +69,10 @@ class _Region:
     """One region's applied enforcement plus what the gate/drain step saw."""
 
     def __init__(self, enforcement: Enforcement, drain: GateDrain | CheckpointLock | None,
-                 audit: NvmlAudit | FakegpuWatch | None) -> None:
+                 watches: tuple[Watch, ...]) -> None:
         self.enforcement = enforcement
         self.drain = drain
-        self.audit = audit
+        self.watches = watches
         if isinstance(drain, CheckpointLock):
             enforcement.gaps.extend(Reason.mechanism(d["what"], d["why"])
                                     for d in drain.not_locked)
@@ -83,7 +85,7 @@ class _Region:
     def can_hand_over(self) -> bool:
         """Whether the next holder of the device may take this enforcement over."""
         return (not isinstance(self.drain, CheckpointLock)
-                and (self.audit is None or isinstance(self.audit, FakegpuWatch))
+                and all(watch.hands_over for watch in self.watches)
                 and self.enforcement.report is None)
 
     def lease(self) -> None:
@@ -100,10 +102,10 @@ class _Region:
                          and bool(self.enforcement.siblings))
 
     def exit(self) -> Evidence:
-        if isinstance(self.audit, FakegpuWatch):
-            self.audit.stop()  # before the undo lets the siblings' work run again
+        for watch in self.watches:
+            watch.stop()  # before the undo lets the siblings' work run again
         host = self.enforcement.exit()
-        audit, found = _finish(self.audit)
+        audit, found = _finish(self.watches)
         if isinstance(self.drain, CheckpointLock):
             host.locked_pids = list(self.drain.acks_s)
             host.lock_skipped_pids = list(self.drain.skipped)  # no CUDA context
@@ -120,11 +122,16 @@ class _Region:
         return Evidence(host, audit, reasons)
 
 
-def _finish(audit: NvmlAudit | FakegpuWatch | None) -> tuple[DeviceAudit | None, list[Reason]]:
-    """A region's device audit and the reasons the device's own account gives."""
-    if isinstance(audit, FakegpuWatch):
-        return audit.finish()
-    return (audit.finish() if audit is not None else None), []
+def _finish(watches: tuple[Watch, ...]) -> tuple[DeviceAudit | None, list[Reason]]:
+    """A region's device audit (one, whatever its sources) and the reasons the device's
+    own account gives."""
+    audit: DeviceAudit | None = None
+    reasons: list[Reason] = []
+    for watch in watches:
+        found, why = watch.finish()
+        audit = found if audit is None else audit.joined(found)
+        reasons += why
+    return audit, reasons
 
 
 _FINDING_CODES = {"drain": ReasonCode.DRAIN_INCOMPLETE, "gate_bypass": ReasonCode.GATE_BYPASS,
@@ -159,6 +166,7 @@ class Exclusivity:
             measure_cores=config.measure_cores), self.layout, self.guardian)
         self.gates: dict[int, GatedJob] = {}
         self._drivers: dict[str, Any] = {}
+        self._nvml: dict[str, NvmlDevice | None] = {}
         self.fakegpu: Any = None
 
     @property
@@ -271,17 +279,30 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
-        return _Region(enforcement, drain, self._audit(request.device, enforcement))
+        jobs = [holder, *siblings, *others]
+        return _Region(enforcement, drain, self._watches(request.device, enforcement, jobs))
 
-    def _audit(self, device: str, enforcement: Enforcement) -> NvmlAudit | FakegpuWatch | None:
-        """The device's own account of the region, begun now (as the grant is sent)."""
+    def _watches(self, device: str, enforcement: Enforcement,
+                 jobs: list[Any]) -> tuple[Watch, ...]:
+        """The device's own account of the region, begun now (as the grant is sent):
+        fakegpu's server, and NVML where it answers for the device.  ``jobs``: every
+        job of the daemon, the holder first."""
         pids = {r.pid for r in enforcement.counters.refs} if enforcement.counters else set()
+        out: list[Watch] = []
         if device.startswith("fakegpu") and self.fakegpu is not None:
-            return FakegpuWatch.begin(self.fakegpu, pids)
-        audit = nvml_audit(device)
-        if audit is not None:
-            audit.begin(pids)
-        return audit
+            out.append(FakegpuWatch.begin(self.fakegpu, pids))
+        nvml = self._nvml_device(device)
+        if nvml is not None:
+            own = [os.getpid(), self.fakegpu.proc.pid if self.fakegpu is not None else 0]
+            viewer = getattr(jobs[0], "uid", None)  # the holder's user
+            out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer))
+        return tuple(out)
+
+    def _nvml_device(self, device: str) -> NvmlDevice | None:
+        """The device's NVML handle, looked up once (None: NVML does not answer for it)."""
+        if device not in self._nvml:
+            self._nvml[device] = nvml_device(device, self.config.fakegpu_nvml)
+        return self._nvml[device]
 
     def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
                   others: Sequence[Any] = ()) -> _Region | None:
@@ -316,10 +337,9 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
-        watch = held.audit
         pids = {r.pid for r in enforcement.counters.refs} if enforcement.counters else set()
-        return _Region(enforcement, drain,
-                       watch.hand_over(pids) if isinstance(watch, FakegpuWatch) else None)
+        return _Region(enforcement, drain, tuple(
+            w.hand_over(pids) for w in held.watches if isinstance(w, FakegpuWatch)))
 
     def prefetch(self, held: Held, job: Any, siblings: Sequence[Any] | None = None,
                  others: Sequence[Any] = ()) -> bool:

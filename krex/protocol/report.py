@@ -65,6 +65,7 @@ class ReasonCode(str, Enum):
     STEP_TIMEOUT = "step_timeout"  # an enforcement step did not finish in time
     DEVICE_PREEMPTED = "device_preempted"  # the device's own thread waited for its core (fakegpu)
     FOREIGN_DEVICE_WORK = "foreign_device_work"  # the device ran other contexts' work meanwhile
+    FOREIGN_DEVICE_PROCESS = "foreign_device_process"  # an unmanaged process had a context on it
 
     @property
     def gap(self) -> bool:
@@ -168,13 +169,19 @@ class DeviceAudit:
     NVML (:mod:`krex.devices.audit`), fakegpu's from its server and the kernel
     (:mod:`krex.enforce.devicewatch`).  Its findings are reasons of the report."""
 
-    source: str  # nvml | fakegpu
-    start: dict[str, Any]  # utilization_pct, sm_clock_mhz, temperature_c, throttle_reasons, ...
-    end: dict[str, Any]
-    foreign_pids: list[int] = field(default_factory=list)  # GPU processes outside the holder
+    source: str  # nvml | fakegpu | fakegpu+nvml (the fake device with the NVML test hook)
+    start: dict[str, Any]  # at grant: sm_clock_mhz, temperature_c, throttle_reasons, busy_ms...
+    end: dict[str, Any]  # at release
+    foreign_pids: list[int] = field(default_factory=list)  # GPU processes outside krex's jobs
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+    def joined(self, other: DeviceAudit) -> DeviceAudit:
+        """One account of two sources of the same device's truth (their keys differ)."""
+        return DeviceAudit(f"{self.source}+{other.source}", {**self.start, **other.start},
+                           {**self.end, **other.end},
+                           sorted(set(self.foreign_pids) | set(other.foreign_pids)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceAudit:

@@ -1,0 +1,96 @@
+"""A region's account from the device's management library (NVML), judged.
+
+The daemon reads the device through NVML (:mod:`krex.devices.audit`) when a
+region is granted and again when it ends, before the undo lets siblings run.
+Both readings are the daemon's own: nothing the holder writes reaches them.
+
+In: the device (:class:`~krex.devices.audit.NvmlDevice`) and who the daemon
+manages (:class:`Managed`).  Out: a :class:`~krex.protocol.report.DeviceAudit`
+(source ``nvml``: the device's state at grant and release) and its reasons:
+
+- ``foreign_device_process``: a process with a context on the device that is
+  not a managed job's, the daemon or its fakegpu server (its kernels cannot be
+  gated or drained), seen at grant or at release.
+
+A region with an NVML account is never handed over (its window would need a
+reading at the handoff): it is undone and set up again, with a fresh reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from krex.devices.audit import DeviceProcess, NvmlDevice, NvmlReading
+from krex.protocol.report import DeviceAudit, Reason, ReasonCode
+
+
+@dataclass(frozen=True)
+class Managed:
+    """Who the daemon manages: its jobs' processes, itself and its fakegpu server."""
+
+    jobs: tuple[Any, ...]  # daemon jobs (krex.daemon.jobs.Job): ``contains(pid)``
+    own: frozenset[int]  # the daemon's own processes
+
+    @classmethod
+    def of(cls, jobs: Sequence[Any], own: Sequence[int]) -> Managed:
+        return cls(tuple(jobs), frozenset(p for p in own if p))
+
+    def __contains__(self, pid: object) -> bool:
+        return isinstance(pid, int) and (
+            pid in self.own or any(job.contains(pid) for job in self.jobs))
+
+
+class NvmlWatch:
+    """One region's NVML window: :meth:`begin` at grant, :meth:`stop` at release."""
+
+    hands_over = False
+
+    def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None) -> None:
+        self.device = device
+        self.managed = managed
+        self.viewer_uid = viewer_uid  # the holder's user: whose commands it may see
+        self.grant: NvmlReading | None = None
+        self.release: NvmlReading | None = None
+
+    @classmethod
+    def begin(cls, device: NvmlDevice, managed: Managed,
+              viewer_uid: int | None = None) -> NvmlWatch:
+        watch = cls(device, managed, viewer_uid)
+        watch.grant = device.read(viewer_uid)
+        return watch
+
+    def stop(self) -> None:
+        if self.release is None:
+            self.release = self.device.read(self.viewer_uid)
+
+    def finish(self) -> tuple[DeviceAudit, list[Reason]]:
+        """The audit and the reasons the device's readings give against the region."""
+        self.stop()
+        assert self.grant is not None and self.release is not None
+        foreign = self._foreign()
+        audit = DeviceAudit("nvml", self.grant.state.to_dict(), self.release.state.to_dict(),
+                            sorted(foreign))
+        reasons = []
+        if foreign:
+            reasons.append(foreign_reason(foreign))
+        return audit, reasons
+
+    def _foreign(self) -> dict[int, tuple[DeviceProcess, list[str]]]:
+        """pid -> (the process, when it was seen: grant, release) for unmanaged ones."""
+        out: dict[int, tuple[DeviceProcess, list[str]]] = {}
+        for when, reading in (("grant", self.grant), ("release", self.release)):
+            for proc in reading.processes if reading else []:
+                if proc.pid not in self.managed:
+                    out.setdefault(proc.pid, (proc, []))[1].append(when)
+        return out
+
+
+def foreign_reason(foreign: dict[int, tuple[DeviceProcess, list[str]]]) -> Reason:
+    procs = [proc.to_dict(seen) for proc, seen in foreign.values()]
+    named = ", ".join(f"{p['pid']} ({p['command'] or 'uid ' + str(p['uid'])}; at "
+                      f"{' and '.join(p['seen_at'])})" for p in procs[:4])
+    return Reason(ReasonCode.FOREIGN_DEVICE_PROCESS,
+                  f"device: {len(procs)} process(es) krex does not manage had a context on "
+                  f"the device: {named}", {"processes": procs})

@@ -1,0 +1,29 @@
+"""A fakegpu holder for the NVML audit (tests/fakenvml): lists its own pid as a compute
+process on the fake NVML device, takes one region on fakegpu:0, and prints its report.
+
+argv: JSON {"also": [pids listed from the start], "mid": {fake NVML state set inside
+the region}, "mid_pids": [pids listed from inside the region on]}.
+"""
+
+import json
+import os
+import sys
+import time
+
+import pynvml  # the fake: tests/fakenvml on PYTHONPATH
+
+import krex
+
+plan = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+listed = [os.getpid(), *plan.get("also", [])]
+pynvml.update(processes=[{"pid": pid, "used_mib": 64} for pid in listed])
+with krex.region(device="fakegpu:0", label="nvml") as r:
+    time.sleep(0.02)
+    mid = dict(plan.get("mid", {}))
+    if plan.get("mid_pids"):
+        listed += plan["mid_pids"]
+        mid["processes"] = [{"pid": pid, "used_mib": 64} for pid in listed]
+    if mid:
+        pynvml.update(**mid)
+    time.sleep(0.02)
+print(json.dumps(r.report.to_dict()))

@@ -1,0 +1,91 @@
+"""The NVML account of a region through a real daemon on fakegpu (nvmlwatch.py).
+
+No GPU here: the daemon's test hook ``--fakegpu-nvml 0`` audits ``fakegpu:0`` through
+NVML device 0, and ``pynvml`` is a fake (tests/fakenvml) put on the daemon's path: the
+library boundary, the only double.  The daemon's code from there on is the one that
+runs on a GPU.  Every reason has its negative control: the same region without the
+disturbance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psutil
+import pytest
+from helpers import PY, REPO, krex, reap, spawn, wait_for
+
+from krex.devices import fakegpu
+
+pytestmark = pytest.mark.skipif(not fakegpu.available(), reason="fakegpu was not built")
+FAKE_NVML = os.path.join(REPO, "tests", "fakenvml")
+JOB = os.path.join(REPO, "tests", "jobs", "nvml_region.py")
+
+
+@pytest.fixture
+def nvml_daemon(make_daemon, tmp_path, monkeypatch):
+    """A daemon auditing fakegpu:0 through the fake NVML, its fakegpu server started."""
+    monkeypatch.setenv("KREX_FAKE_NVML", str(tmp_path / "nvml.json"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [FAKE_NVML, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    d = make_daemon("--fakegpu-nvml", "0")
+    p = krex("run", "--device", "fakegpu:0", "--", PY, "-c", "pass")
+    assert p.wait(60) == 0, p.stderr.read()
+    wait_for(lambda: _server_pid(d) is not None, 10)
+    return d
+
+
+def _server_pid(d) -> int | None:
+    return next((p.pid for p in psutil.Process(d.proc.pid).children()
+                 if p.name().startswith("krex-fakegpu")), None)
+
+
+def _region(**plan) -> dict:
+    p = krex("run", "--device", "fakegpu:0", "--name", "nvml-holder", "--", PY, JOB,
+             json.dumps(plan))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _reason(report: dict, code: str) -> dict | None:
+    return next((r for r in report["reasons"] if r["code"] == code), None)
+
+
+@pytest.fixture
+def stranger():
+    """A process krex does not manage (it would have a context on the GPU)."""
+    proc = spawn([PY, "-c", "import time; print('stranger', flush=True); time.sleep(60)"])
+    assert proc.stdout.readline().strip() == "stranger"
+    try:
+        yield proc
+    finally:
+        reap(proc)
+
+
+def test_an_unmanaged_process_on_the_device_makes_the_region_not_clean(nvml_daemon, stranger):
+    """NVML lists a process that is no job of the daemon's: ``foreign_device_process``
+    names it (pid, uid, command, memory; seen at grant and release).  Control: the list
+    holds only what the daemon manages — the holder, the daemon, its fakegpu server."""
+    d = nvml_daemon
+    control = _region(also=[d.proc.pid, _server_pid(d)])
+    shared = _region(also=[stranger.pid])
+    assert _reason(control, "foreign_device_process") is None, control["reasons"]
+    assert control["device_audit"]["source"] == "fakegpu+nvml"
+    assert control["device_audit"]["foreign_pids"] == []
+    found = _reason(shared, "foreign_device_process")
+    assert found is not None, shared["reasons"]
+    assert not shared["clean"]
+    (proc,) = found["evidence"]["processes"]
+    assert proc["pid"] == stranger.pid and proc["uid"] == os.getuid()
+    assert "stranger" in proc["command"] and proc["used_memory_mib"] == 64.0
+    assert proc["seen_at"] == ["grant", "release"]
+    assert shared["device_audit"]["foreign_pids"] == [stranger.pid]
+    assert shared["device_audit"]["start"]["sm_clock_mhz"] == 1980
+
+
+def test_a_process_that_appears_during_the_region_is_seen_at_release(nvml_daemon, stranger):
+    found = _reason(_region(mid_pids=[stranger.pid]), "foreign_device_process")
+    assert found is not None
+    assert [p["seen_at"] for p in found["evidence"]["processes"]] == [["release"]]
