@@ -83,3 +83,19 @@ def test_no_device_without_nvml_or_on_other_devices(monkeypatch, fake):
 
 def test_throttle_names_name_unknown_bits():
     assert throttle_names(0x40 | 0x400) == ["hw_thermal_slowdown", "0x400"]
+
+
+def test_a_clock_below_the_fraction_of_the_grants_is_throttling():
+    from krex.devices.audit import DeviceState
+    from krex.enforce.nvmlwatch import throttle_reason
+
+    grant = DeviceState(sm_clock_mhz=2000, throttle_reasons=0x1)
+    assert throttle_reason(grant, DeviceState(sm_clock_mhz=1850), 0.9) is None  # 92.5 %
+    found = throttle_reason(grant, DeviceState(sm_clock_mhz=1750), 0.9)
+    assert found is not None and found.evidence["clock_ratio"] == 0.875
+    assert throttle_reason(grant, DeviceState(sm_clock_mhz=100), 0.0) is None  # 0: off
+    # a throttle reason at grant counts too (the region ran throttled from its start);
+    # an unreadable clock compares nothing
+    hot = DeviceState(sm_clock_mhz=None, throttle_reasons=0x40)
+    found = throttle_reason(hot, DeviceState(), 0.9)
+    assert found is not None and found.evidence["throttling_at_grant"] == ["hw_thermal_slowdown"]

@@ -89,3 +89,25 @@ def test_a_process_that_appears_during_the_region_is_seen_at_release(nvml_daemon
     found = _reason(_region(mid_pids=[stranger.pid]), "foreign_device_process")
     assert found is not None
     assert [p["seen_at"] for p in found["evidence"]["processes"]] == [["release"]]
+
+
+def test_throttling_during_the_region_makes_it_not_clean(nvml_daemon):
+    """A thermal throttle reason set inside the region, or the SM clock falling below
+    0.9 of the grant's: ``throttled``, with both samples as evidence.  Control: steady
+    clocks, with only the reasons that are not throttling (idle, applications clocks)."""
+    control = _region(mid={"throttle_reasons": 0x1 | 0x2, "sm_clock_mhz": 1900})
+    thermal = _region(mid={"throttle_reasons": 0x20})
+    slowed = _region(mid={"sm_clock_mhz": 1500})
+    assert _reason(control, "throttled") is None, control["reasons"]
+    found = _reason(thermal, "throttled")
+    assert found is not None, thermal["reasons"]
+    assert not thermal["clean"]
+    ev = found["evidence"]
+    assert ev["throttling_at_grant"] == [] and ev["throttling_at_release"] == [
+        "sw_thermal_slowdown"]
+    assert ev["grant"]["throttle_reasons"] == 0x1 and ev["release"]["throttle_reasons"] == 0x20
+    assert thermal["device_audit"]["end"]["throttle_names"] == ["sw_thermal_slowdown"]
+    found = _reason(slowed, "throttled")
+    assert found is not None, slowed["reasons"]
+    assert found["evidence"]["clock_ratio"] == pytest.approx(1500 / 1980, abs=1e-3)
+    assert found["evidence"]["min_clock_frac"] == 0.9

@@ -146,6 +146,10 @@ class DaemonConfig:
         shown_default="the first core not reserved for region holders"))
     fakegpu_ctx_delay_ms: int = field(default=0, metadata=flag(
         "fakegpu context-creation delay (serialised node-wide)"))
+    release_clock_frac: float = field(default=0.9, metadata=flag(
+        "a GPU region whose SM clock at release (NVML) is below this fraction of its clock "
+        "at grant is not clean (throttled), as is one with a throttle reason other than "
+        "idle or the applications clock setting (0: clocks not compared)", metavar="FRAC"))
     fakegpu_nvml: int | None = field(default=None, metadata=flag(
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
@@ -186,6 +190,8 @@ class DaemonConfig:
         if 0 < self.warm_moves_ms < 0.5:
             raise ValueError("--warm-moves-ms below 0.5 would ping the kernel's cgroup "
                              "lock thousands of times a second; 4 keeps moves fast")
+        if not 0 <= self.release_clock_frac <= 1:
+            raise ValueError("--release-clock-frac must be between 0 (off) and 1")
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
 

@@ -295,7 +295,8 @@ class Exclusivity:
         if nvml is not None:
             own = [os.getpid(), self.fakegpu.proc.pid if self.fakegpu is not None else 0]
             viewer = getattr(jobs[0], "uid", None)  # the holder's user
-            out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer))
+            out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer,
+                                       clock_frac=self.config.release_clock_frac))
         return tuple(out)
 
     def _nvml_device(self, device: str) -> NvmlDevice | None:

@@ -11,6 +11,11 @@ manages (:class:`Managed`).  Out: a :class:`~krex.protocol.report.DeviceAudit`
 - ``foreign_device_process``: a process with a context on the device that is
   not a managed job's, the daemon or its fakegpu server (its kernels cannot be
   gated or drained), seen at grant or at release.
+- ``throttled``: a throttle reason other than idle or the applications clock
+  setting at grant or at release, or an SM clock at release below
+  ``clock_frac`` of the grant's (``krex serve --release-clock-frac``, default
+  0.9): the region's kernels ran slower than the device can.  Both samples are
+  its evidence.
 
 A region with an NVML account is never handed over (its window would need a
 reading at the handoff): it is undone and set up again, with a fresh reading.
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from krex.devices.audit import DeviceProcess, NvmlDevice, NvmlReading
+from krex.devices.audit import DeviceProcess, DeviceState, NvmlDevice, NvmlReading, throttle_names
 from krex.protocol.report import DeviceAudit, Reason, ReasonCode
 
 
@@ -47,17 +52,19 @@ class NvmlWatch:
 
     hands_over = False
 
-    def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None) -> None:
+    def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None,
+                 clock_frac: float) -> None:
         self.device = device
         self.managed = managed
         self.viewer_uid = viewer_uid  # the holder's user: whose commands it may see
+        self.clock_frac = clock_frac  # an SM clock at release below this share of the grant's
         self.grant: NvmlReading | None = None
         self.release: NvmlReading | None = None
 
     @classmethod
-    def begin(cls, device: NvmlDevice, managed: Managed,
-              viewer_uid: int | None = None) -> NvmlWatch:
-        watch = cls(device, managed, viewer_uid)
+    def begin(cls, device: NvmlDevice, managed: Managed, viewer_uid: int | None = None,
+              clock_frac: float = 0.9) -> NvmlWatch:
+        watch = cls(device, managed, viewer_uid, clock_frac)
         watch.grant = device.read(viewer_uid)
         return watch
 
@@ -75,6 +82,9 @@ class NvmlWatch:
         reasons = []
         if foreign:
             reasons.append(foreign_reason(foreign))
+        throttled = throttle_reason(self.grant.state, self.release.state, self.clock_frac)
+        if throttled is not None:
+            reasons.append(throttled)
         return audit, reasons
 
     def _foreign(self) -> dict[int, tuple[DeviceProcess, list[str]]]:
@@ -94,3 +104,24 @@ def foreign_reason(foreign: dict[int, tuple[DeviceProcess, list[str]]]) -> Reaso
     return Reason(ReasonCode.FOREIGN_DEVICE_PROCESS,
                   f"device: {len(procs)} process(es) krex does not manage had a context on "
                   f"the device: {named}", {"processes": procs})
+
+
+def throttle_reason(grant: DeviceState, release: DeviceState, clock_frac: float) -> Reason | None:
+    """``throttled`` when either sample has a throttling reason, or the SM clock at
+    release is below ``clock_frac`` of the grant's (0: not compared); else None."""
+    ratio = None
+    if grant.sm_clock_mhz and release.sm_clock_mhz is not None:
+        ratio = round(release.sm_clock_mhz / grant.sm_clock_mhz, 3)
+    low = ratio is not None and ratio < clock_frac
+    if not (grant.throttling or release.throttling or low):
+        return None
+    whys = [f"throttling at {when} ({', '.join(throttle_names(state.throttling))})"
+            for when, state in (("grant", grant), ("release", release)) if state.throttling]
+    if low:
+        whys.append(f"SM clock at release {release.sm_clock_mhz} MHz, {ratio:.0%} of the "
+                    f"grant's {grant.sm_clock_mhz} MHz (below {clock_frac:.0%})")
+    return Reason(ReasonCode.THROTTLED, "device: " + "; ".join(whys),
+                  {"grant": grant.to_dict(), "release": release.to_dict(),
+                   "throttling_at_grant": throttle_names(grant.throttling),
+                   "throttling_at_release": throttle_names(release.throttling),
+                   "clock_ratio": ratio, "min_clock_frac": clock_frac})

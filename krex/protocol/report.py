@@ -66,6 +66,7 @@ class ReasonCode(str, Enum):
     DEVICE_PREEMPTED = "device_preempted"  # the device's own thread waited for its core (fakegpu)
     FOREIGN_DEVICE_WORK = "foreign_device_work"  # the device ran other contexts' work meanwhile
     FOREIGN_DEVICE_PROCESS = "foreign_device_process"  # an unmanaged process had a context on it
+    THROTTLED = "throttled"  # the device throttled, or its clock fell, between grant and release
 
     @property
     def gap(self) -> bool:

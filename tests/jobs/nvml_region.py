@@ -1,5 +1,6 @@
 """A fakegpu holder for the NVML audit (tests/fakenvml): lists its own pid as a compute
-process on the fake NVML device, takes one region on fakegpu:0, and prints its report.
+process on the fake NVML device (otherwise steady: its defaults), takes one region on
+fakegpu:0, and prints its report.
 
 argv: JSON {"also": [pids listed from the start], "mid": {fake NVML state set inside
 the region}, "mid_pids": [pids listed from inside the region on]}.
@@ -16,7 +17,8 @@ import krex
 
 plan = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 listed = [os.getpid(), *plan.get("also", [])]
-pynvml.update(processes=[{"pid": pid, "used_mib": 64} for pid in listed])
+# a steady device to start from, whatever the job before left
+pynvml.update(**{**pynvml.DEFAULT, "processes": [{"pid": pid, "used_mib": 64} for pid in listed]})
 with krex.region(device="fakegpu:0", label="nvml") as r:
     time.sleep(0.02)
     mid = dict(plan.get("mid", {}))
