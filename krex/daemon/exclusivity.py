@@ -23,7 +23,7 @@ from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlDevice, nvml_device
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
-from krex.enforce.devicewatch import FakegpuWatch
+from krex.enforce.devicewatch import FakegpuWatch, finish_all
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
 from krex.enforce.gatedrain import GatedJob, GateDrain
@@ -31,6 +31,7 @@ from krex.enforce.guardian import GuardianClient
 from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.handoff import job_key, prepare, take_prepared
 from krex.enforce.job import JobTarget
+from krex.enforce.jobenv import JobEnvironments
 from krex.enforce.nvmlwatch import Managed, NvmlWatch
 from krex.enforce.process import PROTECTED, ProcessRef
 from krex.enforce.slot import HolderSlot
@@ -105,7 +106,7 @@ class _Region:
         for watch in self.watches:
             watch.stop()  # before the undo lets the siblings' work run again
         host = self.enforcement.exit()
-        audit, found = _finish(self.watches)
+        audit, found = finish_all(self.watches)
         if isinstance(self.drain, CheckpointLock):
             host.locked_pids = list(self.drain.acks_s)
             host.lock_skipped_pids = list(self.drain.skipped)  # no CUDA context
@@ -120,18 +121,6 @@ class _Region:
             # calls, a drain acknowledged as incomplete, unconfirmed device idleness
             reasons += [gpu_finding(f) for f in self.drain.findings()]
         return Evidence(host, audit, reasons)
-
-
-def _finish(watches: tuple[Watch, ...]) -> tuple[DeviceAudit | None, list[Reason]]:
-    """A region's device audit (one, whatever its sources) and the reasons the device's
-    own account gives."""
-    audit: DeviceAudit | None = None
-    reasons: list[Reason] = []
-    for watch in watches:
-        found, why = watch.finish()
-        audit = found if audit is None else audit.joined(found)
-        reasons += why
-    return audit, reasons
 
 
 _FINDING_CODES = {"drain": ReasonCode.DRAIN_INCOMPLETE, "gate_bypass": ReasonCode.GATE_BYPASS,
@@ -167,6 +156,7 @@ class Exclusivity:
         self.gates: dict[int, GatedJob] = {}
         self._drivers: dict[str, Any] = {}
         self._nvml: dict[str, NvmlDevice | None] = {}
+        self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
 
     @property
@@ -250,7 +240,15 @@ class Exclusivity:
         free = [c for c in self.enforcer.all_cores if c not in reserved]
         return free[0] if free and reserved else None
 
+    def _env_reasons(self, job: Any, device: str) -> list[Reason]:
+        """``job_environment`` of a GPU region: what the holder job's root (an ad-hoc
+        job's owner) was started with, read by the daemon (krex.enforce.jobenv)."""
+        if not is_gpu(device):
+            return []
+        return self.job_envs.reasons(job.job_id, job.root or job.owner)
+
     def job_ended(self, job_id: int) -> None:
+        self.job_envs.forget(job_id)
         gated = self.gates.pop(job_id, None)
         if gated is not None:
             gated.gate.unlink()
@@ -268,7 +266,8 @@ class Exclusivity:
     def enter(self, holder: Any, siblings: list[Any], request: Any,
               others: Sequence[Any] = ()) -> Held:
         if self._all_off(request.device):
-            return _Unenforced(self._off_reasons(request.device))
+            return _Unenforced(self._off_reasons(request.device)
+                               + self._env_reasons(holder, request.device))
         drain = self._gpu_stop(siblings, request) if is_gpu(request.device) else None
         hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
         holder_target = self.target(holder)
@@ -279,6 +278,7 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
+        enforcement.gaps.extend(self._env_reasons(holder, request.device))
         jobs = [holder, *siblings, *others]
         return _Region(enforcement, drain, self._watches(request.device, enforcement, jobs))
 
@@ -338,6 +338,7 @@ class Exclusivity:
             enforcement.gaps.append(Reason.mechanism(
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
+        enforcement.gaps.extend(self._env_reasons(holder, request.device))
         pids = {r.pid for r in enforcement.counters.refs} if enforcement.counters else set()
         return _Region(enforcement, drain, tuple(
             w.hand_over(pids) for w in held.watches if isinstance(w, FakegpuWatch)))

@@ -21,8 +21,9 @@ land in the same place of the report.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from krex.enforce.contention import ns_to_ms
 from krex.enforce.schedstat import thread_counts
@@ -149,3 +150,26 @@ class FakegpuWatch:
         mine = set(self.pids)
         return sorted({row[1] for row in log if len(row) >= 7 and row[1] not in mine
                        and row[5] and row[5] <= t1_ns and (row[6] >= t0_ns or not row[6])})
+
+
+class DeviceWatch(Protocol):
+    """A source of the device's own account of a region (this module's, or NVML's:
+    :class:`krex.enforce.nvmlwatch.NvmlWatch`)."""
+
+    hands_over: bool
+
+    def stop(self) -> None: ...
+
+    def finish(self) -> tuple[DeviceAudit, list[Reason]]: ...
+
+
+def finish_all(watches: Sequence[DeviceWatch]) -> tuple[DeviceAudit | None, list[Reason]]:
+    """A region's device audit (one, whatever its sources: the same place in the report
+    for the fake device's truth and a real one's) and the reasons the sources give."""
+    audit: DeviceAudit | None = None
+    reasons: list[Reason] = []
+    for watch in watches:
+        found, why = watch.finish()
+        audit = found if audit is None else audit.joined(found)
+        reasons += why
+    return audit, reasons

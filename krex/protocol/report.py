@@ -44,7 +44,8 @@ class Outcome(str, Enum):
 
 class ReasonCode(str, Enum):
     """Why a region is not clean.  ``gap``: enforcement did not happen at all, on
-    this machine or in this configuration — taking the region again would not help."""
+    this machine or in this configuration, or the job's own environment changes what is
+    timed — taking the region again would not help."""
 
     NOT_EXCLUSIVE = "not_exclusive"  # the job runs in mode none
     NO_DAEMON = "no_daemon"  # measured without a daemon: nothing was enforced
@@ -67,6 +68,7 @@ class ReasonCode(str, Enum):
     FOREIGN_DEVICE_WORK = "foreign_device_work"  # the device ran other contexts' work meanwhile
     FOREIGN_DEVICE_PROCESS = "foreign_device_process"  # an unmanaged process had a context on it
     THROTTLED = "throttled"  # the device throttled, or its clock fell, between grant and release
+    JOB_ENVIRONMENT = "job_environment"  # launch blocking or a profiler in the job's environment
 
     @property
     def gap(self) -> bool:
@@ -75,7 +77,7 @@ class ReasonCode(str, Enum):
 
 _GAPS = frozenset({ReasonCode.NOT_EXCLUSIVE, ReasonCode.NO_DAEMON,
                    ReasonCode.MECHANISM_DISABLED, ReasonCode.MECHANISM_UNAVAILABLE,
-                   ReasonCode.LEASE_EXPIRED})
+                   ReasonCode.LEASE_EXPIRED, ReasonCode.JOB_ENVIRONMENT})
 
 
 @dataclass(frozen=True)
