@@ -99,3 +99,16 @@ def test_a_clock_below_the_fraction_of_the_grants_is_throttling():
     hot = DeviceState(sm_clock_mhz=None, throttle_reasons=0x40)
     found = throttle_reason(hot, DeviceState(), 0.9)
     assert found is not None and found.evidence["throttling_at_grant"] == ["hw_thermal_slowdown"]
+
+
+def test_throttle_reasons_fall_back_to_the_older_call(fake, monkeypatch):
+    """nvidia-ml-py 12.5+ has ``...ClocksEventReasons``; a driver without that symbol
+    raises, and the older ``...ClocksThrottleReasons`` answers."""
+    fake.update(throttle_reasons=0x8)
+
+    def missing(handle):
+        raise fake.NVMLError("Function Not Found")
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetCurrentClocksEventReasons", missing, raising=False)
+    state = nvml_device("cuda:0").read().state
+    assert state.throttle_reasons == 0x8 and not state.errors

@@ -141,12 +141,16 @@ class NvmlDevice:
             utilization_pct=None if util is None else util.gpu)
 
     def _throttle(self) -> int:
-        """The clock event (throttle) reasons: NVML 12.5+ names the call ``...EventReasons``,
-        older bindings only ``...ThrottleReasons``."""
+        """The clock event (throttle) reasons: NVML 12.5+ names the call ``...EventReasons``;
+        older bindings, and drivers without that symbol, only ``...ThrottleReasons``."""
         n = self.nvml
-        call = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) \
-            or n.nvmlDeviceGetCurrentClocksThrottleReasons
-        return int(call(self.handle))
+        newer = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if newer is not None:
+            try:
+                return int(newer(self.handle))
+            except Exception:  # noqa: BLE001, S110 - NVMLError_FunctionNotFound: an older driver
+                pass
+        return int(n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle))
 
     def _processes(self, errors: list[str], viewer_uid: int | None) -> list[DeviceProcess]:
         n, h = self.nvml, self.handle
