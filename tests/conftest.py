@@ -45,7 +45,7 @@ SERIAL = {
     # that moves other processes off the reserved cores, another worker's included), a
     # sibling that must make no progress, the fake device's spinning thread
     "test_shield", "test_subtree", "test_exclusivity", "test_handoff", "test_enforce",
-    "test_gpu_exclusivity", "test_gpu_check", "test_latecomers",
+    "test_gpu_exclusivity", "test_gpu_check",
 }
 
 
