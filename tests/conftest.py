@@ -167,3 +167,11 @@ def service(daemon, tmp_path):
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def daemon_m(tmp_path_factory):
+    """A private daemon for a whole test module (the evaluation tests share one)."""
+    from evaluate_helpers import module_daemon
+
+    yield from module_daemon(tmp_path_factory)

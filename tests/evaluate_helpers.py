@@ -59,3 +59,13 @@ def verdict_or_abstained(ev, verdict: str) -> bool:
     """For tests of something else (caching, recycling): the verdict, or an honest
     abstention for contention (see :func:`abstained_for_contention`)."""
     return ev.verdict == verdict or abstained_for_contention(ev)
+
+
+def evaluate_cpu(cand: str, **kw):
+    """``krex.evaluate`` of gallery candidate ``cand`` (``file.py:function`` in cpu/)
+    against the gallery's reference and inputs; hot cache unless told, nothing saved."""
+    import krex
+
+    kw.setdefault("cache", "hot")
+    return krex.evaluate(spec(CPU, "kernels.py:reference"), spec(CPU, cand),
+                         spec(CPU, "inputs.py:make"), fresh=True, save=False, **kw)

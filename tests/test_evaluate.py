@@ -13,7 +13,14 @@ import os
 import sqlite3
 
 import pytest
-from evaluate_helpers import CPU, expect_verdict, module_daemon, spec, verdict_or_abstained
+from evaluate_helpers import (
+    CPU,
+    evaluate_cpu,
+    expect_verdict,
+    module_daemon,
+    spec,
+    verdict_or_abstained,
+)
 from helpers import PY, run_krex
 
 import krex
@@ -26,14 +33,7 @@ REF, INPUTS = spec(CPU, "kernels.py:reference"), spec(CPU, "inputs.py:make")
 REPEATS = 2
 
 
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
-
-
-def evaluate(cand: str, **kw):
-    kw.setdefault("cache", "hot")
-    return krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False, **kw)
+evaluate = evaluate_cpu
 
 
 # hack -> the finding that must name it (others may come along), with isolation="process"

@@ -24,11 +24,6 @@ pytestmark = [pytest.mark.slow,
 REF, INPUTS = spec(FAKEGPU, "kernels.py:reference"), spec(FAKEGPU, "inputs.py:make")
 
 
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
-
-
 def evaluate(cand: str, **kw):
     return krex.evaluate(REF, spec(FAKEGPU, cand), INPUTS, device="fakegpu:0", fresh=True,
                          save=False, **kw)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from evaluate_helpers import CPU, module_daemon, spec
+from evaluate_helpers import CPU, spec
 
 import krex
 
@@ -37,11 +37,6 @@ CANDIDATES = {"honest.py:faster": "faster", "honest.py:same": "same",
 # findings an honest candidate may carry: notes, and the machine's own timing caveats
 ALLOWED = {"NO_HELD_OUT_SHAPE", "NOT_BITWISE_DETERMINISTIC", "TIMING_UNTRUSTED",
            "TIMING_SCREENED"}
-
-
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
 
 
 def test_honest_candidates_get_the_right_verdict_without_false_alarms(daemon_m):

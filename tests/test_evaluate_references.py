@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from evaluate_helpers import CPU, module_daemon, spec, verdict_or_abstained
+from evaluate_helpers import CPU, spec, verdict_or_abstained
 
 import krex
 from krex.evaluate import pipeline, references
@@ -26,11 +26,6 @@ from krex.evaluate.references import REFERENCES
 pytestmark = pytest.mark.slow
 
 REF, INPUTS = spec(CPU, "kernels.py:reference"), spec(CPU, "inputs.py:make")
-
-
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

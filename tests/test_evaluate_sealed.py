@@ -13,9 +13,7 @@ evaluation still takes the lookalike array's word for it.
 from __future__ import annotations
 
 import pytest
-from evaluate_helpers import CPU, module_daemon, spec
-
-import krex
+from evaluate_helpers import CPU, evaluate_cpu, spec
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +34,7 @@ HARMLESS = {  # -> the highest speedup its true speed allows (true 1x, 1x, 2x, 1
 }
 
 
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
-
-
-def evaluate(cand: str, **kw):
-    kw.setdefault("cache", "hot")
-    return krex.evaluate(REF, spec(CPU, cand), INPUTS, fresh=True, save=False, **kw)
+evaluate = evaluate_cpu
 
 
 @pytest.mark.parametrize("cand", sorted(CAUGHT))

@@ -26,7 +26,7 @@ import subprocess
 
 import psutil
 import pytest
-from evaluate_helpers import CPU, FAKEGPU, abstained_for_contention, module_daemon, spec
+from evaluate_helpers import CPU, FAKEGPU, abstained_for_contention, spec
 from helpers import PY, reap, wait_for
 
 import krex
@@ -38,11 +38,6 @@ pytestmark = pytest.mark.slow
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass"
 SPEED_VERDICTS = {"faster", "slower", "same"}
 LONG = [[4096, 2048], [96, 200]]  # calls of 6 and 12 ms: longer than a scheduler slice
-
-
-@pytest.fixture(scope="module")
-def daemon_m(tmp_path_factory):
-    yield from module_daemon(tmp_path_factory)
 
 
 def _evaluate(device: str = "cpu", **kw):
