@@ -471,42 +471,44 @@ static PyObject *call(PyObject *self, PyObject *a) {
     return Py_BuildValue("iLL", state, (long long)t0, (long long)t1);
 }
 
-/* wait(block, timeout_ns) -> (state, t1_ns): keep waiting for the call in flight. */
-static PyObject *wait_done(PyObject *self, PyObject *a) {
+/* Parse (block, timeout_ns) and wait, the GIL released, for the call in flight's word
+ * `done` (or `ready`: its after-work); *came: whether it came, *t1: when the wait ended.
+ * 0, or -1 with an exception set. */
+static int wait_in_flight(PyObject *a, int ready, int *came, int64_t *t1) {
     Py_buffer view;
     long long timeout_ns;
     if (!PyArg_ParseTuple(a, "w*L", &view, &timeout_ns))
-        return NULL;
+        return -1;
     ctl_t *ctl = block_of(&view);
     if (!ctl)
-        return NULL;
+        return -1;
     int rc;
-    int64_t t1;
     Py_BEGIN_ALLOW_THREADS
     uint32_t req = atomic_load(&ctl->req);
-    rc = wait_word(&ctl->done, req, 1, now_ns() + timeout_ns);
-    t1 = now_ns();
+    rc = wait_word(ready ? &ctl->ready : &ctl->done, req, 1, now_ns() + timeout_ns);
+    *t1 = now_ns();
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    return Py_BuildValue("iL", rc ? W_IN_FLIGHT : W_DONE, (long long)t1);
+    *came = rc == 0;
+    return 0;
+}
+
+/* wait(block, timeout_ns) -> (state, t1_ns): keep waiting for the call in flight. */
+static PyObject *wait_done(PyObject *self, PyObject *a) {
+    int came;
+    int64_t t1;
+    if (wait_in_flight(a, 0, &came, &t1) < 0)
+        return NULL;
+    return Py_BuildValue("iL", came ? W_DONE : W_IN_FLIGHT, (long long)t1);
 }
 
 /* settle(block, timeout_ns) -> bool: the last call's after-work (mutation flag) is done. */
 static PyObject *settle(PyObject *self, PyObject *a) {
-    Py_buffer view;
-    long long timeout_ns;
-    if (!PyArg_ParseTuple(a, "w*L", &view, &timeout_ns))
+    int came;
+    int64_t t1;
+    if (wait_in_flight(a, 1, &came, &t1) < 0)
         return NULL;
-    ctl_t *ctl = block_of(&view);
-    if (!ctl)
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    uint32_t req = atomic_load(&ctl->req);
-    rc = wait_word(&ctl->ready, req, 1, now_ns() + timeout_ns);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return PyBool_FromLong(rc == 0);
+    return PyBool_FromLong(came);
 }
 
 static PyObject *layout(PyObject *self, PyObject *unused) {
