@@ -38,7 +38,7 @@ SERIAL = {
     # timing: medians, fair shares, handoff gaps, warm moves; evaluations that skip as
     # "timing untrusted" when another task takes the holder's core
     "test_eval_guard", "test_evaluate", "test_evaluate_fakegpu", "test_evaluate_sealed",
-    "test_fairness",
+    "test_evaluate_honest", "test_fairness",
     "test_measure_warnings", "test_regions", "test_regions_pipelined", "test_warm_moves",
     "test_memtrace",
     # node-wide cpusets (the shield moves every task of the machine; the slots; isolation
