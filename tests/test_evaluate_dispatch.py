@@ -34,9 +34,9 @@ def make(seed: int) -> np.ndarray:
 def callee(request):
     started = []
 
-    def start(name: str, own_cgroup: bool = True):
+    def start(name: str):
         fn = of(os.path.join(CPU, f"outputs.py:{name}"), "candidate").to_dict()
-        c = spawn("candidate", fn, INPUTS, CASES, own_cgroup)
+        c = spawn("candidate", fn, INPUTS, CASES)
         started.append(c)
         ready(c, 60)
         return c
@@ -106,7 +106,7 @@ def test_a_crash_is_seen_and_an_import_failure_named(callee, tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("raise RuntimeError('no import today')\n")
     c = spawn("candidate", {"path": str(broken), "name": "fn", "sha256": "0" * 64}, INPUTS,
-              CASES, True)
+              CASES)
     try:
         with pytest.raises(CalleeFailed) as failed:
             ready(c, 60)

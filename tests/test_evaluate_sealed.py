@@ -66,6 +66,10 @@ def test_every_call_is_dispatched_alike_and_late_outputs_are_checked(daemon_m):
     assert calls[-1] + 1 >= ev.timing["pairs"], (kept, ev.timing["pairs"])
     account = ev.integrity["accounting"]
     assert account["calls_ms"] > 0 and "WORK_AFTER_RETURN" not in ev.codes(), account
+    # both sides metered alike, the loop on one CPU (krex.evaluate.onecore)
+    assert isinstance(ev.integrity["one_cpu"], int), ev.integrity.get("one_cpu")
+    ref_gaps = ev.integrity["reference_between_calls"]
+    assert ref_gaps["gaps"] == ev.integrity["between_calls"]["gaps"] > 0, ref_gaps
 
 
 def test_control_the_one_program_evaluation_believes_the_lookalike(daemon_m):

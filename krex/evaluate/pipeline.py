@@ -437,7 +437,8 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 
 
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("isolation", "dispatch", "accounting", "between_calls", "checked_timed", "bad_output",
+    keys = ("isolation", "dispatch", "accounting", "between_calls", "reference_between_calls",
+            "one_cpu", "checked_timed", "bad_output",
             "counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
             "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",

@@ -30,6 +30,7 @@ from typing import Any
 from krex.evaluate import evidence, timing, values
 from krex.evaluate.callees import Callee, CalleeFailed, ready, spawn
 from krex.evaluate.dispatch import OP_CALL, OP_EMPTY, OP_REFILL, BadOutput, CalleeGone, Refused
+from krex.evaluate.onecore import OneCore
 
 CALIBRATION_CALLS = 41  # empty calls per side before the timing
 
@@ -80,8 +81,8 @@ class SealedRun:
     def run(self) -> None:
         t0 = time.monotonic()
         try:
-            self.ref = self._start("reference", own_cgroup=False)
-            self.cand = self._start("candidate", own_cgroup=True)
+            self.ref = self._start("reference")
+            self.cand = self._start("candidate")
             self._stages(t0)
         except CalleeFailed as failed:
             self._failed(failed.role, failed.stage, failed.text, failed.exit_code)
@@ -94,8 +95,8 @@ class SealedRun:
             self._failed(gone.role or "candidate", "call", gone.why, gone.exit_code, gone=True)
         self._account()  # whatever ended the stages: its cgroup still holds what it used
 
-    def _start(self, role: str, own_cgroup: bool) -> Callee:
-        callee = spawn(role, self.job[role], self.job["inputs"], self.slots, own_cgroup)
+    def _start(self, role: str) -> Callee:
+        callee = spawn(role, self.job[role], self.job["inputs"], self.slots)
         self.callees.append(callee)
         return callee
 
@@ -130,6 +131,15 @@ class SealedRun:
         stage["prepare"], t1 = time.monotonic() - t0, time.monotonic()
         self._reference_outputs()
         self.out["provenance"] = _provenance(self.device)
+        self.onecore = OneCore([c.pid for c in self.callees])
+        self.out["one_cpu"] = self.onecore.pin()
+        try:
+            self._measured_stages(stage, t1)
+        finally:
+            self.onecore.restore()
+
+    def _measured_stages(self, stage: dict[str, float], t1: float) -> None:
+        """Calibration, the candidate's checks and the timing: the loop on one CPU."""
         self.overhead = self._calibrate(self._timed_bytes())
         stage["reference"], t1 = time.monotonic() - t1, time.monotonic()
         cases = self.job["cases"]

@@ -43,7 +43,7 @@ class Side:
         self.callee, self.slots, self.calls, self.left = callee, slots, 0, left
         self.spans: list[Span] = []
         self.keep = keep  # called after each call (candidate: maybe keep its output)
-        self.meter = meter  # the candidate's CPU time between its calls (GapMeter)
+        self.meter = meter  # the callee's CPU time between its calls (GapMeter)
 
     def __call__(self) -> None:
         slot = self.slots[self.calls % len(self.slots)]
@@ -149,14 +149,14 @@ def timed(run: SealedRun) -> None:
     t0 = time.monotonic()
     rotation = job["cases"]["rotation"]
     keeper = Keeper(run)
+    meters = [c.accounting.meter() if c.accounting is not None else None
+              for c in (run.ref, run.cand)]  # both sides alike: the reference's is a control
     a = Side(run.ref, [run.ref.slots[c["id"]] for c in rotation], run._left,
-             keep=Reader(run.ref.block))
-    accounting = run.cand.accounting
-    meter = accounting.meter() if accounting is not None else None
+             keep=Reader(run.ref.block), meter=meters[0])
     b = Side(run.cand, [run.cand.slots[c["id"]] for c in rotation], run._left, keep=keeper,
-             meter=meter)
+             meter=meters[1])
     timer = DispatchTimer(run.device, [a, b], run.overhead.quantile(0.5))
-    factory = _timed_factory(get_region_factory(), parts)
+    factory = run.onecore.region(_timed_factory(get_region_factory(), parts))
     clocks_before = sample(run.device)
     parts["timing:setup"], t0 = time.monotonic() - t0, time.monotonic()
     try:
@@ -168,9 +168,11 @@ def timed(run: SealedRun) -> None:
         return
     finally:
         parts["timing:compare"], t0 = time.monotonic() - t0, time.monotonic()
-        if meter is not None:
-            meter.close()
-            run.out["between_calls"] = {"cpu_ms": meter.outside_ns / 1e6, "gaps": meter.gaps}
+        for role, meter in zip(("reference", "candidate"), meters, strict=True):
+            if meter is not None:
+                meter.close()
+                run.out["between_calls" if role == "candidate" else "reference_between_calls"] \
+                    = {"cpu_ms": meter.outside_ns / 1e6, "gaps": meter.gaps}
     parts["timing:probe"] = 0.0  # the kernel's accounting (sealed.py) replaces the probe
     run.out["clocks"] = {"before": clocks_before, "after": sample(run.device)}
     run.out["comparison"] = readings.comparison(result)
