@@ -41,7 +41,7 @@ from krex.daemon.pools import Pools
 from krex.daemon.scheduler import Request, Scheduler
 from krex.daemon.tenants import Ledger, Quota
 from krex.devices import discover, parse_device
-from krex.enforce.process import ProcessGroup, ProcessRef, is_descendant
+from krex.enforce.process import ProcessGroup, ProcessRef, is_descendant, process_uid
 from krex.enforce.warm import MoveWarmer
 from krex.errors import (
     AccessDenied,
@@ -226,6 +226,13 @@ class Daemon:
                 f"process {msg.pid} is not process {session.peer.pid} or its descendant",
                 pid=msg.pid,
             )
+        owner = process_uid(msg.pid)
+        if owner is not None and owner != session.peer.uid and \
+                not self.access.operator(session.peer):
+            raise AccessDenied(
+                f"process {msg.pid} runs as uid {owner}, not as uid {session.peer.uid}: a "
+                "job's processes are its owner's (a set-user-ID child is not)",
+                pid=msg.pid, hint="attach a process of your own")
         try:
             job.root = ProcessRef.of(msg.pid)
         except ProcessGone:

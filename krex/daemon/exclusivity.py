@@ -408,8 +408,9 @@ class Exclusivity:
         # An ad-hoc job's process group is its caller's (a shell pipeline, say): it is
         # never signalled as a group, only the job's own processes and descendants.
         group = None if job.kind == "adhoc" else job.group
+        operator = job.uid in (0, os.getuid())  # root or the daemon's user: anything
         return JobTarget(job.job_id, root=job.root, group=group, cgroups=job.cgroups,
-                         tracked=tracked)
+                         tracked=tracked, uid=None if operator else job.uid)
 
     # -- the node --------------------------------------------------------------------
 

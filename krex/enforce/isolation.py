@@ -10,6 +10,7 @@ mask; threads born during the region get their process's previous mask.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -268,5 +269,4 @@ class SlotIsolation:
 
 def _bare(target: JobTarget) -> JobTarget:
     """The job without its cgroups: its processes found from /proc (affinity only)."""
-    return JobTarget(target.job_id, root=target.root, group=target.group, cgroups=None,
-                     tracked=list(target.tracked))
+    return dataclasses.replace(target, cgroups=None, tracked=list(target.tracked))

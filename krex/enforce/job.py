@@ -6,7 +6,14 @@ import os
 from dataclasses import dataclass, field
 
 from krex.enforce.cgroups import JobCgroups
-from krex.enforce.process import ProcessGroup, ProcessRef, may_touch, start_time, task_stat
+from krex.enforce.process import (
+    ProcessGroup,
+    ProcessRef,
+    may_touch,
+    process_uid,
+    start_time,
+    task_stat,
+)
 
 # pid -> (ppid, pgid, start time): one pass over /proc/*/stat.
 ProcTable = dict[int, tuple[int, int, int]]
@@ -32,6 +39,8 @@ class JobTarget:
     group: ProcessGroup | None = None  # matched while its leader lives
     cgroups: JobCgroups | None = None
     tracked: list[ProcessRef] = field(default_factory=list)
+    uid: int | None = None  # a non-operator's job: processes of other users are not its
+
 
     def processes(self, table: ProcTable | None = None) -> list[ProcessRef]:
         """Every live process of the job, never PID <= 1, this one or protected ones.
@@ -42,12 +51,18 @@ class JobTarget:
         """
         only = self.cgroup_only()
         if only is not None:
-            return [r for pid in only if may_touch(pid) and (r := _ref(pid))]
+            return [r for pid in only if self.may_touch(pid) and (r := _ref(pid))]
         refs: dict[int, ProcessRef] = {}
         for ref in self._candidates(table):
-            if ref.pid not in refs and may_touch(ref.pid) and ref.alive():
+            if ref.pid not in refs and self.may_touch(ref.pid) and ref.alive():
                 refs[ref.pid] = ref
         return sorted(refs.values(), key=lambda r: r.pid)
+
+    def may_touch(self, pid: int) -> bool:
+        """:func:`may_touch`, and for a non-operator's job only its owner's processes: a
+        set-user-ID descendant, or another user's process in the job's group, is never
+        signalled or moved for it (issue 44)."""
+        return may_touch(pid) and (self.uid is None or process_uid(pid) == self.uid)
 
     def may_run_outside(self) -> bool:
         """Whether a process of the job may be outside its cgroup (so a cgroup freeze
@@ -100,7 +115,7 @@ def processes_of(targets: list[JobTarget]) -> list[list[ProcessRef]]:
     return [
         t.processes(table)
         if only is None
-        else [r for pid in only if may_touch(pid) and (r := _ref(pid))]
+        else [r for pid in only if t.may_touch(pid) and (r := _ref(pid))]
         for t, only in zip(targets, onlys, strict=True)
     ]
 

@@ -83,6 +83,15 @@ def parent_pid(pid: int) -> int | None:
     return st.ppid if st else None
 
 
+def process_uid(pid: int) -> int | None:
+    """The user a process runs as (the owner of ``/proc/PID``: its effective uid, root for
+    a set-user-ID program that is not dumpable); None once it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def process_group(pid: int) -> int | None:
     st = task_stat(pid)
     return st.pgrp if st else None
