@@ -692,6 +692,35 @@ def test_records_store_find_and_export(tmp_path):
         assert "NO_HELD_OUT_SHAPE" in csv_out.getvalue()
 
 
+def test_records_are_kept_apart_by_tenant_and_a_schema_1_file_is_migrated(tmp_path):
+    db = str(tmp_path / "r.sqlite3")
+    with sqlite3.connect(db) as con:  # a file of the schema before tenants
+        con.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO meta VALUES ('schema_version', '1');"
+            "CREATE TABLE evaluations (id TEXT PRIMARY KEY, created_at TEXT NOT NULL, "
+            "request_key TEXT NOT NULL, device TEXT NOT NULL, status TEXT NOT NULL, "
+            "verdict TEXT NOT NULL, correct INTEGER, speedup REAL, ci_low REAL, ci_high REAL, "
+            "reference TEXT NOT NULL, candidate TEXT NOT NULL, inputs TEXT NOT NULL, "
+            "reference_sha256 TEXT, candidate_sha256 TEXT, inputs_sha256 TEXT, "
+            "krex_version TEXT, findings TEXT NOT NULL, record TEXT NOT NULL);")
+        old = record(1)
+        con.execute("INSERT INTO evaluations VALUES (?, ?, ?, 'cpu', 'ok', 'faster', 1, 2.0, "
+                    "1.9, 2.1, 'r', 'c', 'i', NULL, NULL, NULL, NULL, '[]', ?)",
+                    (old["id"], old["created_at"], old["request_key"], json.dumps(old)))
+    with RecordStore(db) as store:
+        assert store.latest_for("k1")["id"] == "ev-1"  # a local run's, as it was
+        store.save({**record(2), "tenant": "alice"})
+        assert store.latest_for("k1", "alice")["id"] == "ev-2"
+        assert store.latest_for("k1", "bob") is None  # never another tenant's answer
+        assert store.latest_for("k1")["id"] == "ev-1"  # nor alice's for a local run
+        assert store.get("ev-2", "bob") is None and store.get("ev-2", "alice") is not None
+        assert [r["id"] for r in store.rows(tenant="alice")] == ["ev-2"]
+        assert [r["id"] for r in store.rows()] == ["ev-2", "ev-1"]  # the operator: all
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+
+
 def test_records_refuse_another_schema_version(tmp_path):
     db = str(tmp_path / "r.sqlite3")
     RecordStore(db).close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from evaluate_helpers import CPU, spec
 from helpers import run_krex
 from service_support import Service, regions_by_label
 
@@ -130,3 +131,57 @@ def test_tokens_added_at_once_by_several_processes_are_all_kept(tmp_path):
     store = TokenStore(str(tmp_path / "tokens.json"))
     assert {t.name for t in store.tenants()} == set(names)
     assert all(store.authenticate(t).name == n for n, t in tokens.items())
+
+
+def test_a_tenant_sees_only_its_own_records_evaluations_and_jobs(daemon, tmp_path):
+    """Alice's evaluation is hers: Bob cannot list it, read it by id, reuse it as his
+    identical request's answer, or see it on the node page; the service's own tenant
+    (the operator) sees it.  Negative controls: Alice reads it, and the operator's
+    listing holds both tenants' records."""
+    state = tmp_path / "state"
+    tokens = {name: run_krex("service", "token", "add", name, "--state-dir",
+                             str(state)).stdout.strip() for name in ("alice", "bob")}
+    auth = {name: {"Authorization": f"Bearer {t}"} for name, t in tokens.items()}
+    body = {"reference": spec(CPU, "kernels.py:reference"),
+            "candidate": spec(CPU, "honest.py:faster"), "inputs": spec(CPU, "inputs.py:make"),
+            "cache": "hot", "seeds": 2}
+    s = Service(state, "--runners", "2")
+    try:
+        def evaluate(who: str) -> dict:
+            status, job = s.call("POST", "/v1/jobs/evaluate", body, headers=auth[who])
+            assert status == 201, job
+            done = s.wait(job["id"], wait_s=60, headers=auth[who], timeout=90)
+            assert done["state"] == "succeeded", done
+            return done["result"]
+
+        alices = evaluate("alice")["record_id"]
+        status, mine = s.call("GET", f"/v1/records/{alices}", headers=auth["alice"])
+        assert status == 200 and mine["id"] == alices and mine["tenant"] == "alice", mine
+        status, err = s.call("GET", f"/v1/records/{alices}", headers=auth["bob"])
+        assert status == 404 and err["error"]["code"] == "record_not_found", err
+        status, err = s.call("GET", f"/v1/records/{alices[:8]}", headers=auth["bob"])
+        assert status == 404, err  # nor by a prefix
+        _, rows = s.call("GET", "/v1/records", headers=auth["bob"])
+        assert rows["records"] == [], rows
+        # the identical request: measured afresh for Bob, never Alice's record reused
+        bobs = evaluate("bob")
+        assert not bobs.get("reused") and bobs["record_id"] != alices, bobs
+        _, rows = s.call("GET", "/v1/records", headers=auth["bob"])
+        assert [r["id"] for r in rows["records"]] == [bobs["record_id"]], rows
+        _, rows = s.call("GET", "/v1/records")  # the operator: both
+        assert {alices, bobs["record_id"]} <= {r["id"] for r in rows["records"]}, rows
+        # the node page: Bob's own evaluation, and Alice's regions only as "other"
+        _, page = s.call("GET", "/v1/node/summary", headers=auth["bob"])
+        assert {e["tenant"] for e in page["evaluations"]} == {"bob"}, page["evaluations"]
+        assert all(b["tenant"] in ("bob", "other") and (b["tenant"] == "bob" or
+                                                      b["label"] is None)
+                   for b in page["timeline"]), page["timeline"]
+        assert set(page["shares"]) <= {"bob", "other"}, page["shares"]
+        _, page = s.call("GET", "/v1/node/summary")  # the operator: every tenant by name
+        assert {"alice", "bob"} <= {e["tenant"] for e in page["evaluations"]}, page
+        status, text = s.call("GET", "/metrics", headers=auth["bob"])
+        assert status == 200 and 'tenant="alice"' not in text["text"], text
+        _, text = s.call("GET", "/metrics")
+        assert 'tenant="alice"' in text["text"]
+    finally:
+        s.stop()

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from krex.client.connection import ACTING_FOR
 from krex.errors import EvaluationFailed
 from krex.evaluate import evidence, references, spec, values
 from krex.evaluate import judge as judging
@@ -96,10 +97,12 @@ def evaluate(
                "max_time_s": max_time_s, "timing_timeout_s": timing_timeout_s,
                "plausible_speedup": plausible_speedup, "isolation": isolation}
     key = request_key(specs, device, options)
-    stored = _stored(records, key) if not fresh and save else None
+    tenant = ACTING_FOR.get()  # a service's job: its records are that tenant's alone
+    stored = _stored(records, key, tenant) if not fresh and save else None
     if stored is not None and not extendable(stored):
         return stored
     evaluation = _run(specs, device, options, key, timeout_s, label)
+    evaluation.tenant = tenant
     if stored is not None:
         evaluation = pooled(stored, evaluation, options)
     if save:
@@ -156,11 +159,11 @@ def request_key(specs: dict[str, spec.FnSpec], device: str, options: dict[str, A
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _stored(records: str | None, key: str) -> Evaluation | None:
+def _stored(records: str | None, key: str, tenant: str | None) -> Evaluation | None:
     from krex.records import RecordStore
 
     with RecordStore(records) as store:
-        found = store.latest_for(key)
+        found = store.latest_for(key, tenant)
     if found is None:
         return None
     evaluation = Evaluation.from_dict(found)

@@ -45,6 +45,7 @@ class Evaluation:
     elapsed_s: float = 0.0
     output_tail: str = ""  # the candidate program's last output (tracebacks, prints)
     reused: bool = False  # returned from the records, not measured again
+    tenant: str | None = None  # the service's tenant it was made for (None: a local run)
 
     @property
     def ok(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from krex.errors import RecordsError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: evaluations.tenant (1 is migrated on open)
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS evaluations (
     inputs_sha256 TEXT,
     krex_version TEXT,
     findings TEXT NOT NULL,
-    record TEXT NOT NULL
+    record TEXT NOT NULL,
+    tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS evaluations_key ON evaluations (request_key, created_at);
 CREATE INDEX IF NOT EXISTS evaluations_time ON evaluations (created_at);
@@ -85,6 +86,11 @@ class RecordStore:
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                                 (str(SCHEMA_VERSION),))
                 return
+            if int(row[0]) == 1:  # records before tenants: whose they were is not known
+                self.db.execute("ALTER TABLE evaluations ADD COLUMN tenant TEXT")
+                self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                (str(SCHEMA_VERSION),))
+                return
         if int(row[0]) != SCHEMA_VERSION:
             raise RecordsError(f"{self.path} has records schema {row[0]}, this krex reads "
                                f"{SCHEMA_VERSION}")
@@ -103,7 +109,7 @@ class RecordStore:
                (record.get("inputs") or {}).get("sha256"),
                (record.get("provenance") or {}).get("krex_version"),
                json.dumps([f["code"] for f in record.get("findings", [])]),
-               json.dumps(record, default=str))
+               json.dumps(record, default=str), record.get("tenant"))
         regions = [(record["id"], i, 0, json.dumps(r, default=str))
                    for i, r in enumerate(timing.get("rejected_regions") or [])]
         if timing.get("region"):
@@ -115,18 +121,23 @@ class RecordStore:
 
     # -- reads -----------------------------------------------------------------------
 
-    def get(self, evaluation_id: str) -> dict[str, Any] | None:
-        """One record by id (a unique prefix of at least 6 characters works too)."""
-        rows = self.db.execute("SELECT record FROM evaluations WHERE id = ? OR "
-                               "(length(?) >= 6 AND id LIKE ? || '%') LIMIT 2",
-                               (evaluation_id, evaluation_id, evaluation_id)).fetchall()
+    def get(self, evaluation_id: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """One record by id (a unique prefix of at least 6 characters works too); with
+        ``tenant``, only one of that tenant's."""
+        where, params = _of(tenant)
+        rows = self.db.execute("SELECT record FROM evaluations WHERE (id = ? OR "
+                               f"(length(?) >= 6 AND id LIKE ? || '%')){where} LIMIT 2",
+                               (evaluation_id, evaluation_id, evaluation_id, *params)).fetchall()
         if len(rows) != 1:
             return None
         return dict(json.loads(rows[0]["record"]))
 
-    def latest_for(self, request_key: str) -> dict[str, Any] | None:
-        row = self.db.execute("SELECT record FROM evaluations WHERE request_key = ? "
-                              "ORDER BY created_at DESC LIMIT 1", (request_key,)).fetchone()
+    def latest_for(self, request_key: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """The newest record of ``request_key``: of ``tenant``'s own, or (None) of
+        records made for no tenant (a local run): never another tenant's."""
+        row = self.db.execute("SELECT record FROM evaluations WHERE request_key = ? AND "
+                              "tenant IS ? ORDER BY created_at DESC LIMIT 1",
+                              (request_key, tenant)).fetchone()
         return None if row is None else dict(json.loads(row["record"]))
 
     def regions(self, evaluation_id: str) -> list[dict[str, Any]]:
@@ -135,13 +146,14 @@ class RecordStore:
         return [{"attempt": r["attempt"], "accepted": bool(r["accepted"]),
                  "report": json.loads(r["report"])} for r in rows]
 
-    def rows(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Flat rows (``COLUMNS``), newest first."""
-        sql = f"SELECT {', '.join(COLUMNS)} FROM evaluations ORDER BY created_at DESC"
-        params: tuple[Any, ...] = ()
+    def rows(self, limit: int | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Flat rows (``COLUMNS``), newest first; with ``tenant``, only its own."""
+        where, params = _of(tenant)
+        sql = f"SELECT {', '.join(COLUMNS)} FROM evaluations WHERE 1{where} " \
+              "ORDER BY created_at DESC"
         if limit is not None:
             sql += " LIMIT ?"
-            params = (limit,)
+            params = (*params, limit)
         return [_row(r) for r in self.db.execute(sql, params)]
 
     def records(self) -> Iterator[dict[str, Any]]:
@@ -177,6 +189,11 @@ class RecordStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _of(tenant: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The condition that keeps ``tenant``'s records (None: every record)."""
+    return ("", ()) if tenant is None else (" AND tenant = ?", (tenant,))
 
 
 def _bool(value: Any) -> int | None:

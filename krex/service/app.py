@@ -45,7 +45,7 @@ from krex.errors import (
     ServiceQuotaExceeded,
     Unauthorized,
 )
-from krex.service import schemas
+from krex.service import schemas, scope
 from krex.service.config import ServiceConfig, is_loopback
 from krex.service.guard import Guard, allowed
 from krex.service.jobs import JobStore, error_body
@@ -84,6 +84,20 @@ class Service:
         self.metrics = Metrics(self.jobs, self.node)
         self.node.on_region = self.metrics.region
         self.node.start()
+
+    def record(self, tenant: str, record_id: str) -> dict[str, Any]:
+        """One stored evaluation ``tenant`` may read, with its region reports."""
+        from krex.records import RecordStore
+
+        with RecordStore(self.config.records) as store:
+            found = store.get(record_id, scope.records_of(tenant))
+            if found is None:
+                raise RecordNotFound(f"no single record {record_id!r}")
+            return {**found, "regions": store.regions(found["id"])}
+
+    def summary(self, tenant: str, seconds: float) -> dict[str, Any]:
+        """What the node page shows, as ``tenant`` may see it."""
+        return scope.summary(self.node.summary(seconds), tenant)
 
     def _finished(self, job: Any, result: dict[str, Any]) -> None:
         self.node.job_finished(job, result)
@@ -296,38 +310,34 @@ def _node_routes(app: FastAPI, service: Service) -> None:
             raise DaemonNotRunning(f"the node daemon does not answer: {snap['error']}",
                                    hint="start it with `krex serve` (or let the client "
                                         "auto-start it)")
-        return {"daemon": snap["status"], "service": service.jobs.stats()}
+        return {"daemon": scope.status(snap["status"], tenant.name),
+                "service": service.jobs.stats()}
 
     @app.get("/v1/node/summary", tags=["node"])
     def node_summary(tenant: who_t, seconds: Annotated[float, Query(gt=0, le=3600)] = 300
                      ) -> dict[str, Any]:
-        """What the node page shows."""
-        return service.node.summary(seconds)
+        """What the node page shows (another tenant's regions as ``other``)."""
+        return service.summary(tenant.name, seconds)
 
     @app.get("/v1/records", tags=["records"])
     def records(tenant: who_t, limit: Annotated[int, Query(ge=1, le=1000)] = 50
                 ) -> dict[str, Any]:
-        """Stored evaluations, newest first (flat rows)."""
+        """The tenant's stored evaluations, newest first (flat rows)."""
         from krex.records import RecordStore
 
         with RecordStore(service.config.records) as store:
-            return {"records": store.rows(limit)}
+            return {"records": store.rows(limit, scope.records_of(tenant.name))}
 
     @app.get("/v1/records/{record_id}", tags=["records"])
     def record(record_id: str, tenant: who_t) -> dict[str, Any]:
-        """One stored evaluation (id or a unique prefix of 6+) and its region reports."""
-        from krex.records import RecordStore
-
-        with RecordStore(service.config.records) as store:
-            found = store.get(record_id)
-            if found is None:
-                raise RecordNotFound(f"no single record {record_id!r}")
-            return {**found, "regions": store.regions(found["id"])}
+        """One of the tenant's stored evaluations (id or a unique prefix of 6+) and its
+        region reports."""
+        return service.record(tenant.name, record_id)
 
     @app.get("/metrics", tags=["node"])
     def metrics(tenant: who_t) -> Response:
         """Prometheus text format."""
-        return Response(service.metrics.text(),
+        return Response(scope.metrics(service.metrics.text(), tenant.name),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -32,7 +32,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from krex.errors import KrexError, RecordNotFound
+from krex.errors import KrexError
 from krex.service import schemas
 from krex.service.app import Service
 
@@ -141,19 +141,16 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
         """Devices and who holds them, queues, warm workers, recent regions' tenants'
         shares and recent evaluations."""
         await anyio.to_thread.run_sync(service.node.poll_once)
-        return service.node.summary(300.0)
+        return service.summary(tenant, 300.0)
 
     @server.tool()
     async def get_record(record_id: str) -> dict[str, Any]:
         """A stored evaluation by id (or a unique prefix of 6+ characters), with its
         region reports."""
-        from krex.records import RecordStore
-
-        with RecordStore(service.config.records) as store:
-            found = store.get(record_id)
-            if found is None:
-                raise _tool_error(RecordNotFound(f"no single record {record_id!r}"))
-            return {**found, "regions": store.regions(found["id"])}
+        try:
+            return service.record(tenant, record_id)
+        except KrexError as exc:
+            raise _tool_error(exc) from None
 
     return server
 
