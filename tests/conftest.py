@@ -44,7 +44,8 @@ SERIAL = {
     # node-wide cpusets (the shield moves every task of the machine; the slots; isolation
     # that moves other processes off the reserved cores, another worker's included), a
     # sibling that must make no progress, the fake device's spinning thread
-    "test_shield", "test_subtree", "test_exclusivity", "test_handoff", "test_enforce",
+    "test_shield", "test_keep", "test_subtree", "test_exclusivity", "test_handoff",
+    "test_enforce",
     "test_gpu_exclusivity", "test_gpu_check",
     # a flooded daemon still serves a well-formed client within its timeouts
     "test_chaos",

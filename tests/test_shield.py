@@ -417,6 +417,7 @@ def test_a_narrowed_foreign_cpuset_gets_its_cores_back_after_a_daemon_sigkill(
     sleeper = subprocess.Popen(["sleep", "60"])
     monkeypatch.setenv("KREX_SHIELD", "on")
     monkeypatch.setenv("KREX_SHIELD_LINGER_MS", "60000")  # lasts past the kill
+    monkeypatch.setenv("KREX_KEEP_MS", "0")  # the shield's own linger, not the region's keep
     d = Daemon(str(runtime_dir))
     holder = None
     try:
@@ -490,6 +491,7 @@ def test_the_shield_lingers_after_a_region_then_widens_and_says_so(
     core = _core()
     monkeypatch.setenv("KREX_SHIELD", "on")
     monkeypatch.setenv("KREX_SHIELD_LINGER_MS", str(linger_ms))
+    monkeypatch.setenv("KREX_KEEP_MS", "0")  # the shield's own linger (krex.daemon.keep off)
     d = Daemon(str(runtime_dir)).start()
     monkeypatch.setenv("KREX_SOCKET", d.socket)
     daemon_pid = d.proc.pid

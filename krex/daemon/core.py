@@ -403,8 +403,11 @@ class Daemon:
 
     def deadlines_changed(self) -> None:
         """Wake the ticker when a deadline moved earlier than it planned to wake (locked)."""
-        if self.scheduler.next_deadline() < self.planned_wake_mono_s:
+        if self._next_deadline() < self.planned_wake_mono_s:
             self.wakeup.notify_all()
+
+    def _next_deadline(self) -> float:
+        return min(self.scheduler.next_deadline(), self.holds.keeper.next_deadline())
 
     def siblings(self, req: Request) -> tuple[list[Job], list[Job]]:
         """(jobs to gate and freeze, other jobs to keep off the holder's cores)."""
@@ -460,10 +463,12 @@ class Daemon:
         """Revoke overdue holders, cancel overdue waiters, close fair windows; return the
         next deadline."""
         with self.locked():
-            decisions = self.scheduler.expire(time.monotonic())
+            now = time.monotonic()
+            decisions = self.scheduler.expire(now)
             if decisions:
                 self.holds.apply(decisions)
-            return self.scheduler.next_deadline()
+            self.holds.expire_kept(now)
+            return self._next_deadline()
 
     def housekeeping(self) -> None:
         """Off the lock: a dead guardian restarted, other users' daemons looked for."""
@@ -553,6 +558,7 @@ class Daemon:
         job.ended_wall_s = time.time()
         self.ended_jobs.append((next(self._seq), job.uid, job.record()))
         self.holds.apply(self.scheduler.forget_job(job.job_id, time.monotonic()))
+        self.holds.job_removed(job.job_id)  # its kept enforcement first, on the same lane
         cgroups, job_id = job.cgroups, job.job_id
 
         def gone() -> None:  # on the device's lane: never under a region's set-up
@@ -659,6 +665,7 @@ class Daemon:
                        "event_log": self.config.event_log, "accepting": self.accepting,
                        "node": self.config.node, "uid": os.getuid(),
                        "lanes_busy": self.lanes.busy(), "priority": priority.describe(),
+                       "keep": self.holds.keeper.describe(),
                        "warm_moves": self.warmer.describe()},
             "devices": [d.to_dict() for d in self.devices],
             "scheduler": holders,

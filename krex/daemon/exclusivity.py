@@ -96,6 +96,21 @@ class _Region:
 
             lease_handed(self.enforcement)
 
+    def may_keep(self) -> bool:
+        """Whether its enforcement may be kept for its holder's next region
+        (:mod:`krex.daemon.keep`): it stopped nothing of another job, watches no device,
+        and is its own (not handed over, not undone)."""
+        e = self.enforcement
+        return (self.drain is None and not self.watches and not e.siblings
+                and e.report is None and e.pending_lease is None and e.handed_from is None
+                and e.keepable())
+
+    def checkpoint(self) -> Evidence:
+        """The region's evidence, its enforcement kept applied (:meth:`renew` or
+        :meth:`exit` next)."""
+        host = self.enforcement.checkpoint()
+        return Evidence(host, None, list(self.enforcement.reasons))
+
     def stopped(self) -> bool:
         """Whether it stopped its siblings (as its report will say), before its undo."""
         gated = isinstance(self.drain, GateDrain) and bool(self.drain.jobs)
@@ -281,6 +296,20 @@ class Exclusivity:
         enforcement.gaps.extend(self._env_reasons(holder, request.device))
         jobs = [holder, *siblings, *others]
         return _Region(enforcement, drain, self._watches(request.device, enforcement, jobs))
+
+    def keep(self, held: Held) -> Evidence | None:
+        """A released region's evidence with its enforcement kept for its holder's next
+        region (:mod:`krex.daemon.keep`); None: it may not be kept (undo it as usual)."""
+        if not isinstance(held, _Region) or not held.may_keep():
+            return None
+        return held.checkpoint()
+
+    def resume(self, held: Held, request: Any) -> Held:
+        """The holder's next region on ``held``, kept by :meth:`keep`."""
+        assert isinstance(held, _Region)
+        hold = request.max_hold_s if not math.isinf(request.max_hold_s) else MAX_LEASE_S
+        held.enforcement.renew(hold + self.enforcer.config.lease_margin_s)
+        return held
 
     def _watches(self, device: str, enforcement: Enforcement,
                  jobs: list[Any]) -> tuple[Watch, ...]:

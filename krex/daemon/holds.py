@@ -51,7 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 from krex.daemon.exclusivity import Evidence, Held, is_gpu
 from krex.daemon.jobs import Job
+from krex.daemon.keep import Keeper, Kept, configured_keep_s
 from krex.daemon.scheduler import Cancel, Decision, Grant, Request, Revoke
+from krex.enforce.handoff import job_key
 from krex.errors import (
     EnforcementFailed,
     KrexError,
@@ -120,6 +122,9 @@ class RegionState:
     requeue: Callable[[], None] | None = None
     claimed_mono_s: float | None = None  # re-queued, granted, then asked for by its job
     lapse_waits: int = 0  # claim windows its lapse waited for unread input (_claim_may_wait)
+    # the node's jobs its enforcement was set up for (handoff.job_key): kept for its job's
+    # next region only while they are the same (krex.daemon.keep)
+    enforced_for: tuple = ()
 
     @property
     def region(self) -> int:
@@ -138,6 +143,7 @@ class Holds:
         self.d = daemon
         self.regions: dict[int, RegionState] = {}
         self.by_session: dict[Any, set[int]] = {}
+        self.keeper = Keeper(configured_keep_s())  # a lone job's enforcement between regions
 
     # -- requests ------------------------------------------------------------------
 
@@ -344,6 +350,70 @@ class Holds:
                 st.outcome = st.outcome or Outcome.DAEMON_STOPPED
             elif st.phase is Phase.HELD:
                 self._end(st, Outcome.DAEMON_STOPPED)
+        for device, kept in self.keeper.all():
+            self._drop_later(device, kept)
+
+    # -- kept enforcement (krex.daemon.keep) ------------------------------------------
+
+    def expire_kept(self, now: float) -> None:
+        """Undo the kept enforcements whose time is over (on their devices' lanes)."""
+        for device, kept in self.keeper.due(now):
+            self._drop_later(device, kept)
+
+    def job_removed(self, job_id: int) -> None:
+        """A job ended: its kept enforcement is undone before its cgroups go."""
+        for device, kept in self.keeper.of_job(job_id):
+            self._drop_later(device, kept)
+
+    def _drop_later(self, device: str, kept: Kept) -> None:
+        self.d.on_lane(device, lambda: self._drop(kept))
+
+    def _drop(self, kept: Kept) -> None:
+        """Undo a kept enforcement nobody took (its evidence was reported already)."""
+        try:
+            kept.held.exit()
+            self._moved(kept.held)
+        except Exception:
+            log.exception("undoing the kept enforcement of job %d failed", kept.job_id)
+        with self.d.lock:
+            self.keeper.undone += 1
+
+    def _keep(self, st: RegionState) -> bool:
+        """A released region's enforcement kept for its job's next region (nobody queued:
+        see :mod:`krex.daemon.keep`); its report is made now, from its checkpoint."""
+        keep = getattr(self.d.exclusivity, "keep", None)
+        if self.keeper.keep_s <= 0 or keep is None or st.held is None \
+                or st.outcome not in (None, Outcome.RELEASED):
+            return False
+        if not st.enforced_for:
+            return False
+        evidence = keep(st.held)
+        if evidence is None:
+            return False
+        with self.d.locked():
+            self.keeper.put(st.request.device, st.request.job_id, st.held, st.enforced_for,
+                            time.monotonic())
+            self.d.deadlines_changed()
+            self._closed(st, evidence)
+        return True
+
+    def _resume(self, st: RegionState, kept: Kept | None, key: tuple) -> Held | None:
+        """The region on its job's kept enforcement, if it is the same job on the same
+        node; else that enforcement is undone first (None: set up anew)."""
+        if kept is None:
+            return None
+        if kept.job_id == st.request.job_id and kept.key == key:
+            try:
+                held = self.d.exclusivity.resume(kept.held, st.request)
+            except Exception:
+                log.exception("region %d: resuming job %d's kept enforcement failed",
+                              st.region, kept.job_id)
+            else:
+                with self.d.lock:
+                    self.keeper.reused += 1
+                return held
+        self._drop(kept)
+        return None
 
     def held(self) -> int:
         return sum(st.phase in (Phase.ENTERING, Phase.HELD, Phase.CLOSING)
@@ -405,8 +475,12 @@ class Holds:
                 return
             siblings, others = self.d.siblings(st.request)
             st.enter_mono_s = time.monotonic()
+            kept = self.keeper.take(st.request.device)
+            st.enforced_for = job_key(holder, siblings, others)
         try:
-            held = self.d.exclusivity.enter(holder, siblings, st.request, others)
+            held = self._resume(st, kept, st.enforced_for)
+            if held is None:
+                held = self.d.exclusivity.enter(holder, siblings, st.request, others)
         except KrexError as exc:
             with self.d.locked():
                 self._abort(st, exc if isinstance(exc, EnforcementFailed)
@@ -460,7 +534,8 @@ class Holds:
             self._hand_over(st, *nxt)
             return
         self._requeue(st)
-        self._undo(st)
+        if not self._keep(st):
+            self._undo(st)
 
     def _requeue(self, st: RegionState) -> None:
         """The re-queueing its release asked for, now (see :attr:`RegionState.requeue`).

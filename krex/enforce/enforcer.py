@@ -12,6 +12,7 @@ returns the host part of the region report (:class:`~krex.protocol.report.HostEv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import time
@@ -40,6 +41,7 @@ from krex.protocol.report import HostEvidence, Reason, ReasonCode, Step
 if TYPE_CHECKING:
     from krex.enforce.guardian import GuardianClient
     from krex.enforce.handoff import Prepared
+    from krex.enforce.process import ProcessRef
 
 FREEZE_CHOICES = ("auto", "cgroup2", "cgroup1", "signal", "off")
 _SUBTREE_KINDS = {"cgroup2": "v2", "cgroup1": "freezer"}  # backends that freeze a subtree
@@ -233,6 +235,8 @@ class Enforcement:
         # HolderSlot.stage): at most one job; taken by a handoff to it, else put back
         self.staged: dict[int, list[int]] = {}
         self.prepared: Prepared | None = None  # the next handoff's operations (handoff.prepare)
+        self.kept = False  # renewed: entered on what the holder's previous region kept
+        self.lease_until = 0.0  # when the guardian's lease runs out (monotonic)
 
     def start(self, ops: list, lease_s: float) -> None:
         usable = [op for op in ops if self._check(op)]
@@ -269,7 +273,7 @@ class Enforcement:
             return  # nothing the guardian could undo: no lease, no journal write
         if records != self.leased:
             guardian.lease(self.lease_id, lease_s, records)
-            self.leased = records
+            self.leased, self.lease_until = records, time.monotonic() + lease_s
 
     def _apply(self, op: Operation) -> None:
         step = Step(op.name, _backend(op))
@@ -340,6 +344,56 @@ class Enforcement:
             guardian.end(self.lease_id)
         self.report = self._report()
         return self.report
+
+    def keepable(self) -> bool:
+        """Whether every applied operation may stay applied for the holder's next region
+        (each says so: ``keepable``; the affinity shield and the GPU steps do not)."""
+        return all(getattr(op, "keepable", False) for op in self.applied)
+
+    def checkpoint(self) -> HostEvidence:
+        """This region's evidence, as :meth:`exit` gives it, with everything kept applied
+        for its holder's next region (:meth:`renew`) or undone later (:meth:`exit`)."""
+        self._judge()
+        for op in self.applied:
+            checkpoint = getattr(op, "checkpoint", None)
+            if checkpoint is not None:
+                checkpoint()
+        report = self._report()
+        self.counters = None  # judged: an undo of the kept enforcement judges nothing again
+        return report
+
+    def holder_now(self) -> list[ProcessRef]:
+        """The holder's processes now: its slot's members where it was moved into one
+        (children born since are there too), else found again."""
+        from krex.enforce.process import ProcessRef, start_time
+
+        slot = next((op for op in self.applied if isinstance(op, HolderSlot)), None)
+        pids = slot.members() if slot is not None else None
+        if pids is None:
+            return self.holder.processes()
+        return [ProcessRef(pid, st) for pid in pids if (st := start_time(pid)) is not None]
+
+    def renew(self, lease_s: float) -> None:
+        """The holder's next region on what :meth:`checkpoint` kept: its counters begin
+        now, for its processes now, each step is reported as kept (nothing applied),
+        and the guardian's lease runs for the new region's hold."""
+        self.counters = HolderCounters.begin(self.holder_now())
+        self.t0_ns = time.monotonic_ns()
+        self.contention, self.contention_reasons = None, []
+        self.kept = True
+        for op in self.applied:
+            renew = getattr(op, "renew", None)
+            if renew is not None:
+                renew()
+        self.steps = [dataclasses.replace(s, apply_ms=0.0, revert_ms=None, kept=True)
+                      for s in self.steps]
+        if self.freeze_step is not None:
+            self.freeze_step = next((s for s in self.steps if s.name == "freeze"), None)
+        guardian = self.enforcer.guardian  # a lease that covers the new hold is kept as is
+        if guardian is not None and self.leased is not None \
+                and time.monotonic() + lease_s > self.lease_until:
+            guardian.lease(self.lease_id, lease_s, self.leased)
+            self.lease_until = time.monotonic() + lease_s
 
     def prefetch(self, job: JobTarget) -> bool:
         """Read ``job``'s counters now, after this region's grant, if it is frozen by a
@@ -434,6 +488,7 @@ class Enforcement:
             shield=shield_evidence(self.applied, self.enforcer.shield),
             handed_over=self.handed_from is not None,
             handover_prepared=self.handed_prepared,
+            kept=self.kept,
         )
 
 

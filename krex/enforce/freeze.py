@@ -72,6 +72,7 @@ class SignalFreeze:
     """SIGSTOP every process of every target; SIGCONT exactly those on revert."""
 
     name = "freeze"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
     backend = "signal"
 
     def __init__(
@@ -152,6 +153,7 @@ class _CgroupFreeze:
     """Common part of the cgroup freezers: write, wait, thaw, straggler SIGSTOP."""
 
     name = "freeze"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
     backend = ""
     attr = ""  # JobCgroups attribute holding this hierarchy's directory
     control = ""  # the file that freezes the cgroup
@@ -293,6 +295,7 @@ class SubtreeFreeze:
     """
 
     name = "freeze"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
     count_at_exit = True  # processes frozen are counted for the report, off the grant path
 
     def __init__(self, kind: str, parents: list[str], siblings: list[JobTarget], *,

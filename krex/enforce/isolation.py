@@ -46,6 +46,7 @@ class CpuIsolation:
     """Reserve ``cores`` for ``holder``; keep ``others`` on the remaining cores."""
 
     name = "isolate"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
 
     def __init__(
         self,
@@ -193,6 +194,7 @@ class SlotIsolation:
     """
 
     name = "isolate"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
     backend = "cpuset-slot"
 
     def __init__(self, holder: JobTarget, others: list[JobTarget], frozen: set[str],

@@ -483,6 +483,7 @@ class ShieldRegion:
     """One region's shield: sweep stragglers in, narrow the rest cpuset, widen after."""
 
     name = "shield"
+    keepable = True  # with checkpoint() and renew(): krex.daemon.keep
     backend = "cpuset-shield"
 
     def __init__(self, shield: Shield, holder: Any, cores: list[int]) -> None:
@@ -642,13 +643,31 @@ class ShieldRegion:
         fresh._pids = set(holder_pids)  # it is in the slot now: its job cgroup is empty
         self.handed = True
 
+    def _late(self) -> list[int]:
+        """What came to the root cpuset during the region (named in the evidence)."""
+        shield = self.shield
+        late = [p for p in shield.user_tasks(_procs(shield.root or ""))
+                if p not in self._pids and p not in shield.devices]
+        self.evidence["late"] = late[:_LISTED]
+        return late
+
+    def checkpoint(self) -> None:
+        """The region ends with the narrowing kept for its holder's next one
+        (:mod:`krex.daemon.keep`): what came to the root cpuset meanwhile is named, as at
+        :meth:`revert`, and swept off the reserved cores now, as a handoff's is."""
+        if self.shield.root is not None and self.shield.path is not None and self._late():
+            self.shield.sweep(self._pids)
+
+    def renew(self) -> None:
+        """The holder's next region on the kept narrowing: its own evidence from now."""
+        self.evidence = {**self.evidence, "moved": 0, "refused": [], "kept": True, "late": [],
+                         "apply_ms": 0.0, "narrowed_late": [], "unshielded_late": []}
+
     def revert(self) -> None:
         shield = self.shield
         if shield.root is None or shield.path is None:
             return
-        late = [p for p in shield.user_tasks(_procs(shield.root))
-                if p not in self._pids and p not in shield.devices]
-        self.evidence["late"] = late[:_LISTED]  # came to the root cpuset during the region
+        late = self._late()  # came to the root cpuset during the region
         if self.handed:  # still narrowed: the next region's to widen; what came meanwhile
             if late:     # is swept off its reserved cores now, as its own apply would have
                 shield.sweep(self._pids)

@@ -27,6 +27,7 @@ class HolderSlot:
     """Move ``holder``'s processes into its device's slot; back on revert."""
 
     name = "slot"
+    keepable = True  # may stay applied for the holder's next region (krex.daemon.keep)
     backend = "cgroup"
 
     def __init__(self, holder: JobTarget) -> None:
@@ -144,6 +145,14 @@ class HolderSlot:
 
     def pids(self) -> list[int]:
         return list(self.moved)
+
+    def members(self) -> list[int] | None:
+        """The processes in the slot now (the holder's, its children since included):
+        the first moved hierarchy's slot directory; None before it is applied."""
+        if not self.applied or not self.moves:
+            return None
+        kind = self._lead() or next(iter(self.moves))
+        return _procs(self.moves[kind][1])
 
     # -- the next holder's cpuset ahead (krex.enforce.enforcer.Enforcement.prefetch) ---
 

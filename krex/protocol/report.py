@@ -114,6 +114,7 @@ class Step:
     error: str | None = None
     processes: int | None = None  # freeze: the processes it stopped
     timed_out: bool = False  # did not finish in time: the region ran with it incomplete
+    kept: bool = False  # applied for the job's previous region and kept for this one
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -148,6 +149,8 @@ class HostEvidence:
     handed_over: bool = False
     # ... with its operations worked out after the previous grant (nothing built at the handoff)
     handover_prepared: bool = False
+    # entered on the enforcement its job's previous region kept (nobody else came meanwhile)
+    kept: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
