@@ -96,3 +96,23 @@ def loop_rows(procs: list[subprocess.Popen]) -> list[dict]:
         for p in procs:
             reap(p)
     return sorted(rows, key=lambda r: r["granted"])
+
+
+NODE_GROUP = 54320  # the socket's group of a node daemon the suite starts (no account)
+
+
+def node_daemon(*flags: str) -> Iterator[Daemon]:
+    """A node daemon (``--node --group 54320``) on a runtime directory other uids can
+    reach, stopped and removed after (a fixture's body: ``yield from``)."""
+    import shutil
+
+    base = tempfile.mkdtemp(prefix="krex-node-")
+    os.chmod(base, 0o755)  # the other uids must reach the runtime directory
+    d = Daemon(os.path.join(base, "rt"), "--node", "--group", str(NODE_GROUP), *flags)
+    os.makedirs(d.runtime_dir, mode=0o750)
+    try:
+        d.start()
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)

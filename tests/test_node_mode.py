@@ -12,11 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 
+import daemon_support
 import pytest
 from helpers import CONTENTION, REPO, Daemon, clean_but_contention, run_krex, shield_owner, why_not
 
@@ -27,7 +26,7 @@ from krex.protocol import messages as m
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run clients as "
                                 "other uids (setuid)")
 UNIT = os.path.join(REPO, "contrib", "systemd", "krex.service")
-GROUP, ALICE, BOB, EVE = 54320, 54321, 54322, 54323
+GROUP, ALICE, BOB, EVE = daemon_support.NODE_GROUP, 54321, 54322, 54323
 
 class User:
     """A forked child of this test running as ``uid`` (no exec: the interpreter under
@@ -109,16 +108,7 @@ class User:
 
 @pytest.fixture
 def node_daemon():
-    base = tempfile.mkdtemp(prefix="krex-node-")
-    os.chmod(base, 0o755)  # the other uids must reach the runtime directory
-    d = Daemon(os.path.join(base, "rt"), "--node", "--group", str(GROUP))
-    os.makedirs(d.runtime_dir, mode=0o750)
-    try:
-        d.start()
-        yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    yield from daemon_support.node_daemon()
 
 
 @needs_root

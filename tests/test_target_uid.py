@@ -12,35 +12,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 
+import daemon_support
 import psutil
 import pytest
-from helpers import Daemon, wait_for
+from helpers import wait_for
 
 from krex.client.connection import Client
 from krex.errors import KrexError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a second uid (setuid)")
-GROUP, ALICE = 54320, 54321
+GROUP, ALICE = daemon_support.NODE_GROUP, 54321
 
 
 @pytest.fixture
 def node_daemon():
-    base = tempfile.mkdtemp(prefix="krex-node-")
-    os.chmod(base, 0o755)  # Alice must reach the runtime directory
-    d = Daemon(os.path.join(base, "rt"), "--node", "--group", str(GROUP), "--freeze", "signal",
-               "--no-isolate")
-    os.makedirs(d.runtime_dir, mode=0o750)
-    try:
-        d.start()
-        yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    yield from daemon_support.node_daemon("--freeze", "signal", "--no-isolate")
 
 
 def _sleeper(uid: int | None, group: int | None = None) -> int:
