@@ -261,6 +261,7 @@ def check_malformed(frames: int = 10_000) -> dict[str, Any]:
         time.sleep(0.5)
         stop.set()
         loop.join(60)
+        d.settled()
         rss1, fds1 = d.usage()
         out = {"malformed_frames": sent, "error_replies": answered,
                "connection_killers": killers, **good, "daemon_alive": d.proc.poll() is None,

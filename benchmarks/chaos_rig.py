@@ -91,6 +91,19 @@ class Krexd:
                 return p
         raise RuntimeError("the daemon has no guardian")
 
+    def settled(self, timeout_s: float = 3.0) -> None:
+        """Wait until no enforcement is kept for a job's next region (krex.daemon.keep:
+        undone within its time): what it holds open is not a leak."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.socket, autostart=False, reply_timeout_s=2.0) as c:
+                    if not c.status()["daemon"]["keep"]["kept"]:
+                        return
+            except (KrexError, OSError, KeyError):
+                return
+            time.sleep(0.02)
+
     def usage(self) -> tuple[int, int]:
         """(RSS bytes, open file descriptors) of the daemon process."""
         p = psutil.Process(self.pid)

@@ -8,6 +8,7 @@ Each test names what it failed on before its fix.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -170,7 +171,7 @@ def chaos():
 
 
 def _passed(result: dict) -> None:
-    assert result["passed"], result
+    assert result["passed"], json.dumps(result)
 
 
 @pytest.mark.parametrize("victim", ["daemon", "guardian", "both"])

@@ -387,7 +387,11 @@ class Holds:
             return False
         if not st.enforced_for:
             return False
-        evidence = keep(st.held)
+        try:
+            evidence = keep(st.held)
+        except Exception:  # its undo then says what failed, as any undo's
+            log.exception("region %d: keeping its enforcement failed", st.region)
+            return False
         if evidence is None:
             return False
         with self.d.locked():
