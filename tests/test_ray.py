@@ -139,12 +139,20 @@ def test_killed_daemon_loses_only_its_programs(cluster):
     pid = ray.get(handle.daemon_pid.remote())
     kids = psutil.Process(pid).children(recursive=True)
     refs = krex.ray.map(_programs(prog, 40, 30, 10))
-    ray.wait(refs, num_returns=6, timeout=60)
+    pending, on_victim = refs, 0
+    while pending and on_victim < 2:  # the victim has run programs: its daemon is in use
+        ready, pending = ray.wait(pending, num_returns=1, timeout=60)
+        assert ready, "no program finished within 60 s"
+        on_victim += ray.get(ready[0])["node_id"] == victim
+    counters = ray.get(handle.info.remote())["counters"]
+    assert counters["inflight"] > 0, f"the victim ran all its programs already: {counters}"
     os.kill(pid, signal.SIGKILL)
     results = ray.get(refs, timeout=120)
 
     lost = [r for r in results if r["status"] == "lost"]
-    assert lost, "the kill happened while programs were in flight: some must be lost"
+    assert lost, ("the kill happened while programs were in flight: some must be lost",
+                  counters, [(r["status"], r["node_id"] == victim, r["exception"])
+                             for r in results])
     for r in lost:
         assert r["node_id"] == victim and r["outcome"] == "unknown"
         assert r["lost"]["what"] == "daemon" and str(pid) in r["lost"]["reason"]
