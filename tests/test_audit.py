@@ -114,3 +114,32 @@ def test_throttle_reasons_fall_back_to_the_older_call(fake, monkeypatch):
     monkeypatch.setattr(fake, "nvmlDeviceGetCurrentClocksEventReasons", missing, raising=False)
     state = nvml_device("cuda:0").read().state
     assert state.throttle_reasons == 0x8 and not state.errors
+
+
+def test_sharing_is_read_and_a_device_that_cannot_do_mig_is_not_shared(fake):
+    """MIG on and an MPS client are read as sharing; a device whose MIG and MPS queries
+    are not supported (most are not) reads as not shared, with no error in its state."""
+    fake.update(mig_mode=1, mps_processes=[4242])
+    assert [(m.mode, m.pids) for m in nvml_device("cuda:0").read().sharing] == [
+        ("mig", ()), ("mps", (4242,))]
+    fake.update(mig_mode=0, mps_processes=[])
+    assert nvml_device("cuda:0").read().sharing == []
+    fake.update(mig_mode=1, mps_processes=[4242], unsupported=["mig_mode", "mps_processes"])
+    reading = nvml_device("cuda:0").read()
+    assert reading.sharing == [] and not reading.state.errors
+
+
+def test_doctor_shows_each_devices_sharing_and_contexts(fake):
+    """``krex doctor`` asks NVML for every cuda device: MPS or MIG and the processes with
+    a context fail their check, with the fix.  Control: an idle, unshared device passes."""
+    from krex.enforce.doctor import device_checks
+
+    quiet = device_checks(["cuda:0"])
+    fake.update(mig_mode=1, processes=[{"pid": os.getpid(), "used_mib": 10}])
+    busy = device_checks(["cuda:0"])
+    assert [(c["check"], c["ok"]) for c in quiet] == [("cuda:0: not shared", True),
+                                                       ("cuda:0: contexts", True)]
+    shared, contexts = busy
+    assert not shared["ok"] and "MIG" in shared["detail"] and "-mig 0" in shared["advice"]
+    assert not contexts["ok"] and str(os.getpid()) in contexts["detail"]
+    assert "krex run" in contexts["advice"]

@@ -22,7 +22,8 @@ REGION = ("import json, krex, sys\n"
           "    pass\n"
           "print(json.dumps(r.report.to_dict()))")
 CLEAN_ENV = ("CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "AMD_SERIALIZE_KERNEL",
-             "CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH", "HSA_TOOLS_LIB", "LD_PRELOAD")
+             "CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH", "HSA_TOOLS_LIB", "LD_PRELOAD",
+             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 
 
 def _region(device: str, **env: str) -> dict:
@@ -74,3 +75,14 @@ def test_a_profiler_library_in_ld_preload_is_named_and_krexs_own_interposer_is_n
         ("LD_PRELOAD", "/usr/local/cuda/lib64/libcupti.so.13", "profiler")]
     assert findings({"LD_PRELOAD": "/opt/krex/libkrex_interpose.so", "NSYS_": ""}) == []
     assert ReasonCode.JOB_ENVIRONMENT.gap  # a retry would run in the same environment
+
+
+def test_an_mps_clients_share_of_the_sms_is_named_and_the_pipe_alone_is_not():
+    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` runs the job's kernels on a share of the SMs.
+    Control: ``CUDA_MPS_PIPE_DIRECTORY`` alone only says where a server would be (the
+    device's NVML reading says whether one holds it: ``shared_device``), and empty."""
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps"}
+    assert [(f.variable, f.value, f.why) for f in findings(env)] == [
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50", "mps_client")]
+    assert findings({"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps",
+                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": " "}) == []

@@ -111,3 +111,43 @@ def test_throttling_during_the_region_makes_it_not_clean(nvml_daemon):
     assert found is not None, slowed["reasons"]
     assert found["evidence"]["clock_ratio"] == pytest.approx(1500 / 1980, abs=1e-3)
     assert found["evidence"]["min_clock_frac"] == 0.9
+
+
+@pytest.fixture
+def mps_server():
+    """A process named like an MPS server (``nvidia-cuda-mps-server``; the kernel keeps 15
+    characters of a name), as NVML would list it with a context on the device."""
+    proc = spawn([PY, "-c", "open('/proc/self/comm', 'w').write('nvidia-cuda-mps-server'); "
+                  "import time; print('server', flush=True); time.sleep(60)"])
+    assert proc.stdout.readline().strip() == "server"
+    try:
+        yield proc
+    finally:
+        reap(proc)
+
+
+def test_mig_or_an_mps_server_makes_the_device_shared(nvml_daemon, mps_server):
+    """MIG switched on inside the region, an MPS server's process listed, or an MPS
+    client named by NVML's MPS query: ``shared_device`` (a gap), with the modes, their
+    pids and when each was seen.  Control: the same region, MIG off and no MPS."""
+    control = _region()
+    mig = _region(mid={"mig_mode": 1})
+    served = _region(also=[mps_server.pid])
+    client = _region(mid={"mps_processes": [4242]})
+    assert _reason(control, "shared_device") is None, control["reasons"]
+    assert "sharing" not in control["device_audit"]["end"]
+    found = _reason(mig, "shared_device")
+    assert found is not None and not mig["clean"], mig["reasons"]
+    assert [(m["mode"], m["seen_at"]) for m in found["evidence"]["modes"]] == [
+        ("mig", ["release"])]
+    assert mig["device_audit"]["start"]["sharing"] == []
+    assert [m["mode"] for m in mig["device_audit"]["end"]["sharing"]] == ["mig"]
+    found = _reason(served, "shared_device")
+    assert found is not None, served["reasons"]
+    (mode,) = found["evidence"]["modes"]
+    assert mode["mode"] == "mps" and mode["pids"] == [mps_server.pid]
+    assert mode["seen_at"] == ["grant", "release"]
+    assert _reason(served, "foreign_device_process") is not None  # its server is no job
+    found = _reason(client, "shared_device")
+    assert found is not None, client["reasons"]
+    assert [(m["mode"], m["pids"]) for m in found["evidence"]["modes"]] == [("mps", [4242])]

@@ -1,11 +1,12 @@
-"""What an NVIDIA device says about itself, through NVML: its state and its processes.
+"""What an NVIDIA device says about itself, through NVML: its state, processes, sharing.
 
 NVML samples utilisation over 1/6 s to 1 s, so this is evidence for the region
 report, never a gate.  The daemon reads it at a region's grant and at its
 release (:mod:`krex.enforce.nvmlwatch` judges the two readings): the device's
 clocks, temperature, power and throttle reasons (:class:`DeviceState`), and the
 processes with a compute or graphics context on it (:class:`DeviceProcess`),
-with each one's user and command read from ``/proc`` by the daemon.  Without
+with each one's user and command read from ``/proc`` by the daemon, and whether
+MIG or an MPS server shares it (:class:`Sharing`).  Without
 NVML (no driver, no ``cuda`` extra) there is no reading and the report says so.
 
 In: a device name (``cuda:N``; or ``fakegpu:N`` mapped to NVML device N by the
@@ -27,6 +28,8 @@ THROTTLE_NAMES = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_
                   0x100: "display_clock_setting"}
 BENIGN_THROTTLE = 0x1 | 0x2
 COMMAND_CHARS = 200  # a command line in the evidence, at most
+MPS_SERVER_COMM = "nvidia-cuda-mps"  # nvidia-cuda-mps-server's comm (15 characters kept)
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 
 
 def throttle_names(bits: int) -> list[str]:
@@ -77,12 +80,27 @@ class DeviceProcess:
                 "seen_at": seen_at}
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """A way the device is shared with contexts krex cannot gate or drain: ``mig``
+    (MIG is on: other GPU instances share its memory system, power and clocks) or
+    ``mps`` (an MPS server holds the device: its clients' kernels share the SMs)."""
+
+    mode: str  # mig | mps
+    detail: str  # one line, for people
+    pids: tuple[int, ...] = ()  # the MPS server and its clients, where NVML names them
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "detail": self.detail, "pids": list(self.pids)}
+
+
 @dataclass
 class NvmlReading:
-    """The device's state and processes, read together."""
+    """The device's state, processes and sharing modes, read together."""
 
     state: DeviceState
     processes: list[DeviceProcess] = field(default_factory=list)
+    sharing: list[Sharing] = field(default_factory=list)
 
 
 def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | None:
@@ -114,9 +132,10 @@ class NvmlDevice:
         errors: list[str] = []
         state = self._state(errors)
         processes = self._processes(errors, viewer_uid)
+        sharing = self._sharing(processes)
         if errors:
             state = DeviceState(**{**vars(state), "errors": tuple(errors)})
-        return NvmlReading(state, processes)
+        return NvmlReading(state, processes, sharing)
 
     def _ask(self, what: str, call: Any, errors: list[str]) -> Any:
         try:
@@ -162,6 +181,37 @@ class NvmlDevice:
                 kinds.append(kind)
         return [_described(pid, tuple(kinds), mib, viewer_uid)
                 for pid, (kinds, mib) in sorted(found.items())]
+
+
+    def _sharing(self, processes: list[DeviceProcess]) -> list[Sharing]:
+        """MIG on, or an MPS server on the device.  A device that cannot do MIG, or
+        bindings without the MPS query, answer with an error: that is not sharing (and
+        not an error of the reading: most devices cannot)."""
+        n, h, out = self.nvml, self.handle, []
+        try:
+            current = n.nvmlDeviceGetMigMode(h)[0]
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported, no such call: not MIG
+            current = None
+        if current == MIG_ENABLED:
+            out.append(Sharing("mig", "MIG is on: other GPU instances share the device's "
+                               "memory system, power and clocks"))
+        servers = [p.pid for p in processes if _comm(p.pid) == MPS_SERVER_COMM]
+        try:
+            clients = [int(i.pid) for i in n.nvmlDeviceGetMPSComputeRunningProcesses(h)]
+        except Exception:  # noqa: BLE001 - bindings or a driver without the query
+            clients = []
+        if servers or clients:
+            out.append(Sharing("mps", "an MPS server holds the device: its clients' kernels "
+                               "share the SMs", tuple(sorted(set(servers + clients)))))
+        return out
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _mib(info: Any) -> float | None:

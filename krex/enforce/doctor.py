@@ -245,6 +245,7 @@ def diagnose(layout: CgroupLayout | None = None,
                      "cgroup freezing and cpusets need root or a delegated cgroup subtree")]
     checks += _cgroup_checks(caps["cgroup_layout"])
     checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
+    checks += device_checks([d.name for d in devices if d.name.startswith("cuda:")])
     checks += _enforce_checks(caps)
     checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
@@ -290,6 +291,36 @@ def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
                          f"{caps['measure_cores']} of {caps['all_cores']}",
                          "CPU isolation needs at least 2 cores"))
     return checks
+
+
+def device_checks(names: list[str], fakegpu_nvml: int | None = None) -> list[dict[str, Any]]:
+    """What each NVIDIA device says of its sharing and its contexts now (NVML): a device
+    shared by MIG or MPS, or with processes holding a context on it, gives regions
+    ``shared_device`` or ``foreign_device_process`` unless those are krex's own jobs.
+    A device NVML does not answer for is said so (its regions get no device audit)."""
+    from krex.devices.audit import nvml_device
+
+    out = []
+    for name in names:
+        device = nvml_device(name, fakegpu_nvml)
+        if device is None:
+            out.append(_check(f"{name}: NVML", False, "NVML does not answer: no device audit",
+                              "install the cuda extra (pip install 'krex[cuda]') and the "
+                              "NVIDIA driver"))
+            continue
+        reading = device.read()
+        sharing = "; ".join(f"{m.mode.upper()}: {m.detail}" for m in reading.sharing)
+        out.append(_check(f"{name}: not shared", not reading.sharing, sharing or "no MIG, no MPS",
+                          "regions there say shared_device: time on a device without MPS "
+                          "(echo quit | nvidia-cuda-mps-control) and with MIG off "
+                          "(nvidia-smi -i N -mig 0)"))
+        procs = ", ".join(f"{p.pid} ({p.command or 'uid ' + str(p.uid)})"
+                          for p in reading.processes)
+        out.append(_check(f"{name}: contexts", not reading.processes,
+                          procs or "no process has a context on it",
+                          "a process krex does not manage makes its regions "
+                          "foreign_device_process: stop it, or run it under krex run"))
+    return out
 
 
 def _moves_check(cost: dict[str, Any]) -> dict[str, Any]:

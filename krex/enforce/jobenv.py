@@ -1,12 +1,15 @@
-"""What a job's environment changes in what its GPU regions time: launch blocking, profilers.
+"""What a job's environment changes in what its GPU regions time: launch blocking,
+profilers, an MPS client's share of the SMs.
 
 ``CUDA_LAUNCH_BLOCKING=1`` (or ``HIP_LAUNCH_BLOCKING``, ``AMD_SERIALIZE_KERNEL``)
 makes every launch wait for its kernel, so a timed loop measures launch
 latency and host round trips as well; an injected profiler (CUPTI through
 ``CUDA_INJECTION64_PATH``, Nsight Systems' ``NSYS_*`` and
 ``NVTX_INJECTION64_PATH``, rocprof's ``HSA_TOOLS_LIB``, or one of their
-libraries in ``LD_PRELOAD``) adds its own work to every launch.  Either way the
-numbers are not the kernel's, and taking the region again would not help.
+libraries in ``LD_PRELOAD``) adds its own work to every launch, and an MPS
+client with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` runs on that share of the SMs.
+Either way the numbers are not the kernel's alone, and taking the region again
+would not help.
 
 In: a job's root process (the daemon reads ``/proc/PID/environ`` itself; the
 job reports nothing).  Out: a ``job_environment`` reason (a *gap*) naming each
@@ -32,6 +35,7 @@ from krex.protocol.report import Reason, ReasonCode
 LAUNCH_BLOCKING = ("CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "AMD_SERIALIZE_KERNEL")
 INJECTION = ("CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH", "HSA_TOOLS_LIB")
 PROFILER_PREFIXES = ("NSYS_",)
+MPS_CLIENT = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",)  # an MPS client on a share of the SMs
 # Libraries of profilers and tracers, as they appear in LD_PRELOAD (by file name).
 PROFILER_LIBRARIES = ("libcupti", "libnvperf", "libtoolsinjection", "libnsys", "rocprof",
                       "librocprofiler", "libroctracer")
@@ -44,7 +48,7 @@ class EnvFinding:
 
     variable: str
     value: str
-    why: str  # launch_blocking | profiler
+    why: str  # launch_blocking | profiler | mps_client
 
     def to_dict(self) -> dict[str, str]:
         return {"variable": self.variable, "value": self.value, "why": self.why}
@@ -56,6 +60,7 @@ def findings(env: dict[str, str]) -> list[EnvFinding]:
            if env.get(k, "0").strip() not in ("", "0")]
     out += [EnvFinding(k, v, "profiler") for k, v in sorted(env.items()) if v and (
         k in INJECTION or k.startswith(PROFILER_PREFIXES))]
+    out += [EnvFinding(k, env[k], "mps_client") for k in MPS_CLIENT if env.get(k, "").strip()]
     preloaded = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":")
                  if os.path.basename(p).lower().startswith(PROFILER_LIBRARIES)]
     if preloaded:
@@ -81,8 +86,9 @@ def read_environ(pid: int) -> dict[str, str] | None:
 def reason(found: list[EnvFinding], pid: int) -> Reason:
     names = ", ".join(f"{f.variable}={f.value}" for f in found)
     return Reason(ReasonCode.JOB_ENVIRONMENT,
-                  f"job environment: {names} (launch blocking or a profiler changes what "
-                  "is timed)", {"pid": pid, "variables": [f.to_dict() for f in found]})
+                  f"job environment: {names} (launch blocking, a profiler or an MPS share "
+                  "of the SMs changes what is timed)",
+                  {"pid": pid, "variables": [f.to_dict() for f in found]})
 
 
 class JobEnvironments:

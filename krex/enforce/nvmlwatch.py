@@ -16,6 +16,10 @@ manages (:class:`Managed`).  Out: a :class:`~krex.protocol.report.DeviceAudit`
   ``clock_frac`` of the grant's (``krex serve --release-clock-frac``, default
   0.9): the region's kernels ran slower than the device can.  Both samples are
   its evidence.
+- ``shared_device`` (a *gap*: the node's configuration, not this region): MIG is
+  on, or an MPS server holds the device (its process in NVML's list, or NVML's
+  MPS clients), at grant or at release.  krex gates and drains its own jobs'
+  work only; the device's other tenants there run by design.
 
 A region with an NVML account is never handed over (its window would need a
 reading at the handoff): it is undone and set up again, with a fresh reading.
@@ -27,7 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from krex.devices.audit import DeviceProcess, DeviceState, NvmlDevice, NvmlReading, throttle_names
+from krex.devices.audit import (
+    DeviceProcess,
+    DeviceState,
+    NvmlDevice,
+    NvmlReading,
+    Sharing,
+    throttle_names,
+)
 from krex.protocol.report import DeviceAudit, Reason, ReasonCode
 
 
@@ -85,6 +96,12 @@ class NvmlWatch:
         throttled = throttle_reason(self.grant.state, self.release.state, self.clock_frac)
         if throttled is not None:
             reasons.append(throttled)
+        shared = {when: reading.sharing for when, reading in
+                  (("grant", self.grant), ("release", self.release)) if reading.sharing}
+        if shared:
+            audit.start["sharing"] = [m.to_dict() for m in self.grant.sharing]
+            audit.end["sharing"] = [m.to_dict() for m in self.release.sharing]
+            reasons.append(sharing_reason(shared))
         return audit, reasons
 
     def _foreign(self) -> dict[int, tuple[DeviceProcess, list[str]]]:
@@ -104,6 +121,20 @@ def foreign_reason(foreign: dict[int, tuple[DeviceProcess, list[str]]]) -> Reaso
     return Reason(ReasonCode.FOREIGN_DEVICE_PROCESS,
                   f"device: {len(procs)} process(es) krex does not manage had a context on "
                   f"the device: {named}", {"processes": procs})
+
+
+def sharing_reason(seen: dict[str, list[Sharing]]) -> Reason:
+    """``shared_device``: the modes seen at grant and/or release (``seen``: when -> modes)."""
+    modes: dict[str, dict[str, Any]] = {}
+    for when, found in seen.items():
+        for m in found:
+            entry = modes.setdefault(m.mode, {**m.to_dict(), "seen_at": []})
+            entry["seen_at"].append(when)
+            entry["pids"] = sorted(set(entry["pids"]) | set(m.pids))
+    named = "; ".join(f"{m['mode'].upper()}: {m['detail']}" for m in modes.values())
+    return Reason(ReasonCode.SHARED_DEVICE,
+                  f"device: shared by design ({named}); krex cannot gate or drain the "
+                  "other tenants' work", {"modes": list(modes.values())})
 
 
 def throttle_reason(grant: DeviceState, release: DeviceState, clock_frac: float) -> Reason | None:

@@ -69,6 +69,7 @@ class ReasonCode(str, Enum):
     FOREIGN_DEVICE_PROCESS = "foreign_device_process"  # an unmanaged process had a context on it
     THROTTLED = "throttled"  # the device throttled, or its clock fell, between grant and release
     JOB_ENVIRONMENT = "job_environment"  # launch blocking or a profiler in the job's environment
+    SHARED_DEVICE = "shared_device"  # MIG or MPS: other contexts share the device by design
 
     @property
     def gap(self) -> bool:
@@ -77,7 +78,8 @@ class ReasonCode(str, Enum):
 
 _GAPS = frozenset({ReasonCode.NOT_EXCLUSIVE, ReasonCode.NO_DAEMON,
                    ReasonCode.MECHANISM_DISABLED, ReasonCode.MECHANISM_UNAVAILABLE,
-                   ReasonCode.LEASE_EXPIRED, ReasonCode.JOB_ENVIRONMENT})
+                   ReasonCode.LEASE_EXPIRED, ReasonCode.JOB_ENVIRONMENT,
+                   ReasonCode.SHARED_DEVICE})
 
 
 @dataclass(frozen=True)

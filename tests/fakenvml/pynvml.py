@@ -5,7 +5,8 @@ A test puts this directory on ``PYTHONPATH`` (the daemon imports it as ``pynvml`
 job changes the device's state with :func:`update`, even in the middle of a region.
 State keys: ``processes`` (``[{"pid", "used_mib", "kind": compute|graphics}]``),
 ``sm_clock_mhz``, ``mem_clock_mhz``, ``temperature_c``, ``power_mw``,
-``throttle_reasons``, ``utilization_pct``, ``unsupported`` (calls that raise).
+``throttle_reasons``, ``utilization_pct``, ``mig_mode`` (current: 0 off, 1 on),
+``mps_processes`` (pids of MPS clients), ``unsupported`` (calls that raise).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 STATE_ENV = "KREX_FAKE_NVML"
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 DEFAULT = {"processes": [], "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 45,
-           "power_mw": 120000, "throttle_reasons": 0x1, "utilization_pct": 0, "unsupported": []}
+           "power_mw": 120000, "throttle_reasons": 0x1, "utilization_pct": 0, "mig_mode": 0,
+           "mps_processes": [], "unsupported": []}
 
 
 class NVMLError(Exception):
@@ -97,3 +99,11 @@ def nvmlDeviceGetComputeRunningProcesses(handle: str) -> list[types.SimpleNamesp
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: str) -> list[types.SimpleNamespace]:
     return _processes("graphics")
+
+
+def nvmlDeviceGetMigMode(handle: str) -> list[int]:
+    return [_get("mig_mode"), _get("mig_mode")]  # current, pending
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle: str) -> list[types.SimpleNamespace]:
+    return [types.SimpleNamespace(pid=pid, usedGpuMemory=0) for pid in _get("mps_processes")]
