@@ -1,6 +1,8 @@
 """Jobs: submitted once (idempotency keys), run by a few runner threads, waited for, cancelled.
 
-A job is one evaluation, exec or bench on behalf of a tenant.  States:
+A job is one evaluation, exec or bench on behalf of a tenant, queued fairly between
+tenants (:mod:`krex.service.fairqueue`: the next job is the oldest of the tenant with
+the fewest running).  States:
 ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` | ``timed_out`` | ``crashed`` |
 ``cancelled``.  ``succeeded`` means the work was done and, for a program, that it exited 0:
 a program that raised or exited non-zero is ``failed``, one stopped at its timeout
@@ -39,6 +41,7 @@ from typing import Any
 from krex.errors import IdempotencyConflict, JobNotFound, KrexError, ServiceQuotaExceeded
 from krex.protocol.outcome import OUTCOMES
 from krex.service.config import KEEP_FINISHED
+from krex.service.fairqueue import FairQueue
 from krex.service.tenants import Tenant
 
 KINDS = ("evaluate", "exec", "bench")
@@ -118,7 +121,7 @@ class JobStore:
         self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         self.db.executescript(_SCHEMA)
         self._cond = threading.Condition()
-        self._queue: collections.deque[str] = collections.deque()
+        self._queue = FairQueue()  # fair between tenants (krex.service.fairqueue)
         self._live: dict[str, Job] = {}  # active jobs (the database has them too)
         self._closed = False
         self.counters: collections.Counter[str] = collections.Counter()
@@ -149,7 +152,7 @@ class JobStore:
             job = Job(uuid.uuid4().hex[:20], tenant.name, kind, request, key=key)
             self._insert(job, digest)
             self._live[job.id] = job
-            self._queue.append(job.id)
+            self._queue.push(job.id, job.tenant)
             self.counters["submitted"] += 1
             self._cond.notify_all()
         return job, True
@@ -250,7 +253,7 @@ class JobStore:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._live[self._queue.popleft()]
+                job = self._live[self._queue.pop()]
                 job.state, job.started_s = "running", time.time()
                 self.db.execute("UPDATE jobs SET state='running', started_s=? WHERE id=?",
                                 (job.started_s, job.id))
@@ -266,6 +269,7 @@ class JobStore:
             error = {"code": "internal_error", "what": f"{type(exc).__name__}: {exc}",
                      "hint": "this is a bug in krex's service: report it with the request"}
         with self._cond:
+            self._queue.finished(job.tenant)
             if job.cancel_requested:
                 if result is not None:
                     result = {**result, "discarded": "the job was cancelled while it ran"}
@@ -328,7 +332,7 @@ class JobStore:
         for row in self.db.execute("SELECT * FROM jobs WHERE state='queued' ORDER BY created_s"):
             job = _from_row(row)
             self._live[job.id] = job
-            self._queue.append(job.id)
+            self._queue.push(job.id, job.tenant)
 
     def _prune(self) -> None:
         self.db.execute("DELETE FROM jobs WHERE state NOT IN ('queued','running') AND "
