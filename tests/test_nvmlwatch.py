@@ -23,17 +23,21 @@ FAKE_NVML = os.path.join(REPO, "tests", "fakenvml")
 JOB = os.path.join(REPO, "tests", "jobs", "nvml_region.py")
 
 
-@pytest.fixture
-def nvml_daemon(make_daemon, tmp_path, monkeypatch):
+def _nvml_daemon(make_daemon, tmp_path, monkeypatch, *flags: str):
     """A daemon auditing fakegpu:0 through the fake NVML, its fakegpu server started."""
     monkeypatch.setenv("KREX_FAKE_NVML", str(tmp_path / "nvml.json"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [FAKE_NVML, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    d = make_daemon("--fakegpu-nvml", "0")
+    d = make_daemon("--fakegpu-nvml", "0", *flags)
     p = krex("run", "--device", "fakegpu:0", "--", PY, "-c", "pass")
     assert p.wait(60) == 0, p.stderr.read()
     wait_for(lambda: _server_pid(d) is not None, 10)
     return d
+
+
+@pytest.fixture
+def nvml_daemon(make_daemon, tmp_path, monkeypatch):
+    return _nvml_daemon(make_daemon, tmp_path, monkeypatch)
 
 
 def _server_pid(d) -> int | None:
@@ -151,3 +155,40 @@ def test_mig_or_an_mps_server_makes_the_device_shared(nvml_daemon, mps_server):
     found = _reason(client, "shared_device")
     assert found is not None, client["reasons"]
     assert [(m["mode"], m["pids"]) for m in found["evidence"]["modes"]] == [("mps", [4242])]
+
+
+STEADY = {"throttle_reasons": 0x1, "sm_clock_mhz": 1980}
+
+
+def test_throttling_that_ends_before_release_is_seen_by_the_sampler(make_daemon, tmp_path,
+                                                                     monkeypatch):
+    """A thermal throttle, or an SM clock dip, that starts and ends inside the region
+    (100 ms): the readings at grant and at release are both steady, the daemon's sampler
+    (every 2 ms here) saw it between them -- ``throttled``, with the samples.  Controls:
+    a steady region (no reason, samples taken), and the same throttle with the sampler
+    off (``--device-sample-ms 0``), which two readings alone cannot see."""
+    _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--device-sample-ms", "2")
+    steady = _region()
+    thermal = _region(mid={"throttle_reasons": 0x20}, restore=STEADY, mid_s=0.1)
+    dipped = _region(mid={"sm_clock_mhz": 1400}, restore=STEADY, mid_s=0.1)
+    assert _reason(steady, "throttled") is None, steady["reasons"]
+    assert steady["device_audit"]["end"]["between"]["samples"] >= 5
+    found = _reason(thermal, "throttled")
+    assert found is not None and not thermal["clean"], thermal["reasons"]
+    ev = found["evidence"]
+    assert ev["throttling_at_grant"] == ev["throttling_at_release"] == []
+    assert ev["throttling_between"] == ["sw_thermal_slowdown"]
+    assert ev["between"]["first_throttled"]["throttle_reasons"] == 0x20
+    assert 10 <= ev["between"]["first_throttled"]["at_ms"] <= 1000
+    found = _reason(dipped, "throttled")
+    assert found is not None, dipped["reasons"]
+    assert found["evidence"]["clock_ratio"] == 1.0
+    assert found["evidence"]["min_clock_ratio_between"] == pytest.approx(1400 / 1980, abs=1e-3)
+
+
+def test_without_the_sampler_two_readings_miss_a_throttle_inside_the_region(
+        make_daemon, tmp_path, monkeypatch):
+    _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--device-sample-ms", "0")
+    thermal = _region(mid={"throttle_reasons": 0x20}, restore=STEADY, mid_s=0.1)
+    assert _reason(thermal, "throttled") is None, thermal["reasons"]
+    assert "between" not in thermal["device_audit"]["end"]

@@ -150,6 +150,11 @@ class DaemonConfig:
         "a GPU region whose SM clock at release (NVML) is below this fraction of its clock "
         "at grant is not clean (throttled), as is one with a throttle reason other than "
         "idle or the applications clock setting (0: clocks not compared)", metavar="FRAC"))
+    device_sample_ms: float = field(default=5.0, metadata=flag(
+        "while a GPU region is held, read the device's clocks, temperature, power and "
+        "throttle reasons (NVML) this often, from a thread of the daemon's: throttling or "
+        "a clock dip between grant and release makes it not clean (0: only at grant and "
+        "release)", metavar="MS"))
     fakegpu_nvml: int | None = field(default=None, metadata=flag(
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
@@ -190,6 +195,8 @@ class DaemonConfig:
         if 0 < self.warm_moves_ms < 0.5:
             raise ValueError("--warm-moves-ms below 0.5 would ping the kernel's cgroup "
                              "lock thousands of times a second; 4 keeps moves fast")
+        if self.device_sample_ms < 0:
+            raise ValueError("--device-sample-ms must be 0 (off) or more")
         if not 0 <= self.release_clock_frac <= 1:
             raise ValueError("--release-clock-frac must be between 0 (off) and 1")
         if not self.socket_path:

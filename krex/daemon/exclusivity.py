@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
 from krex.devices.audit import NvmlDevice, nvml_device
+from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
 from krex.enforce.devicewatch import FakegpuWatch, finish_all
@@ -171,6 +172,7 @@ class Exclusivity:
         self.gates: dict[int, GatedJob] = {}
         self._drivers: dict[str, Any] = {}
         self._nvml: dict[str, NvmlDevice | None] = {}
+        self._samplers: dict[str, Sampler] = {}  # per audited device, between grant and release
         self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
 
@@ -325,8 +327,17 @@ class Exclusivity:
             own = [os.getpid(), self.fakegpu.proc.pid if self.fakegpu is not None else 0]
             viewer = getattr(jobs[0], "uid", None)  # the holder's user
             out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer,
-                                       clock_frac=self.config.release_clock_frac))
+                                       clock_frac=self.config.release_clock_frac,
+                                       sampler=self._sampler(device, nvml)))
         return tuple(out)
+
+    def _sampler(self, device: str, nvml: NvmlDevice) -> Sampler | None:
+        """The device's sampler thread (made once; None: ``--device-sample-ms 0``)."""
+        if self.config.device_sample_ms <= 0:
+            return None
+        if device not in self._samplers:
+            self._samplers[device] = Sampler(nvml, self.config.device_sample_ms / 1e3)
+        return self._samplers[device]
 
     def _nvml_device(self, device: str) -> NvmlDevice | None:
         """The device's NVML handle, looked up once (None: NVML does not answer for it)."""

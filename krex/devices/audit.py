@@ -128,6 +128,13 @@ class NvmlDevice:
         self.nvml = nvml
         self.handle = handle
 
+    def state(self) -> DeviceState:
+        """The device's state alone (clocks, temperature, power, throttle reasons): what
+        :mod:`krex.devices.sampler` reads between a region's grant and release."""
+        errors: list[str] = []
+        state = self._state(errors)
+        return DeviceState(**{**vars(state), "errors": tuple(errors)}) if errors else state
+
     def read(self, viewer_uid: int | None = None) -> NvmlReading:
         errors: list[str] = []
         state = self._state(errors)

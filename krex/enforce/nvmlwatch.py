@@ -12,10 +12,11 @@ manages (:class:`Managed`).  Out: a :class:`~krex.protocol.report.DeviceAudit`
   not a managed job's, the daemon or its fakegpu server (its kernels cannot be
   gated or drained), seen at grant or at release.
 - ``throttled``: a throttle reason other than idle or the applications clock
-  setting at grant or at release, or an SM clock at release below
-  ``clock_frac`` of the grant's (``krex serve --release-clock-frac``, default
-  0.9): the region's kernels ran slower than the device can.  Both samples are
-  its evidence.
+  setting at grant, at release or in any sample between (the daemon's sampler
+  thread, :mod:`krex.devices.sampler`, every ``krex serve --device-sample-ms``),
+  or an SM clock at release or between below ``clock_frac`` of the grant's
+  (``krex serve --release-clock-frac``, default 0.9): the region's kernels ran
+  slower than the device can.  The samples are its evidence.
 - ``shared_device`` (a *gap*: the node's configuration, not this region): MIG is
   on, or an MPS server holds the device (its process in NVML's list, or NVML's
   MPS clients), at grant or at release.  krex gates and drains its own jobs'
@@ -39,6 +40,7 @@ from krex.devices.audit import (
     Sharing,
     throttle_names,
 )
+from krex.devices.sampler import Sampler, Window
 from krex.protocol.report import DeviceAudit, Reason, ReasonCode
 
 
@@ -64,8 +66,10 @@ class NvmlWatch:
     hands_over = False
 
     def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None,
-                 clock_frac: float) -> None:
+                 clock_frac: float, sampler: Sampler | None = None) -> None:
         self.device = device
+        self.sampler = sampler
+        self.window: Window | None = None  # the samples between grant and release
         self.managed = managed
         self.viewer_uid = viewer_uid  # the holder's user: whose commands it may see
         self.clock_frac = clock_frac  # an SM clock at release below this share of the grant's
@@ -74,13 +78,17 @@ class NvmlWatch:
 
     @classmethod
     def begin(cls, device: NvmlDevice, managed: Managed, viewer_uid: int | None = None,
-              clock_frac: float = 0.9) -> NvmlWatch:
-        watch = cls(device, managed, viewer_uid, clock_frac)
+              clock_frac: float = 0.9, sampler: Sampler | None = None) -> NvmlWatch:
+        watch = cls(device, managed, viewer_uid, clock_frac, sampler)
         watch.grant = device.read(viewer_uid)
+        if sampler is not None:
+            watch.window = sampler.open()
         return watch
 
     def stop(self) -> None:
         if self.release is None:
+            if self.sampler is not None and self.window is not None:
+                self.sampler.close(self.window)
             self.release = self.device.read(self.viewer_uid)
 
     def finish(self) -> tuple[DeviceAudit, list[Reason]]:
@@ -90,10 +98,13 @@ class NvmlWatch:
         foreign = self._foreign()
         audit = DeviceAudit("nvml", self.grant.state.to_dict(), self.release.state.to_dict(),
                             sorted(foreign))
+        if self.window is not None:
+            audit.end["between"] = self.window.to_dict()
         reasons = []
         if foreign:
             reasons.append(foreign_reason(foreign))
-        throttled = throttle_reason(self.grant.state, self.release.state, self.clock_frac)
+        throttled = throttle_reason(self.grant.state, self.release.state, self.clock_frac,
+                                    self.window)
         if throttled is not None:
             reasons.append(throttled)
         shared = {when: reading.sharing for when, reading in
@@ -137,22 +148,40 @@ def sharing_reason(seen: dict[str, list[Sharing]]) -> Reason:
                   "other tenants' work", {"modes": list(modes.values())})
 
 
-def throttle_reason(grant: DeviceState, release: DeviceState, clock_frac: float) -> Reason | None:
-    """``throttled`` when either sample has a throttling reason, or the SM clock at
-    release is below ``clock_frac`` of the grant's (0: not compared); else None."""
-    ratio = None
+def throttle_reason(grant: DeviceState, release: DeviceState, clock_frac: float,
+                    between: Window | None = None) -> Reason | None:
+    """``throttled`` when a sample (grant, release, or ``between`` them) has a throttling
+    reason, or the SM clock at release or between is below ``clock_frac`` of the grant's
+    (0: not compared); else None."""
+    ratio = low_between = None
     if grant.sm_clock_mhz and release.sm_clock_mhz is not None:
         ratio = round(release.sm_clock_mhz / grant.sm_clock_mhz, 3)
+    if grant.sm_clock_mhz and between is not None and between.min_sm_clock_mhz is not None:
+        low_between = round(between.min_sm_clock_mhz / grant.sm_clock_mhz, 3)
     low = ratio is not None and ratio < clock_frac
-    if not (grant.throttling or release.throttling or low):
+    dipped = low_between is not None and low_between < clock_frac
+    seen_between = between.throttle_seen if between is not None else 0
+    if not (grant.throttling or release.throttling or low or seen_between or dipped):
         return None
     whys = [f"throttling at {when} ({', '.join(throttle_names(state.throttling))})"
             for when, state in (("grant", grant), ("release", release)) if state.throttling]
+    if seen_between:
+        assert between is not None and between.first_throttled is not None
+        whys.append(f"throttling between grant and release "
+                    f"({', '.join(throttle_names(seen_between))}; first "
+                    f"{between.first_throttled['at_ms']:.0f} ms in, {between.samples} samples)")
     if low:
         whys.append(f"SM clock at release {release.sm_clock_mhz} MHz, {ratio:.0%} of the "
                     f"grant's {grant.sm_clock_mhz} MHz (below {clock_frac:.0%})")
+    if dipped and not low:
+        assert between is not None
+        whys.append(f"SM clock fell to {between.min_sm_clock_mhz} MHz between grant and "
+                    f"release, {low_between:.0%} of the grant's (below {clock_frac:.0%})")
     return Reason(ReasonCode.THROTTLED, "device: " + "; ".join(whys),
                   {"grant": grant.to_dict(), "release": release.to_dict(),
+                   "between": between.to_dict() if between is not None else None,
                    "throttling_at_grant": throttle_names(grant.throttling),
                    "throttling_at_release": throttle_names(release.throttling),
-                   "clock_ratio": ratio, "min_clock_frac": clock_frac})
+                   "throttling_between": throttle_names(seen_between),
+                   "clock_ratio": ratio, "min_clock_ratio_between": low_between,
+                   "min_clock_frac": clock_frac})

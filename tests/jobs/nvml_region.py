@@ -3,7 +3,9 @@ process on the fake NVML device (otherwise steady: its defaults), takes one regi
 fakegpu:0, and prints its report.
 
 argv: JSON {"also": [pids listed from the start], "mid": {fake NVML state set inside
-the region}, "mid_pids": [pids listed from inside the region on]}.
+the region}, "mid_pids": [pids listed from inside the region on], "restore": {state set
+back "mid_s" seconds later (default 0.02), so the release reading sees the device
+steady again}}.
 """
 
 import json
@@ -27,5 +29,8 @@ with krex.region(device="fakegpu:0", label="nvml") as r:
         mid["processes"] = [{"pid": pid, "used_mib": 64} for pid in listed]
     if mid:
         pynvml.update(**mid)
-    time.sleep(0.02)
+    time.sleep(plan.get("mid_s", 0.02))
+    if plan.get("restore"):
+        pynvml.update(**plan["restore"])
+        time.sleep(0.01)
 print(json.dumps(r.report.to_dict()))
