@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import psutil
 import pytest
-from helpers import PY, REPO, krex, reap, spawn, wait_for
+from helpers import PY, REPO, krex, reap, run_krex, spawn, wait_for
 
 from krex.devices import fakegpu
 
@@ -192,3 +193,48 @@ def test_without_the_sampler_two_readings_miss_a_throttle_inside_the_region(
     thermal = _region(mid={"throttle_reasons": 0x20}, restore=STEADY, mid_s=0.1)
     assert _reason(thermal, "throttled") is None, thermal["reasons"]
     assert "between" not in thermal["device_audit"]["end"]
+
+
+def _cooling() -> dict:
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as client:
+        return client.status()["enforcement"]["cooling"]
+
+
+def test_a_grant_waits_for_the_device_to_cool_and_not_past_its_timeout(make_daemon, tmp_path,
+                                                                      monkeypatch):
+    """``--cool-below-c 70``: a region asked for on a device at 85 C is granted once it
+    reads 60 C (the wait in its report, and in ``status`` while it lasts); one on a
+    device that stays throttled is granted at the timeout, saying it was not cooled.
+    Control: a device at 45 C is granted at once."""
+    _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--cool-below-c", "70",
+                 "--cool-timeout-s", "3")
+    cool = _region()
+    p = krex("run", "--device", "fakegpu:0", "--", PY, JOB,
+             json.dumps({"state": {"temperature_c": 85}}))
+    try:
+        wait_for(lambda: "fakegpu:0" in _cooling(), 30)
+        seen = _cooling()["fakegpu:0"]
+        shown = run_krex("status", timeout=30).stdout
+        time.sleep(0.3)
+        state = tmp_path / "nvml.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), "temperature_c": 60}))
+        out, err = p.communicate(timeout=60)
+    finally:
+        reap(p)
+    assert p.returncode == 0, err
+    hot = json.loads(out.strip().splitlines()[-1])
+    stuck = _region(state={"throttle_reasons": 0x20})
+    waited = cool["device_audit"]["start"]["cool_down"]
+    assert waited["cooled"] and waited["waited_s"] < 0.5, waited
+    assert seen["temperature_c"] == 85 and seen["below_c"] == 70, seen
+    assert "fakegpu:0: job" in shown and "waits for the device to cool: 85 C" in shown, shown
+    waited = hot["device_audit"]["start"]["cool_down"]
+    assert waited["cooled"] and waited["temperature_c"] == 60, waited
+    assert waited["waited_s"] >= 0.3, waited
+    waited = stuck["device_audit"]["start"]["cool_down"]
+    assert not waited["cooled"] and waited["throttling"] == ["sw_thermal_slowdown"], waited
+    assert 3.0 <= waited["waited_s"] < 10, waited
+    assert _reason(stuck, "throttled") is not None and not stuck["clean"]
+    assert _cooling() == {}

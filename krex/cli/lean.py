@@ -329,6 +329,11 @@ def status_lines(st: dict) -> list[str]:
                         f"job {h['job_id']} region {h['region']}" if h else "-",
                         len(sched.get("queue", []))])
     out += _table("devices", ["device", "description", "holder", "queued"], devices)
+    for name, c in ((st.get("enforcement") or {}).get("cooling") or {}).items():
+        out.append(f"{name}: job {c['job_id']}'s grant waits for the device to cool: "
+                   f"{c['temperature_c']} C, granted at or below {c['below_c']:g} C with no "
+                   f"throttling (waited {c['waited_s']:.1f} s of at most "
+                   f"{c['timeout_s']:g} s); the queue waits behind it")
     out += _table("jobs (times in ms: docs/protocol.md, where a job's time went)",
                   ["job", "name", "device", "mode", "kind", "pid", "regions", "waited",
                    "frozen", "set-up", "held"], [_job_row(j) for j in st["jobs"]])

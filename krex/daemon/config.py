@@ -155,6 +155,13 @@ class DaemonConfig:
         "throttle reasons (NVML) this often, from a thread of the daemon's: throttling or "
         "a clock dip between grant and release makes it not clean (0: only at grant and "
         "release)", metavar="MS"))
+    cool_below_c: float | None = field(default=None, metadata=flag(
+        "hold a GPU grant, once the other jobs are stopped, until NVML reads the device at "
+        "or below this temperature (C) with no throttle reason, at most --cool-timeout-s",
+        metavar="C", shown_default="off"))
+    cool_timeout_s: float = field(default=30.0, metadata=flag(
+        "the longest a grant waits for the device to cool (then it is granted, and its "
+        "report says it was not cooled)"))
     fakegpu_nvml: int | None = field(default=None, metadata=flag(
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
@@ -195,6 +202,8 @@ class DaemonConfig:
         if 0 < self.warm_moves_ms < 0.5:
             raise ValueError("--warm-moves-ms below 0.5 would ping the kernel's cgroup "
                              "lock thousands of times a second; 4 keeps moves fast")
+        if self.cool_timeout_s < 0:
+            raise ValueError("--cool-timeout-s must be 0 or more")
         if self.device_sample_ms < 0:
             raise ValueError("--device-sample-ms must be 0 (off) or more")
         if not 0 <= self.release_clock_frac <= 1:

@@ -24,6 +24,7 @@ from krex.devices.audit import NvmlDevice, nvml_device
 from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
+from krex.enforce.cooldown import Cooling, cool_down
 from krex.enforce.devicewatch import FakegpuWatch, finish_all
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
@@ -173,6 +174,7 @@ class Exclusivity:
         self._drivers: dict[str, Any] = {}
         self._nvml: dict[str, NvmlDevice | None] = {}
         self._samplers: dict[str, Sampler] = {}  # per audited device, between grant and release
+        self.cooling: dict[str, dict[str, Any]] = {}  # device -> the grant waiting to cool
         self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
 
@@ -296,8 +298,12 @@ class Exclusivity:
                 "gate_drain", "disabled by configuration (--no-gate): siblings' queued and new "
                 "GPU work may run during the region", disabled=True))
         enforcement.gaps.extend(self._env_reasons(holder, request.device))
+        cooling = self._cool_down(request.device, holder)
+        if cooling is not None and cooling.waited_s > 0:
+            enforcement.renew(hold + self.enforcer.config.lease_margin_s)  # from the grant
         jobs = [holder, *siblings, *others]
-        return _Region(enforcement, drain, self._watches(request.device, enforcement, jobs))
+        return _Region(enforcement, drain,
+                       self._watches(request.device, enforcement, jobs, cooling))
 
     def keep(self, held: Held) -> Evidence | None:
         """A released region's evidence with its enforcement kept for its holder's next
@@ -313,8 +319,27 @@ class Exclusivity:
         held.enforcement.renew(hold + self.enforcer.config.lease_margin_s)
         return held
 
-    def _watches(self, device: str, enforcement: Enforcement,
-                 jobs: list[Any]) -> tuple[Watch, ...]:
+    def _cool_down(self, device: str, holder: Any) -> Cooling | None:
+        """With ``--cool-below-c``: wait, the others stopped, until the device is cool and
+        not throttled (:mod:`krex.enforce.cooldown`); ``cooling`` in status meanwhile."""
+        nvml = self._nvml_device(device) if self.config.cool_below_c is not None else None
+        if nvml is None or self.config.cool_below_c is None:
+            return None
+
+        def waiting(state: Any, waited_s: float) -> None:
+            self.cooling[device] = {"job_id": getattr(holder, "job_id", None),
+                                    "waited_s": round(waited_s, 3),
+                                    "temperature_c": state.temperature_c,
+                                    "below_c": self.config.cool_below_c,
+                                    "timeout_s": self.config.cool_timeout_s}
+        try:
+            return cool_down(nvml, self.config.cool_below_c, self.config.cool_timeout_s,
+                             waiting)
+        finally:
+            self.cooling.pop(device, None)
+
+    def _watches(self, device: str, enforcement: Enforcement, jobs: list[Any],
+                 cooling: Cooling | None = None) -> tuple[Watch, ...]:
         """The device's own account of the region, begun now (as the grant is sent):
         fakegpu's server, and NVML where it answers for the device.  ``jobs``: every
         job of the daemon, the holder first."""
@@ -328,7 +353,7 @@ class Exclusivity:
             viewer = getattr(jobs[0], "uid", None)  # the holder's user
             out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer,
                                        clock_frac=self.config.release_clock_frac,
-                                       sampler=self._sampler(device, nvml)))
+                                       sampler=self._sampler(device, nvml), cooling=cooling))
         return tuple(out)
 
     def _sampler(self, device: str, nvml: NvmlDevice) -> Sampler | None:
@@ -458,7 +483,8 @@ class Exclusivity:
         backends = self.enforcer.backends()
         return {"freeze": backends["freeze_chosen"] or "off", "isolate": self.config.isolate,
                 "measure_cores": backends["measure_cores"], "gate": self.config.gate,
-                "guardian_pid": self.guardian.pid, "cgroups": self.layout.bases()}
+                "guardian_pid": self.guardian.pid, "cgroups": self.layout.bases(),
+                "cooling": dict(self.cooling)}
 
     def backends(self) -> dict[str, Any]:
         return self.enforcer.backends()

@@ -41,6 +41,7 @@ from krex.devices.audit import (
     throttle_names,
 )
 from krex.devices.sampler import Sampler, Window
+from krex.enforce.cooldown import Cooling
 from krex.protocol.report import DeviceAudit, Reason, ReasonCode
 
 
@@ -66,8 +67,10 @@ class NvmlWatch:
     hands_over = False
 
     def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None,
-                 clock_frac: float, sampler: Sampler | None = None) -> None:
+                 clock_frac: float, sampler: Sampler | None = None,
+                 cooling: Cooling | None = None) -> None:
         self.device = device
+        self.cooling = cooling  # the grant's wait for the device to cool, if any
         self.sampler = sampler
         self.window: Window | None = None  # the samples between grant and release
         self.managed = managed
@@ -78,8 +81,9 @@ class NvmlWatch:
 
     @classmethod
     def begin(cls, device: NvmlDevice, managed: Managed, viewer_uid: int | None = None,
-              clock_frac: float = 0.9, sampler: Sampler | None = None) -> NvmlWatch:
-        watch = cls(device, managed, viewer_uid, clock_frac, sampler)
+              clock_frac: float = 0.9, sampler: Sampler | None = None,
+              cooling: Cooling | None = None) -> NvmlWatch:
+        watch = cls(device, managed, viewer_uid, clock_frac, sampler, cooling)
         watch.grant = device.read(viewer_uid)
         if sampler is not None:
             watch.window = sampler.open()
@@ -100,6 +104,8 @@ class NvmlWatch:
                             sorted(foreign))
         if self.window is not None:
             audit.end["between"] = self.window.to_dict()
+        if self.cooling is not None:
+            audit.start["cool_down"] = self.cooling.to_dict()
         reasons = []
         if foreign:
             reasons.append(foreign_reason(foreign))

@@ -2,10 +2,10 @@
 process on the fake NVML device (otherwise steady: its defaults), takes one region on
 fakegpu:0, and prints its report.
 
-argv: JSON {"also": [pids listed from the start], "mid": {fake NVML state set inside
-the region}, "mid_pids": [pids listed from inside the region on], "restore": {state set
-back "mid_s" seconds later (default 0.02), so the release reading sees the device
-steady again}}.
+argv: JSON {"state": {fake NVML state to start from}, "also": [pids listed from the
+start], "mid": {fake NVML state set inside the region}, "mid_pids": [pids listed from
+inside the region on], "restore": {state set back "mid_s" seconds later (default
+0.02), so the release reading sees the device steady again}}.
 """
 
 import json
@@ -20,7 +20,8 @@ import krex
 plan = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 listed = [os.getpid(), *plan.get("also", [])]
 # a steady device to start from, whatever the job before left
-pynvml.update(**{**pynvml.DEFAULT, "processes": [{"pid": pid, "used_mib": 64} for pid in listed]})
+pynvml.update(**{**pynvml.DEFAULT, **plan.get("state", {}),
+                 "processes": [{"pid": pid, "used_mib": 64} for pid in listed]})
 with krex.region(device="fakegpu:0", label="nvml") as r:
     time.sleep(0.02)
     mid = dict(plan.get("mid", {}))
