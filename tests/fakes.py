@@ -61,6 +61,9 @@ class ScriptedExclusivity:
         self.entered.append(request.device)
         return FakeHeld(len(siblings))
 
+    def lock_clocks(self, devices):
+        pass
+
     def create_cgroups(self, job_id, device="cpu"):
         return None
 

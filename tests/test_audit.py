@@ -130,16 +130,21 @@ def test_sharing_is_read_and_a_device_that_cannot_do_mig_is_not_shared(fake):
 
 
 def test_doctor_shows_each_devices_sharing_and_contexts(fake):
-    """``krex doctor`` asks NVML for every cuda device: MPS or MIG and the processes with
-    a context fail their check, with the fix.  Control: an idle, unshared device passes."""
+    """``krex doctor`` asks NVML for every cuda device: MPS or MIG, the processes with a
+    context and clocks the running daemon did not lock fail their check, with the fix.
+    Control: an idle, unshared device with locked clocks passes."""
     from krex.enforce.doctor import device_checks
 
-    quiet = device_checks(["cuda:0"])
+    locked = [{"device": "cuda:0", "index": 0, "mode": "base", "sm_mhz": 1590}]
+    quiet = device_checks(["cuda:0"], locked=locked)
     fake.update(mig_mode=1, processes=[{"pid": os.getpid(), "used_mib": 10}])
     busy = device_checks(["cuda:0"])
     assert [(c["check"], c["ok"]) for c in quiet] == [("cuda:0: not shared", True),
-                                                       ("cuda:0: contexts", True)]
-    shared, contexts = busy
+                                                       ("cuda:0: contexts", True),
+                                                       ("cuda:0: clocks locked", True)]
+    assert "1590 MHz (base)" in quiet[2]["detail"]
+    shared, contexts, clocks = busy
+    assert not clocks["ok"] and "--lock-clocks" in clocks["advice"]
     assert not shared["ok"] and "MIG" in shared["detail"] and "-mig 0" in shared["advice"]
     assert not contexts["ok"] and str(os.getpid()) in contexts["detail"]
     assert "krex run" in contexts["advice"]

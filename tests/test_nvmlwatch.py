@@ -238,3 +238,42 @@ def test_a_grant_waits_for_the_device_to_cool_and_not_past_its_timeout(make_daem
     assert 3.0 <= waited["waited_s"] < 10, waited
     assert _reason(stuck, "throttled") is not None and not stuck["clean"]
     assert _cooling() == {}
+
+
+def _locked(tmp_path) -> list[int] | None:
+    return json.loads((tmp_path / "nvml.json").read_text()).get("locked_clocks")
+
+
+def _status_clocks() -> dict:
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as client:
+        return client.status()["enforcement"]["clocks"]
+
+
+@pytest.mark.parametrize("end", ["stop", "kill"])
+def test_locked_clocks_are_reset_when_the_daemon_stops_or_dies(make_daemon, tmp_path,
+                                                               monkeypatch, end):
+    """``--lock-clocks max`` locks the device's SM clock at its maximum while the daemon
+    runs (status says so) and resets it when the daemon stops -- or, killed, by its
+    guardian's lease (the daemon cannot).  Control: a daemon without the flag leaves
+    the clocks alone."""
+    d = _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--lock-clocks", "max")
+    assert _locked(tmp_path) == [1980, 1980]
+    assert _status_clocks()["locked"] == [{"device": "fakegpu:0", "index": 0, "mode": "max",
+                                           "sm_mhz": 1980}]
+    if end == "stop":
+        d.stop()
+    else:
+        d.proc.kill()
+        d.proc.wait(10)
+    wait_for(lambda: _locked(tmp_path) is None, 15)
+
+
+def test_a_daemon_without_lock_clocks_leaves_them_alone(make_daemon, tmp_path, monkeypatch):
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"locked_clocks": [1410, 1410]}))  # someone else's lock
+    d = _nvml_daemon(make_daemon, tmp_path, monkeypatch)
+    assert _status_clocks() == {"locked": [], "errors": {}}
+    d.stop()
+    assert _locked(tmp_path) == [1410, 1410]

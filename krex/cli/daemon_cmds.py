@@ -144,7 +144,9 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from krex.enforce.doctor import diagnose
 
-    report = diagnose(daemon=_running_daemon())
+    st = _running_status()
+    report = diagnose(daemon=st["daemon"] if st else None,
+                      clocks=st.get("enforcement", {}).get("clocks") if st else None)
     if args.json:
         print_json(report)
         return 0
@@ -154,15 +156,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _running_daemon() -> dict | None:
-    """The running daemon's own account (``status()["daemon"]``), or None: none runs
-    (doctor never starts one)."""
+def _running_status() -> dict | None:
+    """The running daemon's ``status()``, or None: none runs (doctor never starts one)."""
     from krex.client.connection import Client
     from krex.errors import KrexError
 
     try:
         with Client(autostart=False, reply_timeout_s=5) as c:
-            return c.status()["daemon"]
+            return c.status()
     except (KrexError, OSError):
         return None
 

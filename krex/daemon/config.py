@@ -162,6 +162,10 @@ class DaemonConfig:
     cool_timeout_s: float = field(default=30.0, metadata=flag(
         "the longest a grant waits for the device to cool (then it is granted, and its "
         "report says it was not cooled)"))
+    lock_clocks: str | None = field(default=None, metadata=flag(
+        "lock each NVIDIA device's SM clock while the daemon runs, at its base clock "
+        "(steady under load) or its maximum; reset at stop, and by the guardian if the "
+        "daemon dies (root only)", choices=("base", "max"), shown_default="off"))
     fakegpu_nvml: int | None = field(default=None, metadata=flag(
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
@@ -202,6 +206,9 @@ class DaemonConfig:
         if 0 < self.warm_moves_ms < 0.5:
             raise ValueError("--warm-moves-ms below 0.5 would ping the kernel's cgroup "
                              "lock thousands of times a second; 4 keeps moves fast")
+        if self.lock_clocks is not None and os.geteuid() != 0:
+            raise ValueError("--lock-clocks needs root: NVML lets only root lock a GPU's "
+                             "clocks (run krex serve as root, or leave clocks unlocked)")
         if self.cool_timeout_s < 0:
             raise ValueError("--cool-timeout-s must be 0 or more")
         if self.device_sample_ms < 0:

@@ -112,6 +112,7 @@ class Daemon:
         self.devices = discover()
         self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
         self.exclusivity = exclusivity or Exclusivity(config)
+        self.exclusivity.lock_clocks([d.name for d in self.devices])
         self.access = Access(config.node, os.getuid())
         self.quota = Quota(config.tenant_max_jobs, config.tenant_region_s_per_min,
                            config.tenant_max_hold_s)

@@ -24,6 +24,7 @@ from krex.devices.audit import NvmlDevice, nvml_device
 from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
+from krex.enforce.clocklock import ClockLocks
 from krex.enforce.cooldown import Cooling, cool_down
 from krex.enforce.devicewatch import FakegpuWatch, finish_all
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
@@ -175,6 +176,7 @@ class Exclusivity:
         self._nvml: dict[str, NvmlDevice | None] = {}
         self._samplers: dict[str, Sampler] = {}  # per audited device, between grant and release
         self.cooling: dict[str, dict[str, Any]] = {}  # device -> the grant waiting to cool
+        self.clock_locks = ClockLocks(self.guardian)
         self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
 
@@ -484,7 +486,7 @@ class Exclusivity:
         return {"freeze": backends["freeze_chosen"] or "off", "isolate": self.config.isolate,
                 "measure_cores": backends["measure_cores"], "gate": self.config.gate,
                 "guardian_pid": self.guardian.pid, "cgroups": self.layout.bases(),
-                "cooling": dict(self.cooling)}
+                "cooling": dict(self.cooling), "clocks": self.clock_locks.describe()}
 
     def backends(self) -> dict[str, Any]:
         return self.enforcer.backends()
@@ -496,7 +498,18 @@ class Exclusivity:
     def guardian_restarts(self) -> int:
         return self.guardian.restarts
 
+    def lock_clocks(self, devices: Sequence[str]) -> None:
+        """``--lock-clocks``: lock every device NVML answers for (at start)."""
+        if self.config.lock_clocks is None:
+            return
+        audited = {name: nvml for name in devices
+                   if (nvml := self._nvml_device(name)) is not None}
+        self.clock_locks.lock_all(audited, self.config.lock_clocks)
+        for name, why in self.clock_locks.errors.items():
+            log.warning("%s: clocks not locked: %s", name, why)
+
     def close(self) -> None:
+        self.clock_locks.reset_all()
         self.enforcer.shield.unpark()  # a lingering narrowing widens now, not on a timer
         for job_id in list(self.gates):
             self.job_ended(job_id)

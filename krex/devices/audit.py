@@ -118,15 +118,16 @@ def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | No
         handle = pynvml.nvmlDeviceGetHandleByIndex(int(index or 0))
     except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, ...: no audit
         return None
-    return NvmlDevice(pynvml, handle)
+    return NvmlDevice(pynvml, handle, int(index or 0))
 
 
 class NvmlDevice:
     """One device's NVML handle; :meth:`read` gives its state and processes now."""
 
-    def __init__(self, nvml: Any, handle: Any) -> None:
+    def __init__(self, nvml: Any, handle: Any, index: int = 0) -> None:
         self.nvml = nvml
         self.handle = handle
+        self.index = index  # NVML's index of the device
 
     def state(self) -> DeviceState:
         """The device's state alone (clocks, temperature, power, throttle reasons): what

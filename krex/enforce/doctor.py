@@ -231,11 +231,13 @@ def _read(path: str) -> str:
 
 
 def diagnose(layout: CgroupLayout | None = None,
-             daemon: dict[str, Any] | None = None) -> dict[str, Any]:
+             daemon: dict[str, Any] | None = None,
+             clocks: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every check ``krex doctor`` shows: ``{"checks": [...], "devices": [...],
     "capabilities": capabilities()}``; each check has ``check``, ``ok``, ``detail``,
     ``advice`` (empty when ok).  ``daemon``: the running daemon's ``status()["daemon"]``,
-    if one runs (the CLI asks it; this layer has no client)."""
+    if one runs (the CLI asks it; this layer has no client); ``clocks``: its
+    ``status()["enforcement"]["clocks"]`` (which devices it locked)."""
     from krex.devices import discover
 
     layout = layout or CgroupLayout.probe()
@@ -245,7 +247,8 @@ def diagnose(layout: CgroupLayout | None = None,
                      "cgroup freezing and cpusets need root or a delegated cgroup subtree")]
     checks += _cgroup_checks(caps["cgroup_layout"])
     checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
-    checks += device_checks([d.name for d in devices if d.name.startswith("cuda:")])
+    checks += device_checks([d.name for d in devices if d.name.startswith("cuda:")],
+                            locked=(clocks or {}).get("locked"))
     checks += _enforce_checks(caps)
     checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
@@ -293,11 +296,13 @@ def _enforce_checks(caps: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-def device_checks(names: list[str], fakegpu_nvml: int | None = None) -> list[dict[str, Any]]:
+def device_checks(names: list[str], fakegpu_nvml: int | None = None,
+                  locked: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """What each NVIDIA device says of its sharing and its contexts now (NVML): a device
     shared by MIG or MPS, or with processes holding a context on it, gives regions
     ``shared_device`` or ``foreign_device_process`` unless those are krex's own jobs.
-    A device NVML does not answer for is said so (its regions get no device audit)."""
+    A device NVML does not answer for is said so (its regions get no device audit).
+    ``locked``: the running daemon's locked clocks (``--lock-clocks``), if any."""
     from krex.devices.audit import nvml_device
 
     out = []
@@ -320,6 +325,13 @@ def device_checks(names: list[str], fakegpu_nvml: int | None = None) -> list[dic
                           procs or "no process has a context on it",
                           "a process krex does not manage makes its regions "
                           "foreign_device_process: stop it, or run it under krex run"))
+        lock = next((c for c in locked or [] if c["device"] == name), None)
+        out.append(_check(
+            f"{name}: clocks locked", lock is not None,
+            f"SM clock locked at {lock['sm_mhz']} MHz ({lock['mode']}) by the running daemon"
+            if lock else "not locked: kernel times follow the boost clock and the heat",
+            "krex serve --lock-clocks base (root; reset when the daemon stops, or by its "
+            "guardian if it dies)"))
     return out
 
 

@@ -14,6 +14,8 @@ Record kinds::
     {"kind": "affinity", "pid": P, "tid": T, "start_time": S, "cpus": [0, 1]}
     {"kind": "gate_open", "path": FILE, "slot": N}      reopen a job's GPU gate
     {"kind": "cuda_unlock", "lib": PATH, "pid": P}      cuCheckpointProcessUnlock(P)
+    {"kind": "gpu_clocks_reset", "index": N, "module_dir": DIR}
+                                                        NVML device N's locked clocks reset
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def _cuda_unlock(rec: dict) -> None:
     ctypes.CDLL(rec["lib"]).cuCheckpointProcessUnlock(ctypes.c_int(int(rec["pid"])), None)
 
 
+def _gpu_clocks_reset(rec: dict) -> None:
+    """Through the ``pynvml`` the daemon used (the guardian runs with ``-I``: no
+    ``PYTHONPATH``), found again in ``module_dir``."""
+    import importlib
+    import sys
+
+    if rec["module_dir"] not in sys.path:
+        sys.path.insert(0, rec["module_dir"])
+    nvml = importlib.import_module("pynvml")
+    nvml.nvmlInit()
+    nvml.nvmlDeviceResetGpuLockedClocks(nvml.nvmlDeviceGetHandleByIndex(int(rec["index"])))
+
+
 _ACTIONS: dict[str, Callable[[dict], None]] = {
     "thaw_v2": _thaw_v2,
     "thaw_v1": _thaw_v1,
@@ -73,6 +88,7 @@ _ACTIONS: dict[str, Callable[[dict], None]] = {
     "affinity": _affinity,
     "gate_open": _gate_open,
     "cuda_unlock": _cuda_unlock,
+    "gpu_clocks_reset": _gpu_clocks_reset,
 }
 
 

@@ -6,7 +6,9 @@ job changes the device's state with :func:`update`, even in the middle of a regi
 State keys: ``processes`` (``[{"pid", "used_mib", "kind": compute|graphics}]``),
 ``sm_clock_mhz``, ``mem_clock_mhz``, ``temperature_c``, ``power_mw``,
 ``throttle_reasons``, ``utilization_pct``, ``mig_mode`` (current: 0 off, 1 on),
-``mps_processes`` (pids of MPS clients), ``unsupported`` (calls that raise).
+``mps_processes`` (pids of MPS clients), ``max_sm_clock_mhz``, ``base_sm_clock_mhz``,
+``locked_clocks`` (``[min, max]`` MHz while locked, else None), ``unsupported`` (calls
+that raise).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ STATE_ENV = "KREX_FAKE_NVML"
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 DEFAULT = {"processes": [], "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 45,
            "power_mw": 120000, "throttle_reasons": 0x1, "utilization_pct": 0, "mig_mode": 0,
-           "mps_processes": [], "unsupported": []}
+           "mps_processes": [], "max_sm_clock_mhz": 1980, "base_sm_clock_mhz": 1590,
+           "locked_clocks": None, "unsupported": []}
 
 
 class NVMLError(Exception):
@@ -107,3 +110,20 @@ def nvmlDeviceGetMigMode(handle: str) -> list[int]:
 
 def nvmlDeviceGetMPSComputeRunningProcesses(handle: str) -> list[types.SimpleNamespace]:
     return [types.SimpleNamespace(pid=pid, usedGpuMemory=0) for pid in _get("mps_processes")]
+
+
+def nvmlDeviceGetMaxClockInfo(handle: str, kind: int) -> int:
+    return _get("max_sm_clock_mhz")
+
+
+def nvmlDeviceGetDefaultApplicationsClock(handle: str, kind: int) -> int:
+    return _get("base_sm_clock_mhz")
+
+
+def nvmlDeviceSetGpuLockedClocks(handle: str, low: int, high: int) -> None:
+    _get("locked_clocks")  # raises where "unsupported" says so
+    update(locked_clocks=[low, high])
+
+
+def nvmlDeviceResetGpuLockedClocks(handle: str) -> None:
+    update(locked_clocks=None)
