@@ -88,6 +88,12 @@ def test_an_unmanaged_process_on_the_device_makes_the_region_not_clean(nvml_daem
     assert proc["seen_at"] == ["grant", "release"]
     assert shared["device_audit"]["foreign_pids"] == [stranger.pid]
     assert shared["device_audit"]["start"]["sm_clock_mhz"] == 1980
+    # krex status says what the device's last region saw, until a region sees nothing
+    shown = run_krex("status", timeout=30).stdout
+    assert f"fakegpu:0: its last region saw processes krex does not manage with a " \
+           f"context on it: {stranger.pid} (uid {os.getuid()}, 64.0 MiB)" in shown, shown
+    _region(also=[d.proc.pid, _server_pid(d)])
+    assert "its last region saw" not in run_krex("status", timeout=30).stdout
 
 
 def test_a_process_that_appears_during_the_region_is_seen_at_release(nvml_daemon, stranger):

@@ -329,6 +329,15 @@ def status_lines(st: dict) -> list[str]:
                         f"job {h['job_id']} region {h['region']}" if h else "-",
                         len(sched.get("queue", []))])
     out += _table("devices", ["device", "description", "holder", "queued"], devices)
+    for name, seen in ((st.get("enforcement") or {}).get("device_sightings") or {}).items():
+        procs = ", ".join(f"{p['pid']} (uid {p['uid']}, {p['used_memory_mib']} MiB)"
+                          for p in seen["foreign_processes"])
+        out.append(f"{name}: its last region saw "
+                   + "; ".join(filter(None, [
+                       f"processes krex does not manage with a context on it: {procs}"
+                       if procs else "", f"sharing: {', '.join(seen['sharing'])}"
+                       if seen["sharing"] else ""]))
+                   + " -- its regions are not clean while they stay")
     for name, c in ((st.get("enforcement") or {}).get("cooling") or {}).items():
         out.append(f"{name}: job {c['job_id']}'s grant waits for the device to cool: "
                    f"{c['temperature_c']} C, granted at or below {c['below_c']:g} C with no "

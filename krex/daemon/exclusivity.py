@@ -35,7 +35,7 @@ from krex.enforce.guardian import sweep as sweep_journal
 from krex.enforce.handoff import job_key, prepare, take_prepared
 from krex.enforce.job import JobTarget
 from krex.enforce.jobenv import JobEnvironments
-from krex.enforce.nvmlwatch import Managed, NvmlWatch
+from krex.enforce.nvmlwatch import Managed, NvmlWatch, Sightings
 from krex.enforce.process import PROTECTED, ProcessRef
 from krex.enforce.slot import HolderSlot
 from krex.errors import KrexError
@@ -177,6 +177,7 @@ class Exclusivity:
         self._samplers: dict[str, Sampler] = {}  # per audited device, between grant and release
         self.cooling: dict[str, dict[str, Any]] = {}  # device -> the grant waiting to cool
         self.clock_locks = ClockLocks(self.guardian)
+        self.sightings = Sightings()  # what audited regions saw krex does not manage
         self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
 
@@ -355,7 +356,8 @@ class Exclusivity:
             viewer = getattr(jobs[0], "uid", None)  # the holder's user
             out.append(NvmlWatch.begin(nvml, Managed.of(jobs, own), viewer,
                                        clock_frac=self.config.release_clock_frac,
-                                       sampler=self._sampler(device, nvml), cooling=cooling))
+                                       sampler=self._sampler(device, nvml), cooling=cooling,
+                                       seen=(self.sightings, device)))
         return tuple(out)
 
     def _sampler(self, device: str, nvml: NvmlDevice) -> Sampler | None:
@@ -486,7 +488,8 @@ class Exclusivity:
         return {"freeze": backends["freeze_chosen"] or "off", "isolate": self.config.isolate,
                 "measure_cores": backends["measure_cores"], "gate": self.config.gate,
                 "guardian_pid": self.guardian.pid, "cgroups": self.layout.bases(),
-                "cooling": dict(self.cooling), "clocks": self.clock_locks.describe()}
+                "cooling": dict(self.cooling), "clocks": self.clock_locks.describe(),
+                "device_sightings": self.sightings.describe()}
 
     def backends(self) -> dict[str, Any]:
         return self.enforcer.backends()

@@ -28,6 +28,7 @@ reading at the handoff): it is undone and set up again, with a fresh reading.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,31 @@ class Managed:
             pid in self.own or any(job.contains(pid) for job in self.jobs))
 
 
+class Sightings:
+    """What each audited device's latest region saw of processes krex does not manage and
+    of sharing, for ``krex status`` (pids, uids and memory: no commands, which the
+    report's evidence names only to whom may see them).  A region that saw nothing
+    clears its device's entry."""
+
+    def __init__(self) -> None:
+        self.by_device: dict[str, dict[str, Any]] = {}
+
+    def note(self, device: str, foreign: dict[int, tuple[DeviceProcess, list[str]]],
+             sharing: list[Sharing]) -> None:
+        if not foreign and not sharing:
+            self.by_device.pop(device, None)
+            return
+        self.by_device[device] = {
+            "at_wall_s": round(time.time(), 3),
+            "foreign_processes": [{"pid": p.pid, "uid": p.uid, "used_memory_mib":
+                                   p.used_memory_mib, "seen_at": seen}
+                                  for p, seen in foreign.values()],
+            "sharing": [m.mode for m in sharing]}
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        return dict(self.by_device)
+
+
 class NvmlWatch:
     """One region's NVML window: :meth:`begin` at grant, :meth:`stop` at release."""
 
@@ -68,8 +94,10 @@ class NvmlWatch:
 
     def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None,
                  clock_frac: float, sampler: Sampler | None = None,
-                 cooling: Cooling | None = None) -> None:
+                 cooling: Cooling | None = None,
+                 seen: tuple[Sightings, str] | None = None) -> None:
         self.device = device
+        self.seen = seen  # where its findings are noted for status, under which name
         self.cooling = cooling  # the grant's wait for the device to cool, if any
         self.sampler = sampler
         self.window: Window | None = None  # the samples between grant and release
@@ -82,8 +110,9 @@ class NvmlWatch:
     @classmethod
     def begin(cls, device: NvmlDevice, managed: Managed, viewer_uid: int | None = None,
               clock_frac: float = 0.9, sampler: Sampler | None = None,
-              cooling: Cooling | None = None) -> NvmlWatch:
-        watch = cls(device, managed, viewer_uid, clock_frac, sampler, cooling)
+              cooling: Cooling | None = None,
+              seen: tuple[Sightings, str] | None = None) -> NvmlWatch:
+        watch = cls(device, managed, viewer_uid, clock_frac, sampler, cooling, seen)
         watch.grant = device.read(viewer_uid)
         if sampler is not None:
             watch.window = sampler.open()
@@ -115,6 +144,8 @@ class NvmlWatch:
             reasons.append(throttled)
         shared = {when: reading.sharing for when, reading in
                   (("grant", self.grant), ("release", self.release)) if reading.sharing}
+        if self.seen is not None:
+            self.seen[0].note(self.seen[1], foreign, self.release.sharing)
         if shared:
             audit.start["sharing"] = [m.to_dict() for m in self.grant.sharing]
             audit.end["sharing"] = [m.to_dict() for m in self.release.sharing]
