@@ -1,6 +1,6 @@
 """One prepared check of krex on a machine with an NVIDIA GPU (issue 16): run it in one go.
 
-    python benchmarks/gpu_check.py --device cuda:0 --out $OUT/gpu_check.json   # <= 8 min
+    python benchmarks/gpu_check.py --device cuda:0 --out $OUT/gpu_check.json   # <= 9 min
     python benchmarks/gpu_check.py --device cuda:0 --quick                     # ~ 4 min
     python benchmarks/gpu_check.py --device fakegpu:0 --quick                  # here, no GPU
 
@@ -37,6 +37,11 @@ is recorded as ``{"ok": false, "error": ...}``, a missing package as ``skipped``
                       after, p50/p95/p99 per bucket) and per sample; and a bare baseline
                       (no krex at all) vs krex alone.
 9. ``contexts``       process start -> context ready for 1 / 4 / 8 processes; krex exec.
+10. ``device_truth``  the region report's device account (gpu_check_truth): no foreign
+                      process in a quiet run; a context krex does not manage named in
+                      every region; a clock lowered for 0.5 s inside a region (root)
+                      reported ``throttled`` by the sampler.  On fakegpu through the fake
+                      NVML of tests/fakenvml.
 
 On ``fakegpu:N`` the real-stack parts are skipped with a reason and the rest runs
 against fakegpu (its execution log is the device clock there).  This file has not
@@ -76,8 +81,9 @@ PY = sys.executable
 # Per-check wall-clock budgets (s), full and --quick.  Sum <= 8 min (full) / ~4 min (quick).
 BUDGETS = {"prerequisites": (15, 15), "environment": (25, 20), "interposition": (60, 35),
            "held": (45, 30), "overlap": (75, 40), "gate_drain": (35, 20),
-           "checkpoint_lock": (30, 20), "inflation": (140, 75), "contexts": (45, 25)}
-assert sum(b[0] for b in BUDGETS.values()) <= 480
+           "checkpoint_lock": (30, 20), "inflation": (140, 75), "contexts": (45, 25),
+           "device_truth": (35, 30)}
+assert sum(b[0] for b in BUDGETS.values()) <= 520
 
 
 class CheckTimeout(Exception):
@@ -497,12 +503,13 @@ def checks() -> dict[str, Callable[[argparse.Namespace], dict[str, Any]]]:
     inflation and contexts in gpu_check_timing)."""
     import gpu_check_device as dev
     import gpu_check_timing as timing
+    import gpu_check_truth as truth
 
     return {"prerequisites": dev.check_prerequisites, "environment": check_environment,
             "interposition": check_interposition, "held": dev.check_held,
             "overlap": dev.check_overlap, "gate_drain": check_gate_drain,
             "checkpoint_lock": check_checkpoint_lock, "inflation": timing.check_inflation,
-            "contexts": timing.check_contexts}
+            "contexts": timing.check_contexts, "device_truth": truth.check_device_truth}
 
 
 def default_out() -> str:

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
 CHECKS = ("prerequisites", "environment", "interposition", "held", "overlap", "gate_drain",
-          "checkpoint_lock", "inflation", "contexts")
+          "checkpoint_lock", "inflation", "contexts", "device_truth")
 
 
 def test_overlap_is_judged_on_device_time_intervals():
@@ -62,6 +62,11 @@ def test_gpu_check_quick_on_fakegpu(tmp_path):
     for buckets in inflation["inflation_pct"].values():
         assert set(buckets) == {"0.1", "1", "10"}  # krex eval's buckets
     assert set(inflation["krex_alone_vs_bare_pct"]) == {"0.1", "1", "10"}
+    truth = checks["device_truth"]  # through the fake NVML: the daemon's path to it is real
+    assert truth["foreign_named"] == [True, True, True], truth
+    assert not any("foreign_device_process" in c for c in truth["control_reasons"]), truth
+    assert truth["throttle"]["throttled"] and truth["throttle"]["clock_ratio_at_release"] == 1.0
+    assert truth["throttle"]["min_clock_ratio_between"] == 0.5
     cold = checks["contexts"]["cold"]
     assert cold["driver-8"]["all_ready_ms"] >= 8 * 300 * 0.9
 
