@@ -170,6 +170,10 @@ class DaemonConfig:
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",
         hidden=True))
+    fakegpu_amdsmi: int | None = field(default=None, metadata=flag(
+        "test hook: audit fakegpu devices through amdsmi's device N, whatever module "
+        "`amdsmi` is on the daemon's path (tests put a fake one there)", metavar="N",
+        hidden=True))
     workers_min: int = field(default=1, metadata=flag("warm workers kept per device"))
     workers_max: int = field(default=2, metadata=flag("warm workers at most per device"))
     max_programs: int = field(default=100, metadata=flag(

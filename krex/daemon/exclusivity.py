@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
-from krex.devices.audit import NvmlDevice, nvml_device
+from krex.devices.amdaudit import amdsmi_device
+from krex.devices.audit import DeviceReader, NvmlDevice, nvml_device
 from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
@@ -173,7 +174,7 @@ class Exclusivity:
             measure_cores=config.measure_cores), self.layout, self.guardian)
         self.gates: dict[int, GatedJob] = {}
         self._drivers: dict[str, Any] = {}
-        self._nvml: dict[str, NvmlDevice | None] = {}
+        self._readers: dict[str, DeviceReader | None] = {}
         self._samplers: dict[str, Sampler] = {}  # per audited device, between grant and release
         self.cooling: dict[str, dict[str, Any]] = {}  # device -> the grant waiting to cool
         self.clock_locks = ClockLocks(self.guardian)
@@ -325,7 +326,7 @@ class Exclusivity:
     def _cool_down(self, device: str, holder: Any) -> Cooling | None:
         """With ``--cool-below-c``: wait, the others stopped, until the device is cool and
         not throttled (:mod:`krex.enforce.cooldown`); ``cooling`` in status meanwhile."""
-        nvml = self._nvml_device(device) if self.config.cool_below_c is not None else None
+        nvml = self._reader(device) if self.config.cool_below_c is not None else None
         if nvml is None or self.config.cool_below_c is None:
             return None
 
@@ -350,7 +351,7 @@ class Exclusivity:
         out: list[Watch] = []
         if device.startswith("fakegpu") and self.fakegpu is not None:
             out.append(FakegpuWatch.begin(self.fakegpu, pids))
-        nvml = self._nvml_device(device)
+        nvml = self._reader(device)
         if nvml is not None:
             own = [os.getpid(), self.fakegpu.proc.pid if self.fakegpu is not None else 0]
             viewer = getattr(jobs[0], "uid", None)  # the holder's user
@@ -360,7 +361,7 @@ class Exclusivity:
                                        seen=(self.sightings, device)))
         return tuple(out)
 
-    def _sampler(self, device: str, nvml: NvmlDevice) -> Sampler | None:
+    def _sampler(self, device: str, nvml: DeviceReader) -> Sampler | None:
         """The device's sampler thread (made once; None: ``--device-sample-ms 0``)."""
         if self.config.device_sample_ms <= 0:
             return None
@@ -368,11 +369,13 @@ class Exclusivity:
             self._samplers[device] = Sampler(nvml, self.config.device_sample_ms / 1e3)
         return self._samplers[device]
 
-    def _nvml_device(self, device: str) -> NvmlDevice | None:
-        """The device's NVML handle, looked up once (None: NVML does not answer for it)."""
-        if device not in self._nvml:
-            self._nvml[device] = nvml_device(device, self.config.fakegpu_nvml)
-        return self._nvml[device]
+    def _reader(self, device: str) -> DeviceReader | None:
+        """The device's management library -- NVML (cuda) or amdsmi (rocm) -- looked up
+        once (None: neither answers for it: no device audit)."""
+        if device not in self._readers:
+            self._readers[device] = nvml_device(device, self.config.fakegpu_nvml) \
+                or amdsmi_device(device, self.config.fakegpu_amdsmi)
+        return self._readers[device]
 
     def hand_over(self, held: Held, holder: Any, siblings: list[Any], request: Any,
                   others: Sequence[Any] = ()) -> _Region | None:
@@ -506,7 +509,7 @@ class Exclusivity:
         if self.config.lock_clocks is None:
             return
         audited = {name: nvml for name in devices
-                   if (nvml := self._nvml_device(name)) is not None}
+                   if isinstance(nvml := self._reader(name), NvmlDevice)}
         self.clock_locks.lock_all(audited, self.config.lock_clocks)
         for name, why in self.clock_locks.errors.items():
             log.warning("%s: clocks not locked: %s", name, why)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # Throttle (clock event) reasons from nvml.h.  Idle and the application clock setting
 # are not throttling; every other bit is (krex.measure.clocks agrees).
@@ -103,6 +103,18 @@ class NvmlReading:
     sharing: list[Sharing] = field(default_factory=list)
 
 
+class DeviceReader(Protocol):
+    """A device's management library, read by the daemon: NVML (:class:`NvmlDevice`) or
+    amdsmi (:class:`krex.devices.amdaudit.AmdsmiDevice`)."""
+
+    source: str  # the report's device_audit.source: nvml | amdsmi
+    index: int
+
+    def state(self) -> DeviceState: ...
+
+    def read(self, viewer_uid: int | None = None) -> NvmlReading: ...
+
+
 def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | None:
     """The NVML device for ``cuda:N`` (or ``fakegpu:N`` with the ``--fakegpu-nvml`` test
     hook: NVML device N, whatever module ``pynvml`` is) when NVML answers, else None."""
@@ -123,6 +135,8 @@ def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | No
 
 class NvmlDevice:
     """One device's NVML handle; :meth:`read` gives its state and processes now."""
+
+    source = "nvml"  # the report's device_audit.source
 
     def __init__(self, nvml: Any, handle: Any, index: int = 0) -> None:
         self.nvml = nvml
@@ -187,7 +201,7 @@ class NvmlDevice:
             for info in self._ask(f"{kind}_processes", lambda c=call: c(h), errors) or []:
                 kinds, mib = found.setdefault(int(info.pid), ([], _mib(info)))
                 kinds.append(kind)
-        return [_described(pid, tuple(kinds), mib, viewer_uid)
+        return [described(pid, tuple(kinds), mib, viewer_uid)
                 for pid, (kinds, mib) in sorted(found.items())]
 
 
@@ -229,7 +243,7 @@ def _mib(info: Any) -> float | None:
     return round(int(used) / 2**20, 1)
 
 
-def _described(pid: int, kinds: tuple[str, ...], mib: float | None,
+def described(pid: int, kinds: tuple[str, ...], mib: float | None,
                viewer_uid: int | None) -> DeviceProcess:
     """The process with its user, and its command where ``viewer_uid`` may see it (the
     same user, or root; None: the daemon's own view)."""

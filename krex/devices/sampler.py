@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.devices.audit import BENIGN_THROTTLE, DeviceState, NvmlDevice, throttle_names
+from krex.devices.audit import BENIGN_THROTTLE, DeviceReader, DeviceState, throttle_names
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Window:
 class Sampler:
     """One device's sampling thread, started at the first window and asleep without one."""
 
-    def __init__(self, device: NvmlDevice, interval_s: float) -> None:
+    def __init__(self, device: DeviceReader, interval_s: float) -> None:
         self.device = device
         self.interval_s = interval_s
         self._cond = threading.Condition()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from krex.devices.audit import DeviceState, NvmlDevice, throttle_names
+from krex.devices.audit import DeviceReader, DeviceState, throttle_names
 
 POLL_S = 0.05  # NVML's temperature moves in whole degrees over seconds
 
@@ -51,7 +51,7 @@ def ready(state: DeviceState, below_c: float) -> bool:
     return not hot and not state.throttling
 
 
-def cool_down(device: NvmlDevice, below_c: float, timeout_s: float,
+def cool_down(device: DeviceReader, below_c: float, timeout_s: float,
               waiting: Callable[[DeviceState, float], None] | None = None) -> Cooling:
     """Wait until the device is :func:`ready`, at most ``timeout_s``; ``waiting`` is told
     of each reading that is not (the state and the seconds waited so far)."""

@@ -35,8 +35,8 @@ from typing import Any
 
 from krex.devices.audit import (
     DeviceProcess,
+    DeviceReader,
     DeviceState,
-    NvmlDevice,
     NvmlReading,
     Sharing,
     throttle_names,
@@ -92,7 +92,7 @@ class NvmlWatch:
 
     hands_over = False
 
-    def __init__(self, device: NvmlDevice, managed: Managed, viewer_uid: int | None,
+    def __init__(self, device: DeviceReader, managed: Managed, viewer_uid: int | None,
                  clock_frac: float, sampler: Sampler | None = None,
                  cooling: Cooling | None = None,
                  seen: tuple[Sightings, str] | None = None) -> None:
@@ -108,7 +108,7 @@ class NvmlWatch:
         self.release: NvmlReading | None = None
 
     @classmethod
-    def begin(cls, device: NvmlDevice, managed: Managed, viewer_uid: int | None = None,
+    def begin(cls, device: DeviceReader, managed: Managed, viewer_uid: int | None = None,
               clock_frac: float = 0.9, sampler: Sampler | None = None,
               cooling: Cooling | None = None,
               seen: tuple[Sightings, str] | None = None) -> NvmlWatch:
@@ -129,7 +129,8 @@ class NvmlWatch:
         self.stop()
         assert self.grant is not None and self.release is not None
         foreign = self._foreign()
-        audit = DeviceAudit("nvml", self.grant.state.to_dict(), self.release.state.to_dict(),
+        audit = DeviceAudit(self.device.source, self.grant.state.to_dict(),
+                            self.release.state.to_dict(),
                             sorted(foreign))
         if self.window is not None:
             audit.end["between"] = self.window.to_dict()
