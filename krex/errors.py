@@ -358,6 +358,14 @@ class ServiceQuotaExceeded(KrexError):
     default_hint = "wait for your running jobs to finish (or cancel some), then submit again"
 
 
+class ServiceBusy(KrexError):
+    """The service is at a limit of its own (long polls waiting at once): retry after
+    ``seconds`` (HTTP 503 with Retry-After)."""
+
+    code = "service_busy"
+    default_hint = "retry after `seconds`, or poll without wait_s meanwhile"
+
+
 class JobNotFound(KrexError):
     """No job of this tenant with this id (HTTP 404)."""
 

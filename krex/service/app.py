@@ -42,6 +42,7 @@ from krex.errors import (
     QuotaExceeded,
     RecordNotFound,
     RecordsError,
+    ServiceBusy,
     ServiceQuotaExceeded,
     Unauthorized,
 )
@@ -49,6 +50,7 @@ from krex.service import schemas, scope
 from krex.service.config import ServiceConfig, is_loopback
 from krex.service.guard import Guard, allowed
 from krex.service.jobs import JobStore, error_body
+from krex.service.longpoll import LongPolls
 from krex.service.metrics import Metrics
 from krex.service.node import NodeWatcher
 from krex.service.page import PAGE
@@ -58,8 +60,7 @@ from krex.service.work import Work, daemon_client
 KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 STATUS = {Unauthorized: 401, JobNotFound: 404, RecordNotFound: 404, IdempotencyConflict: 409,
           ServiceQuotaExceeded: 429, QuotaExceeded: 429, BadRequest: 400,
-          DaemonNotRunning: 503, RecordsError: 503}
-WAITERS = anyio.CapacityLimiter(256)  # long polls parked at once
+          DaemonNotRunning: 503, RecordsError: 503, ServiceBusy: 503}
 OPEN_PATHS = ("/", "/v1/health")  # no token: the page (static; its data needs one), liveness
 
 
@@ -82,6 +83,7 @@ class Service:
                              config.runners, admit=self.work.admit, stop=self.work.stop,
                              keep_finished=config.keep_finished)
         self.metrics = Metrics(self.jobs, self.node)
+        self.long_polls = self.metrics.long_polls = LongPolls(config.max_long_polls)
         self.node.on_region = self.metrics.region
         self.node.start()
 
@@ -144,7 +146,7 @@ def _errors(app: FastAPI) -> None:
         status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)
         body = error_body(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if status == 429 and exc.seconds is not None:
+        if status in (429, 503) and exc.seconds is not None:
             headers = {"Retry-After": str(max(1, math.ceil(exc.seconds)))}
         extra = {"retry_after_s": exc.seconds} if status == 429 else {}
         response = problem(status, body["code"], body["what"], body["hint"], **extra)
@@ -277,8 +279,9 @@ def _job_routes(app: FastAPI, service: Service) -> None:
         """A job; with ``wait_s`` it answers once the job is done or ``wait_s`` passed."""
         if wait_s <= 0:
             return service.jobs.get(tenant.name, job_id).to_dict()
-        job = await anyio.to_thread.run_sync(service.jobs.wait, tenant.name, job_id, wait_s,
-                                             limiter=WAITERS)
+        with service.long_polls.slot(tenant.name):
+            job = await anyio.to_thread.run_sync(service.jobs.wait, tenant.name, job_id,
+                                                 wait_s, limiter=service.long_polls.threads)
         return job.to_dict()
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])

@@ -28,6 +28,7 @@ class ServiceConfig:
     trust_loopback: bool = False  # loopback without a token is tenant `local` (unsafe if shared)
     allow_hosts: tuple[str, ...] = ()  # more Host names it answers to (krex.service.guard)
     keep_finished: int = KEEP_FINISHED  # finished jobs the store keeps (krex.service.jobs)
+    max_long_polls: int = 256  # long polls waiting at once; one tenant's at most half of them
 
     def __post_init__(self) -> None:
         if not self.state_dir:
@@ -41,10 +42,12 @@ class ServiceConfig:
                                 (self.max_body_bytes < 1024,
                                  f"max_body_bytes {self.max_body_bytes}", "--max-body-kb"),
                                 (self.keep_finished < 1, f"keep_finished {self.keep_finished}",
-                                 "--keep-finished")):
+                                 "--keep-finished"),
+                                (self.max_long_polls < 2,
+                                 f"max_long_polls {self.max_long_polls}", "--max-long-polls")):
             if bad:
                 raise BadRequest(f"{what} is too small",
-                                 hint=f"give {flag} 1 or more")
+                                 hint=f"give {flag} a larger number")
 
     @property
     def tokens_path(self) -> str:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from krex.service.jobs import JobStore
+from krex.service.longpoll import LongPolls
 from krex.service.node import NodeWatcher, reason_codes
 
 BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -26,6 +27,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.jobs = jobs
         self.node = node
+        self.long_polls: LongPolls | None = None  # the service's, once it has them
         labels = ["device", "tenant"]
         self.granted = Counter("krex_regions_granted", "Regions granted and finished",
                                labels, registry=self.registry)
@@ -106,3 +108,7 @@ class _Live:
                 done.add_metric([kind, state], n)
         yield active
         yield done
+        if self.m.long_polls is not None:
+            yield GaugeMetricFamily("krex_service_long_polls_waiting",
+                                    "Long polls waiting at once (all tenants)",
+                                    value=sum(self.m.long_polls.waiting.values()))
