@@ -84,3 +84,33 @@ def test_the_queue_is_bounded(tmp_path):
     assert log.lost >= 800
     stuck.set()
     log.close()
+
+
+def test_the_log_rotates_past_its_budget_and_keeps_the_part_before(tmp_path):
+    """10 000 events (about 1 MB) into a 64 KB budget: the file and its previous part stay
+    near the budget each, the newest events are in the file, the part before them in
+    ``.1``, and a ``log_rotated`` line begins each new file.  Control: without a budget
+    the same events make one file holding them all."""
+    path = str(tmp_path / "events.jsonl")
+    log = EventLog(path, max_queue=20000, max_bytes=64 * 1024)
+    for i in range(10000):
+        log.emit("region_granted", region=i, pad="x" * 60)
+    log.close()
+    import os
+
+    size, older = os.path.getsize(path), os.path.getsize(path + ".1")
+    assert log.rotations >= 10
+    assert size <= 64 * 1024 * 9 // 8  # plus one piece of a flush (an eighth) at most
+    assert older <= 64 * 1024 * 9 // 8
+    events = read_events(path)
+    assert events[0]["event"] == "log_rotated"
+    assert events[-1]["region"] == 9999
+    before = read_events(path + ".1")
+    assert before[-1]["region"] == events[1]["region"] - 1  # nothing lost between the two
+
+    plain = str(tmp_path / "plain.jsonl")
+    log = EventLog(plain, max_queue=20000)
+    for i in range(10000):
+        log.emit("region_granted", region=i, pad="x" * 60)
+    log.close()
+    assert len(read_events(plain)) == 10000 and not os.path.exists(plain + ".1")

@@ -103,6 +103,10 @@ class DaemonConfig:
         "programs one connection may run in warm workers at once"))
     event_log_queue: int = field(default=10000, metadata=flag(
         "events waiting to be written at most; more are dropped and counted"))
+    event_log_max_mb: float = field(default=64.0, metadata=flag(
+        "the event log (events.jsonl, on the runtime dir's tmpfs) starts afresh past this "
+        "size, its previous part kept as events.jsonl.1: at most about twice this in "
+        "memory (0: never rotated)", metavar="MB"))
     keep_regions: int = field(default=20000, metadata=flag(
         "finished regions' records kept for `krex regions` and the service's node page "
         "(compressed, about 63 B each); older ones are in the event log only"))
@@ -213,6 +217,8 @@ class DaemonConfig:
         if self.lock_clocks is not None and os.geteuid() != 0:
             raise ValueError("--lock-clocks needs root: NVML lets only root lock a GPU's "
                              "clocks (run krex serve as root, or leave clocks unlocked)")
+        if self.event_log_max_mb < 0:
+            raise ValueError("--event-log-max-mb must be 0 (never rotated) or more")
         if self.cool_timeout_s < 0:
             raise ValueError("--cool-timeout-s must be 0 or more")
         if self.device_sample_ms < 0:

@@ -110,7 +110,8 @@ class Daemon:
         self._unrecorded: list[tuple[int, int, RegionReport]] = []  # see record_region
         self.ended_jobs: deque[tuple[int, int, dict[str, Any]]] = deque(maxlen=config.keep_jobs)
         self.devices = discover()
-        self.events = EventLog(config.event_log, max_queue=config.event_log_queue)
+        self.events = EventLog(config.event_log, max_queue=config.event_log_queue,
+                               max_bytes=int(config.event_log_max_mb * 2**20) or None)
         self.exclusivity = exclusivity or Exclusivity(config)
         self.exclusivity.lock_clocks([d.name for d in self.devices])
         self.access = Access(config.node, os.getuid())
@@ -663,7 +664,8 @@ class Daemon:
         return {
             "daemon": {"pid": os.getpid(), "socket": self.config.socket_path, **installation(),
                        "uptime_s": time.monotonic() - self.started_mono_s,
-                       "event_log": self.config.event_log, "accepting": self.accepting,
+                       "event_log": self.config.event_log,
+                       "event_log_rotations": self.events.rotations, "accepting": self.accepting,
                        "node": self.config.node, "uid": os.getuid(),
                        "lanes_busy": self.lanes.busy(), "priority": priority.describe(),
                        "keep": self.holds.keeper.describe(),

@@ -10,6 +10,12 @@ loses those lines, counts them, logs it (at most every 10 s) and the writer
 goes on.  When writing works again, an ``events_lost`` line says how many
 went missing.  A line cut short by a failed write is skipped by
 :func:`read_events`.
+
+The runtime directory is a tmpfs (memory): past ``max_bytes`` the log is
+rotated -- the file is renamed ``events.jsonl.1`` (replacing the one before)
+and a new one begins with a ``log_rotated`` line -- so the two together stay
+under about twice the budget.  Readers that follow the file by name reopen it
+when it shrinks.
 """
 
 from __future__ import annotations
@@ -36,9 +42,14 @@ class EventLog:
     ``os.write`` on the file (tests)."""
 
     def __init__(self, path: str | None, max_queue: int = 10000,
-                 writer: Callable[[bytes], int] | None = None) -> None:
+                 writer: Callable[[bytes], int] | None = None,
+                 max_bytes: int | None = None) -> None:
         self.path = path
         self.max_queue = max_queue
+        self.max_bytes = max_bytes  # rotate past this size (None: never)
+        self.rotations = 0
+        self._size = 0
+        self._rotating = False
         self.lost = 0  # events dropped (queue full) or not written (write errors)
         self._told = 0  # of those, counted in an events_lost line already
         self._warned_mono_s = -WARN_EVERY_S
@@ -50,14 +61,38 @@ class EventLog:
         self._fd: int | None = None
         self._stopping = False
         if writer is None and path:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            fd = self._fd
-            writer = lambda data: os.write(fd, data)  # noqa: E731 - bound to this fd
+            self._open()
+            writer = self._write_fd
         self._writer = writer
         if writer is not None:
             self._thread = threading.Thread(target=self._write_loop, name="krex-events",
                                             daemon=True)
             self._thread.start()
+
+    def _open(self) -> None:
+        assert self.path is not None
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._size = os.fstat(self._fd).st_size
+
+    def _write_fd(self, data: bytes) -> int:
+        assert self._fd is not None
+        return os.write(self._fd, data)
+
+    def _rotate(self) -> None:
+        """The file becomes ``PATH.1``; a new one begins (on the writer thread)."""
+        assert self.path is not None and self._fd is not None
+        try:
+            os.replace(self.path, self.path + ".1")
+            os.close(self._fd)
+            self._open()
+        except OSError as exc:
+            self._warn(exc)
+            return
+        self.rotations += 1
+        line = json.dumps({"event": "log_rotated", "previous": self.path + ".1",
+                           "rotations": self.rotations, "mono_s": time.monotonic(),
+                           "wall_s": time.time()}) + "\n"
+        self._write([line])
 
     def emit(self, event: str, **fields: Any) -> None:
         if self._thread is None or self._stopping:
@@ -84,11 +119,27 @@ class EventLog:
                     break
                 lines.append(json.dumps(item, separators=(",", ":"), default=str) + "\n")
             if lines or self.lost > self._told:
-                self._write(lines)
+                for chunk in self._chunks(lines):
+                    self._write(chunk)
             if stop:
                 if self._fd is not None:
                     os.close(self._fd)
                 return
+
+    def _chunks(self, lines: list[str]) -> list[list[str]]:
+        """One flush's lines in pieces of at most an eighth of the budget (4 KiB or more),
+        so a rotation falls within a burst, not after it."""
+        if self.max_bytes is None:
+            return [lines]
+        cap, size = max(4096, self.max_bytes // 8), 0
+        out: list[list[str]] = [[]]
+        for line in lines:
+            if size and size + len(line) > cap:
+                out.append([])
+                size = 0
+            out[-1].append(line)
+            size += len(line)
+        return out
 
     def _write(self, lines: list[str]) -> None:
         assert self._writer is not None
@@ -112,6 +163,14 @@ class EventLog:
             return
         self._cut = False
         self._told += missing
+        self._size += done
+        if self.max_bytes is not None and self._fd is not None and self._size > self.max_bytes \
+                and not self._rotating:
+            self._rotating = True  # its own first line never rotates it again
+            try:
+                self._rotate()
+            finally:
+                self._rotating = False
 
     def _warn(self, exc: OSError) -> None:
         now = time.monotonic()
