@@ -482,3 +482,35 @@ def test_the_store_keeps_as_many_finished_jobs_as_configured(tmp_path):
     assert set(kept) == set(made[-len(kept):])  # the newest
     made, kept = finished(None, "default.sqlite3")
     assert sorted(kept) == sorted(made)
+
+
+def test_the_jobs_database_stays_within_its_byte_budget(tmp_path):
+    """``max_bytes`` (``--jobs-max-mb``): 80 finished jobs of 40 KB results each (3.2 MB)
+    into a 512 KB budget leave the file near the budget, the newest jobs kept, the oldest
+    pruned whatever their count.  Control: the same jobs without a budget grow it past
+    3 MB."""
+    quotas = Quotas(max_active_jobs=10_000, max_jobs_per_minute=100_000)
+    alice = Tenant("alice", quotas)
+
+    def filled(name: str, budget: int | None) -> tuple[int, int, JobStore]:
+        store = JobStore(str(tmp_path / name), {"big": lambda job: {"out": "x" * 40_000}},
+                         runners=1, max_bytes=budget)
+        made = []
+        for i in range(80):
+            made.append(store.submit(alice, "big", {"n": i})[0].id)
+            assert store.wait("alice", made[-1], 10).state == "succeeded"
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return os.path.getsize(tmp_path / name), len(made), store
+
+    size, _, store = filled("budget.sqlite3", 512 * 1024)
+    try:
+        assert size <= 512 * 1024 * 1.3, size
+        assert store.used_bytes() <= 512 * 1024
+        kept, _ = store.list("alice", limit=100)
+        assert 5 <= len(kept) < 80 and kept[0].request == {"n": 79}  # the newest stay
+        assert store.counters["pruned_for_bytes"] >= 80 - len(kept)
+    finally:
+        store.close()
+    size, _, store = filled("plain.sqlite3", None)
+    store.close()
+    assert size > 3 * 1024 * 1024, size

@@ -26,6 +26,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-finished", type=int, metavar="N",
                    help="finished jobs kept in the jobs database, newest first; older ones "
                         "are pruned (default 20000)")
+    p.add_argument("--jobs-max-mb", type=float, default=256.0, metavar="MB",
+                   help="the jobs database's size at most: past it the oldest finished jobs "
+                        "are pruned, whatever their count (default 256)")
     p.add_argument("--max-long-polls", type=int, default=256, metavar="N",
                    help="long polls (GET /v1/jobs/ID?wait_s=) waiting at once, one tenant's "
                         "at most half; more are refused with 503 and Retry-After "
@@ -96,7 +99,7 @@ def _config(args: argparse.Namespace, host: str = "127.0.0.1", port: int = 0,
 
     return ServiceConfig(host=host, port=port, state_dir=args.state_dir or "",
                          records=args.records, runners=args.runners,
-                         max_long_polls=args.max_long_polls,
+                         max_long_polls=args.max_long_polls, jobs_max_mb=args.jobs_max_mb,
                          **({"keep_finished": args.keep_finished}
                             if args.keep_finished is not None else {}), **extra)
 

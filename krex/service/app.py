@@ -81,7 +81,8 @@ class Service:
         self.work = Work(config, finished=self._finished)
         self.jobs = JobStore(os.path.join(config.state_dir, jobs_name), self.work.kinds(),
                              config.runners, admit=self.work.admit, stop=self.work.stop,
-                             keep_finished=config.keep_finished)
+                             keep_finished=config.keep_finished,
+                             max_bytes=int(config.jobs_max_mb * 2**20))
         self.metrics = Metrics(self.jobs, self.node)
         self.long_polls = self.metrics.long_polls = LongPolls(config.max_long_polls)
         self.node.on_region = self.metrics.region

@@ -29,6 +29,7 @@ class ServiceConfig:
     allow_hosts: tuple[str, ...] = ()  # more Host names it answers to (krex.service.guard)
     keep_finished: int = KEEP_FINISHED  # finished jobs the store keeps (krex.service.jobs)
     max_long_polls: int = 256  # long polls waiting at once; one tenant's at most half of them
+    jobs_max_mb: float = 256.0  # the jobs database's pages in use at most (oldest finished go)
 
     def __post_init__(self) -> None:
         if not self.state_dir:
@@ -43,6 +44,8 @@ class ServiceConfig:
                                  f"max_body_bytes {self.max_body_bytes}", "--max-body-kb"),
                                 (self.keep_finished < 1, f"keep_finished {self.keep_finished}",
                                  "--keep-finished"),
+                                (self.jobs_max_mb <= 0, f"jobs_max_mb {self.jobs_max_mb}",
+                                 "--jobs-max-mb"),
                                 (self.max_long_polls < 2,
                                  f"max_long_polls {self.max_long_polls}", "--max-long-polls")):
             if bad:

@@ -107,8 +107,9 @@ class JobStore:
     def __init__(self, path: str, work: dict[str, Work], runners: int = 8,
                  admit: Callable[[str], None] | None = None,
                  stop: Callable[[Job], bool] | None = None,
-                 keep_finished: int = KEEP_FINISHED) -> None:
+                 keep_finished: int = KEEP_FINISHED, max_bytes: int | None = None) -> None:
         self.keep_finished = keep_finished
+        self.max_bytes = max_bytes  # the database's pages in use at most (None: no budget)
         # pruned every this many finished jobs: at most a quarter more are kept meanwhile
         self._prune_every = max(1, min(1000, keep_finished // 4))
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
@@ -288,6 +289,7 @@ class JobStore:
         if self.counters["finished"] % self._prune_every == self._prune_every - 1:
             self._prune()
         self.counters["finished"] += 1
+        self._fit_budget()
 
     # -- the database ------------------------------------------------------------------
 
@@ -333,6 +335,27 @@ class JobStore:
             job = _from_row(row)
             self._live[job.id] = job
             self._queue.push(job.id, job.tenant)
+
+    def used_bytes(self) -> int:
+        """Bytes of the database's pages in use (free pages are reused before it grows)."""
+        pages = self.db.execute("PRAGMA page_count").fetchone()[0]
+        free = self.db.execute("PRAGMA freelist_count").fetchone()[0]
+        return int((pages - free) * self.db.execute("PRAGMA page_size").fetchone()[0])
+
+    def _fit_budget(self) -> None:
+        """Past ``max_bytes``, the oldest finished jobs go (a tenth of them at a time):
+        the file stops growing near its budget, whatever the jobs' outputs weigh."""
+        if self.max_bytes is None:
+            return
+        while self.used_bytes() > self.max_bytes:
+            done = self.db.execute("SELECT count(*) FROM jobs WHERE state NOT IN "
+                                   "('queued','running')").fetchone()[0]
+            if not done:
+                return  # only active jobs: they are kept, whatever they weigh
+            self.db.execute("DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state "
+                            "NOT IN ('queued','running') ORDER BY created_s LIMIT ?)",
+                            (max(1, done // 10),))
+            self.counters["pruned_for_bytes"] += max(1, done // 10)
 
     def _prune(self) -> None:
         self.db.execute("DELETE FROM jobs WHERE state NOT IN ('queued','running') AND "
