@@ -899,3 +899,25 @@ def test_timed_calls_keep_no_outputs_so_they_do_not_page_fault_after_warm_up():
     # the control: outputs kept.  Many fit in heap the calls' temporaries freed (238 and
     # 365 faults for 8 kept outputs in two CI runs, 512+ in others): at least one output's
     assert faults(lambda: kept.append(calls())) >= 128
+
+
+def test_records_prune_to_a_byte_budget_oldest_first(tmp_path):
+    """``prune(max_bytes)`` (the service's ``--records-max-mb``): 200 records of ~20 KB
+    (4 MB) into a 512 KB budget keep the newest, their regions with them, and the pages in
+    use under the budget.  Control: a budget they fit deletes nothing."""
+    from krex.records.store import used_bytes
+
+    db = str(tmp_path / "r.sqlite3")
+    with RecordStore(db) as store:
+        for i in range(200):
+            rec = record(0, output_tail="x" * 20_000)
+            rec["id"], rec["created_at"] = f"ev-{i:03d}", f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}"
+            store.save(rec)
+        assert store.prune(64 * 2**20) == 0  # control: within a large budget, nothing goes
+        gone = store.prune(512 * 1024)
+        assert 150 <= gone < 200 and used_bytes(store.db) <= 512 * 1024
+        kept = [r["id"] for r in store.rows()]
+        assert "ev-199" in kept and "ev-000" not in kept
+        orphans = store.db.execute("SELECT count(*) FROM regions WHERE evaluation_id NOT IN "
+                                   "(SELECT id FROM evaluations)").fetchone()[0]
+        assert orphans == 0

@@ -29,6 +29,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs-max-mb", type=float, default=256.0, metavar="MB",
                    help="the jobs database's size at most: past it the oldest finished jobs "
                         "are pruned, whatever their count (default 256)")
+    p.add_argument("--records-max-mb", type=float, metavar="MB",
+                   help="the records database's size at most: past it, after an evaluation "
+                        "job, the oldest evaluations are deleted (default: never; the file "
+                        "is shared with krex evaluate's history)")
     p.add_argument("--max-long-polls", type=int, default=256, metavar="N",
                    help="long polls (GET /v1/jobs/ID?wait_s=) waiting at once, one tenant's "
                         "at most half; more are refused with 503 and Retry-After "
@@ -100,6 +104,7 @@ def _config(args: argparse.Namespace, host: str = "127.0.0.1", port: int = 0,
     return ServiceConfig(host=host, port=port, state_dir=args.state_dir or "",
                          records=args.records, runners=args.runners,
                          max_long_polls=args.max_long_polls, jobs_max_mb=args.jobs_max_mb,
+                         records_max_mb=args.records_max_mb,
                          **({"keep_finished": args.keep_finished}
                             if args.keep_finished is not None else {}), **extra)
 

@@ -119,6 +119,22 @@ class RecordStore:
             self.db.execute(f"INSERT INTO evaluations VALUES ({','.join('?' * len(row))})", row)
             self.db.executemany("INSERT INTO regions VALUES (?, ?, ?, ?)", regions)
 
+    def prune(self, max_bytes: int) -> int:
+        """The oldest evaluations (and their regions) deleted, a tenth at a time, until the
+        pages in use fit ``max_bytes``; how many went."""
+        gone = 0
+        while used_bytes(self.db) > max_bytes:
+            n = self.count()
+            if not n:
+                break
+            batch = max(1, n // 10)
+            with self.db:
+                old = "SELECT id FROM evaluations ORDER BY created_at LIMIT ?"
+                self.db.execute(f"DELETE FROM regions WHERE evaluation_id IN ({old})", (batch,))
+                self.db.execute(f"DELETE FROM evaluations WHERE id IN ({old})", (batch,))
+            gone += batch
+        return gone
+
     # -- reads -----------------------------------------------------------------------
 
     def get(self, evaluation_id: str, tenant: str | None = None) -> dict[str, Any] | None:
@@ -189,6 +205,14 @@ class RecordStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def used_bytes(db: sqlite3.Connection) -> int:
+    """Bytes of a SQLite database's pages in use (its free pages are reused before the file
+    grows): what a byte budget bounds."""
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    return int((pages - free) * db.execute("PRAGMA page_size").fetchone()[0])
 
 
 def _of(tenant: str | None) -> tuple[str, tuple[Any, ...]]:

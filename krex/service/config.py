@@ -30,6 +30,7 @@ class ServiceConfig:
     keep_finished: int = KEEP_FINISHED  # finished jobs the store keeps (krex.service.jobs)
     max_long_polls: int = 256  # long polls waiting at once; one tenant's at most half of them
     jobs_max_mb: float = 256.0  # the jobs database's pages in use at most (oldest finished go)
+    records_max_mb: float | None = None  # the records database's, after each evaluation job
 
     def __post_init__(self) -> None:
         if not self.state_dir:
@@ -46,6 +47,8 @@ class ServiceConfig:
                                  "--keep-finished"),
                                 (self.jobs_max_mb <= 0, f"jobs_max_mb {self.jobs_max_mb}",
                                  "--jobs-max-mb"),
+                                (self.records_max_mb is not None and self.records_max_mb <= 0,
+                                 f"records_max_mb {self.records_max_mb}", "--records-max-mb"),
                                 (self.max_long_polls < 2,
                                  f"max_long_polls {self.max_long_polls}", "--max-long-polls")):
             if bad:

@@ -40,6 +40,7 @@ from typing import Any
 
 from krex.errors import IdempotencyConflict, JobNotFound, KrexError, ServiceQuotaExceeded
 from krex.protocol.outcome import OUTCOMES
+from krex.records.store import used_bytes
 from krex.service.config import KEEP_FINISHED
 from krex.service.fairqueue import FairQueue
 from krex.service.tenants import Tenant
@@ -337,17 +338,14 @@ class JobStore:
             self._queue.push(job.id, job.tenant)
 
     def used_bytes(self) -> int:
-        """Bytes of the database's pages in use (free pages are reused before it grows)."""
-        pages = self.db.execute("PRAGMA page_count").fetchone()[0]
-        free = self.db.execute("PRAGMA freelist_count").fetchone()[0]
-        return int((pages - free) * self.db.execute("PRAGMA page_size").fetchone()[0])
+        return used_bytes(self.db)
 
     def _fit_budget(self) -> None:
         """Past ``max_bytes``, the oldest finished jobs go (a tenth of them at a time):
         the file stops growing near its budget, whatever the jobs' outputs weigh."""
         if self.max_bytes is None:
             return
-        while self.used_bytes() > self.max_bytes:
+        while used_bytes(self.db) > self.max_bytes:
             done = self.db.execute("SELECT count(*) FROM jobs WHERE state NOT IN "
                                    "('queued','running')").fetchone()[0]
             if not done:

@@ -164,7 +164,20 @@ class Work:
     def evaluate(self, job: Job) -> dict[str, Any]:
         specs = {side: self._spec(job, side, job.request[side]) for side in
                  ("reference", "candidate", "inputs")}
-        return self._in_child(job, {**job.request, **specs})
+        try:
+            return self._in_child(job, {**job.request, **specs})
+        finally:
+            self._fit_records()
+
+    def _fit_records(self) -> None:
+        """``--records-max-mb``: the oldest evaluations go once the records database's pages
+        in use pass it (after each evaluation job: the child stored its record)."""
+        if self.config.records_max_mb is None:
+            return
+        from krex.records import RecordStore
+
+        with RecordStore(self.config.records) as store:  # SQLite serialises two prunes
+            store.prune(int(self.config.records_max_mb * 2**20))
 
     def bench(self, job: Job) -> dict[str, Any]:
         return self._in_child(job, job.request)
