@@ -214,3 +214,34 @@ def test_cancel_kills_an_exec_whose_program_moved_to_another_directory(service, 
         wait_for(lambda w=worker, c=child: _gone(w) and _gone(c), timeout_s=10)
     _, after = service.call("POST", "/v1/jobs/exec", {"program": "print('next')\n"})
     assert service.wait(after["id"])["result"]["stdout"] == "next\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker's own cgroup needs root")
+def test_cancel_kills_what_an_exec_double_forked_away(service, tmp_path):
+    """A program that double-forks a sleeper (its parent exits: the sleeper is no longer
+    in the worker's process tree) is still in the worker's cgroup: the daemon kills the
+    cgroup, so cancel leaves nothing running.  Control, in the same run: at the cancel
+    the sleeper is outside the worker's process tree (a tree kill would miss it)."""
+    import psutil
+
+    pids, spot = tmp_path / "pids", tmp_path / "sleeper"
+    prog = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    if os.fork() == 0:\n"
+            f"        open({str(spot)!r}, 'w').write(str(os.getpid()))\n"
+            "        time.sleep(600)\n"
+            "    os._exit(0)\n"
+            f"while not os.path.exists({str(spot)!r}) or not open({str(spot)!r}).read():\n"
+            "    time.sleep(0.01)\n"
+            f"sleeper = open({str(spot)!r}).read()\n"
+            f"open({str(pids)!r}, 'w').write(str(os.getpid()) + ' ' + sleeper)\n"
+            "while True:\n    time.sleep(0.05)\n")
+    _, job = service.call("POST", "/v1/jobs/exec", {"program": prog})
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, timeout_s=60)
+    worker, sleeper = (int(x) for x in pids.read_text().split())
+    tree = {p.pid for p in psutil.Process(worker).children(recursive=True)}
+    assert sleeper not in tree and psutil.pid_exists(sleeper), (worker, sleeper, tree)
+    status, _ = service.call("POST", f"/v1/jobs/{job['id']}/cancel")
+    assert status == 200
+    assert service.wait(job["id"], wait_s=30)["state"] == "cancelled"
+    wait_for(lambda: _gone(worker) and _gone(sleeper), timeout_s=10)

@@ -525,6 +525,11 @@ class Client:
     def stop(self) -> dict[str, Any]:
         return self._call(m.Stop())
 
+    def stop_program(self, cwd: str) -> dict[str, Any]:
+        """Kill the warm worker running the program started in ``cwd``, with its cgroup
+        (operators): ``stopped``, ``worker_pid``, ``by`` (``cgroup`` or ``tree``)."""
+        return self._call(m.StopProgram(cwd=cwd))
+
     def close(self) -> None:
         self.conn.close()
 

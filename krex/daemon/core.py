@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -365,6 +366,27 @@ class Daemon:
         tenant = self.access.tenant(session.peer, msg.tenant) if msg.tenant else None
         self.pools.run(session, msg, self._device(msg.device), tenant)
         return None
+
+    def _on_stop_program(self, session: Session, msg: m.StopProgram) -> dict[str, Any]:
+        """Kill the worker running the program started in ``msg.cwd`` and everything in its
+        cgroup, on a thread of its own (never under the lock); the worker is replaced."""
+        self.access.require_operator(session.peer, "stop a program in the warm workers")
+        pid = self.pools.running_in(msg.cwd)
+        job = next((j for j in self.jobs.jobs.values() if j.kind == "worker" and j.root
+                    and j.root.pid == pid), None) if pid else None
+        if pid is None or job is None or job.root is None:
+            return {"stopped": False}
+        # stopped first, then asked again: a worker that finished the program and took
+        # the next one (another job's) meanwhile is let go
+        if not job.root.send_signal(signal.SIGSTOP):
+            return {"stopped": False}
+        if self.pools.running_in(msg.cwd) != pid:
+            job.root.send_signal(signal.SIGCONT)
+            return {"stopped": False}
+        cgroups, root = job.cgroups, job.root
+        threading.Thread(target=stop_worker, args=(cgroups, root), daemon=True,
+                         name=f"krex-stop-{pid}").start()
+        return {"stopped": True, "worker_pid": pid, "by": "cgroup" if cgroups else "tree"}
 
     def _on_stop(self, session: Session, msg: m.Stop) -> dict[str, Any]:
         self.access.require_operator(session.peer, "stop the daemon")
@@ -713,3 +735,21 @@ def _text(value: str | None, what: str) -> str | None:
     if value is not None and len(value) > m.MAX_TEXT:
         raise BadRequest(f"{what} is {len(value)} characters long; at most {m.MAX_TEXT}")
     return value
+
+
+def stop_worker(cgroups: Any, root: Any) -> None:
+    """Kill a worker and what it started: its whole cgroup where it has one (a double
+    fork's processes are still in it), else its process tree as seen now."""
+    if cgroups is not None and cgroups.own():
+        cgroups.kill_all()
+        return
+    import psutil
+
+    try:
+        worker = psutil.Process(root.pid)
+        family = [*worker.children(recursive=True), worker]
+    except psutil.Error:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.kill()

@@ -171,6 +171,15 @@ class Pools:
                            "recycles": {}} for name in starting})
         return out
 
+    def running_in(self, cwd: str) -> int | None:
+        """The pid of the worker running a program whose request named ``cwd`` (the
+        daemon's record: a program that calls ``chdir`` does not change it)."""
+        for pool in self.status().values():
+            for w in pool.get("workers", []):
+                if w.get("program_cwd") == cwd and w.get("pid"):
+                    return int(w["pid"])
+        return None
+
     def shutdown(self) -> None:
         with self._lock:
             pools, self.pools = list(self.pools.values()), {}

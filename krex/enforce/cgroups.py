@@ -22,8 +22,11 @@ carry the daemon's PID and start time (:func:`instance_name`) so that
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import time
 from dataclasses import dataclass, field
 
 from krex.enforce.process import ProcessRef, may_touch, read_bytes, start_time
@@ -190,6 +193,22 @@ class JobCgroups:
         """Members (every hierarchy holds the same ones: join and adopt write all)."""
         dirs = self.own()
         return sorted(_procs(dirs[0])) if dirs else []
+
+    def kill_all(self, rounds: int = 50) -> int:
+        """SIGKILL every member, again until none is left (a fork meanwhile joins the
+        cgroup): what the job started goes too, a double fork that left its parent's
+        process tree included.  The number of signals sent."""
+        sent = 0
+        for _ in range(rounds):
+            members = [pid for pid in self.pids() if may_touch(pid)]
+            if not members:
+                break
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    sent += 1
+            time.sleep(0.005)
+        return sent
 
     def remove(self) -> None:
         self._leave_slot_cpuset()

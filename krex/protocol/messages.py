@@ -201,6 +201,15 @@ class Stop(Message):
     type: ClassVar[str] = "stop"
 
 
+@dataclass(frozen=True)
+class StopProgram(Message):
+    """Kill the warm worker running the program whose request named ``cwd``, with every
+    process in its cgroup (what it started and double-forked away too); operators."""
+
+    type: ClassVar[str] = "stop_program"
+    cwd: str = ""
+
+
 # -- replies and events (daemon -> client) -----------------------------------
 
 

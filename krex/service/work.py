@@ -22,13 +22,14 @@ cancel can kill them and so that a bench's region and ad-hoc job are its
 tenant's too.
 
 Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker, its
-request naming the job's own folder as its working directory; the service
-finds that worker among the daemon's (``status``: each busy worker's
-``program_cwd``, the daemon's record, which a program's ``chdir`` does not
-change; a worker's cwd now, for a daemon that does not say), stops it, checks
-again (the worker may have moved on), and kills it with the processes the
-program started.  The pool sees its worker die and replaces it (recycled),
-the program's region, if it held one, ends with its holder.  An evaluation's
+request naming the job's own folder as its working directory; the service asks
+the daemon (``stop_program``) to kill the worker running the program of that
+folder (the daemon's record, which a program's ``chdir`` does not change): the
+daemon stops it, checks again (the worker may have moved on), and kills every
+process in the worker's cgroup — what the program started, a double fork that
+left the worker's process tree included.  The pool sees its worker die and
+replaces it (recycled); the program's region, if it held one, ends with its
+holder.  An evaluation's
 or a bench's process is stopped first (it can no longer write a result or a
 record), then the warm worker running its program (an evaluation's, found by
 the same folder) and every command it started (a bench's timed runs) are
@@ -42,7 +43,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -258,63 +258,13 @@ class Work:
 
 
 def _kill_workers_in(folder: str) -> bool:
-    """Kill the daemon's warm worker whose program runs in ``folder``; True if one was."""
+    """Have the daemon kill the warm worker running the program started in ``folder``,
+    with every process in its cgroup (a double fork's too); True if one was."""
     try:
-        workers = _workers()
+        with daemon_client() as client:
+            return bool(client.stop_program(folder).get("stopped"))
     except KrexError:
         return False
-    return any(_kill_if_in(pid, folder, named) for pid, named in workers.items() if pid > 1)
-
-
-def _workers() -> dict[int, str | None]:
-    """The daemon's warm workers: pid -> the directory its running program's request
-    named (the daemon's record: a program that calls ``chdir`` does not change it)."""
-    with daemon_client() as client:
-        status = client.status()
-    out: dict[int, str | None] = {int(j.get("root_pid") or 0): None
-                                  for j in status.get("jobs", []) if j.get("kind") == "worker"}
-    for pool in (status.get("pools") or {}).values():
-        for w in pool.get("workers", []):
-            out[int(w.get("pid") or 0)] = w.get("program_cwd")
-    return out
-
-
-def _serves(pid: int, folder: str, named: str | None) -> bool:
-    """``pid`` runs the program of ``folder``: as the daemon says, or by its cwd (a
-    daemon that does not say)."""
-    return named == folder or _cwd(pid) == folder
-
-
-def _kill_if_in(pid: int, folder: str, named: str | None) -> bool:
-    """Kill the worker ``pid`` (and what its program started) if it serves ``folder``'s
-    program (``named``: the daemon's word a moment ago): stopped first, checked again,
-    then killed — or let go."""
-    import psutil
-
-    if not _serves(pid, folder, named):
-        return False
-    try:
-        worker = psutil.Process(pid)
-        worker.send_signal(signal.SIGSTOP)
-    except psutil.Error:
-        return False
-    try:
-        if not _serves(pid, folder, _workers_named(pid)):  # it finished and moved on
-            return False
-        for p in [*worker.children(recursive=True), worker]:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        return True
-    finally:
-        with contextlib.suppress(psutil.Error):
-            worker.send_signal(signal.SIGCONT)  # a killed process is gone; a living one runs
-
-
-def _workers_named(pid: int) -> str | None:
-    try:
-        return _workers().get(pid)
-    except KrexError:
-        return None
 
 
 def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:
@@ -375,13 +325,6 @@ def _child_result(folder: str, code: int | None, cancelled: bool) -> dict[str, A
         e = out["error"]
         raise error_class(e["code"])(e["message"], **e.get("fields", {}))
     return out["result"]
-
-
-def _cwd(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return None
 
 
 def _raise_quota(exception: str | None) -> None:
