@@ -911,7 +911,8 @@ def test_records_prune_to_a_byte_budget_oldest_first(tmp_path):
     with RecordStore(db) as store:
         for i in range(200):
             rec = record(0, output_tail="x" * 20_000)
-            rec["id"], rec["created_at"] = f"ev-{i:03d}", f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}"
+            rec["id"] = f"ev-{i:03d}"
+            rec["created_at"] = f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}"
             store.save(rec)
         assert store.prune(64 * 2**20) == 0  # control: within a large budget, nothing goes
         gone = store.prune(512 * 1024)
