@@ -30,7 +30,7 @@ import contextlib
 import io
 from typing import Any
 
-from krex.devices.audit import DeviceProcess, DeviceState, NvmlReading, described
+from krex.devices.audit import DeviceProcess, DeviceReader, DeviceState, described
 
 VIOLATION_BITS = {"active_ppt_pwr": 0x4, "active_prochot_thrm": 0x8,
                   "active_socket_thrm": 0x20, "active_hbm_thrm": 0x40, "active_vr_thrm": 0x80}
@@ -55,7 +55,7 @@ def amdsmi_device(device: str, fakegpu_amdsmi: int | None = None) -> AmdsmiDevic
     return AmdsmiDevice(amdsmi, handle, int(index or 0))
 
 
-class AmdsmiDevice:
+class AmdsmiDevice(DeviceReader):
     """One AMD device's amdsmi handle, read like :class:`~krex.devices.audit.NvmlDevice`."""
 
     source = "amdsmi"
@@ -64,13 +64,6 @@ class AmdsmiDevice:
         self.smi = smi
         self.handle = handle
         self.index = index
-
-    def _ask(self, what: str, call: Any, errors: list[str]) -> Any:
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - one missing query must not hide the others
-            errors.append(f"{what}: {exc}")
-            return None
 
     def _state(self, errors: list[str]) -> DeviceState:
         s, h = self.smi, self.handle
@@ -89,24 +82,15 @@ class AmdsmiDevice:
             throttle_reasons=None if violations is None else sum(
                 bit for key, bit in VIOLATION_BITS.items() if violations.get(key) is True))
 
-    def state(self) -> DeviceState:
-        errors: list[str] = []
-        state = self._state(errors)
-        return DeviceState(**{**vars(state), "errors": tuple(errors)}) if errors else state
-
-    def read(self, viewer_uid: int | None = None) -> NvmlReading:
-        errors: list[str] = []
-        state = self._state(errors)
+    def _processes(self, errors: list[str], viewer_uid: int | None) -> list[DeviceProcess]:
         listed = self._ask("compute_processes",
                            lambda: self.smi.amdsmi_get_gpu_process_list(self.handle), errors)
-        processes: list[DeviceProcess] = []
+        processes = []
         for info in listed or []:
             mem = info.get("mem")
             mib = round(int(mem) / 2**20, 1) if isinstance(mem, int) else None
             processes.append(described(int(info["pid"]), ("compute",), mib, viewer_uid))
-        if errors:
-            state = DeviceState(**{**vars(state), "errors": tuple(errors)})
-        return NvmlReading(state, sorted(processes, key=lambda p: p.pid))
+        return sorted(processes, key=lambda p: p.pid)
 
 
 def _number(info: Any, key: str) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 # Throttle (clock event) reasons from nvml.h.  Idle and the application clock setting
 # are not throttling; every other bit is (krex.measure.clocks agrees).
@@ -103,16 +103,46 @@ class NvmlReading:
     sharing: list[Sharing] = field(default_factory=list)
 
 
-class DeviceReader(Protocol):
+class DeviceReader:
     """A device's management library, read by the daemon: NVML (:class:`NvmlDevice`) or
-    amdsmi (:class:`krex.devices.amdaudit.AmdsmiDevice`)."""
+    amdsmi (:class:`krex.devices.amdaudit.AmdsmiDevice`).  Reads never raise: a query
+    the device does not answer is named in the state's ``errors``, the rest still read."""
 
-    source: str  # the report's device_audit.source: nvml | amdsmi
-    index: int
+    source = ""  # the report's device_audit.source: nvml | amdsmi
+    index = 0  # the library's index of the device
 
-    def state(self) -> DeviceState: ...
+    def state(self) -> DeviceState:
+        """The device's state alone (clocks, temperature, power, throttle reasons): what
+        :mod:`krex.devices.sampler` reads between a region's grant and release."""
+        errors: list[str] = []
+        return _with_errors(self._state(errors), errors)
 
-    def read(self, viewer_uid: int | None = None) -> NvmlReading: ...
+    def read(self, viewer_uid: int | None = None) -> NvmlReading:
+        """State, processes (commands only where ``viewer_uid`` may see them), sharing."""
+        errors: list[str] = []
+        state = self._state(errors)
+        processes = self._processes(errors, viewer_uid)
+        return NvmlReading(_with_errors(state, errors), processes, self._sharing(processes))
+
+    def _ask(self, what: str, call: Any, errors: list[str]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - one missing query must not hide the others
+            errors.append(f"{what}: {exc}")
+            return None
+
+    def _state(self, errors: list[str]) -> DeviceState:
+        raise NotImplementedError
+
+    def _processes(self, errors: list[str], viewer_uid: int | None) -> list[DeviceProcess]:
+        raise NotImplementedError
+
+    def _sharing(self, processes: list[DeviceProcess]) -> list[Sharing]:
+        return []
+
+
+def _with_errors(state: DeviceState, errors: list[str]) -> DeviceState:
+    return DeviceState(**{**vars(state), "errors": tuple(errors)}) if errors else state
 
 
 def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | None:
@@ -133,38 +163,15 @@ def nvml_device(device: str, fakegpu_nvml: int | None = None) -> NvmlDevice | No
     return NvmlDevice(pynvml, handle, int(index or 0))
 
 
-class NvmlDevice:
-    """One device's NVML handle; :meth:`read` gives its state and processes now."""
+class NvmlDevice(DeviceReader):
+    """One device's NVML handle; :meth:`read` gives its state, processes, sharing now."""
 
-    source = "nvml"  # the report's device_audit.source
+    source = "nvml"
 
     def __init__(self, nvml: Any, handle: Any, index: int = 0) -> None:
         self.nvml = nvml
         self.handle = handle
-        self.index = index  # NVML's index of the device
-
-    def state(self) -> DeviceState:
-        """The device's state alone (clocks, temperature, power, throttle reasons): what
-        :mod:`krex.devices.sampler` reads between a region's grant and release."""
-        errors: list[str] = []
-        state = self._state(errors)
-        return DeviceState(**{**vars(state), "errors": tuple(errors)}) if errors else state
-
-    def read(self, viewer_uid: int | None = None) -> NvmlReading:
-        errors: list[str] = []
-        state = self._state(errors)
-        processes = self._processes(errors, viewer_uid)
-        sharing = self._sharing(processes)
-        if errors:
-            state = DeviceState(**{**vars(state), "errors": tuple(errors)})
-        return NvmlReading(state, processes, sharing)
-
-    def _ask(self, what: str, call: Any, errors: list[str]) -> Any:
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - one missing query must not hide the others
-            errors.append(f"{what}: {exc}")
-            return None
+        self.index = index
 
     def _state(self, errors: list[str]) -> DeviceState:
         n, h = self.nvml, self.handle

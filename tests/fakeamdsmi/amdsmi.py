@@ -10,10 +10,13 @@ changes the device's state with :func:`update`, even inside a region.  State key
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 from enum import IntEnum
 from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakenvml"))
+from fakestate import StateFile  # tests/fakenvml's, found beside this folder
 
 STATE_ENV = "KREX_FAKE_AMDSMI"
 DEFAULT = {"processes": [], "gfx_mhz": 2100, "mem_mhz": 1300, "hotspot_c": 50, "power_w": 300,
@@ -41,20 +44,8 @@ class AmdSmiTemperatureMetric(IntEnum):
     CURRENT = 0
 
 
-def load() -> dict[str, Any]:
-    path = os.environ.get(STATE_ENV)
-    if not path or not os.path.exists(path):
-        return dict(DEFAULT)
-    with open(path) as f:
-        return {**DEFAULT, **json.load(f)}
-
-
-def update(**changes: Any) -> None:
-    path = os.environ[STATE_ENV]
-    state = {**load(), **changes}
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f)
-    os.replace(path + ".tmp", path)
+_STATE = StateFile(STATE_ENV, DEFAULT)
+load, update = _STATE.load, _STATE.update
 
 
 def _state(call: str) -> dict[str, Any]:

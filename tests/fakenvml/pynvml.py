@@ -13,10 +13,11 @@ that raise).
 
 from __future__ import annotations
 
-import json
 import os
 import types
 from typing import Any
+
+from fakestate import StateFile
 
 STATE_ENV = "KREX_FAKE_NVML"
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
@@ -30,21 +31,8 @@ class NVMLError(Exception):
     pass
 
 
-def load() -> dict[str, Any]:
-    path = os.environ.get(STATE_ENV)
-    if not path or not os.path.exists(path):
-        return dict(DEFAULT)
-    with open(path) as f:
-        return {**DEFAULT, **json.load(f)}
-
-
-def update(**changes: Any) -> None:
-    """Change the device's state (atomically: a reader never sees half a file)."""
-    path = os.environ[STATE_ENV]
-    state = {**load(), **changes}
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f)
-    os.replace(path + ".tmp", path)
+_STATE = StateFile(STATE_ENV, DEFAULT)
+load, update = _STATE.load, _STATE.update
 
 
 def _get(key: str) -> Any:
