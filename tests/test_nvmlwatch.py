@@ -201,6 +201,15 @@ def test_without_the_sampler_two_readings_miss_a_throttle_inside_the_region(
     assert "between" not in thermal["device_audit"]["end"]
 
 
+def _set_state(tmp_path, **changes) -> None:
+    """Change the fake NVML's state as its own ``update`` does: atomically (the daemon
+    reads the file every few ms; half a file would read as a device that says nothing)."""
+    state = tmp_path / "nvml.json"
+    (tmp_path / "nvml.json.new").write_text(json.dumps({**json.loads(state.read_text()),
+                                                        **changes}))
+    os.replace(tmp_path / "nvml.json.new", state)
+
+
 def _cooling() -> dict:
     from krex.client.connection import Client
 
@@ -224,8 +233,7 @@ def test_a_grant_waits_for_the_device_to_cool_and_not_past_its_timeout(make_daem
         seen = _cooling()["fakegpu:0"]
         shown = run_krex("status", timeout=30).stdout
         time.sleep(0.3)
-        state = tmp_path / "nvml.json"
-        state.write_text(json.dumps({**json.loads(state.read_text()), "temperature_c": 60}))
+        _set_state(tmp_path, temperature_c=60)
         out, err = p.communicate(timeout=60)
     finally:
         reap(p)
@@ -283,3 +291,31 @@ def test_a_daemon_without_lock_clocks_leaves_them_alone(make_daemon, tmp_path, m
     assert _status_clocks() == {"locked": [], "errors": {}}
     d.stop()
     assert _locked(tmp_path) == [1410, 1410]
+
+
+def test_a_grant_waits_for_the_locked_clock_with_min_clock_frac(make_daemon, tmp_path,
+                                                                 monkeypatch):
+    """``--lock-clocks max --min-clock-frac 0.9``: a region asked for while the device
+    reads 990 MHz (half its locked 1980) is granted once it reads 1980, the wait in its
+    report.  Control: ``--min-clock-frac`` without a lock is refused at start, saying why
+    (an idle clock is no reading to wait on)."""
+    refused = run_krex("serve", "--runtime-dir", str(tmp_path / "refused"),
+                       "--min-clock-frac", "0.9", timeout=30)
+    assert refused.returncode != 0 and "needs --lock-clocks" in refused.stderr, refused
+    _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--lock-clocks", "max",
+                 "--min-clock-frac", "0.9", "--cool-timeout-s", "20")
+    p = krex("run", "--device", "fakegpu:0", "--", PY, JOB,
+             json.dumps({"state": {"sm_clock_mhz": 990}}))
+    try:
+        wait_for(lambda: "fakegpu:0" in _cooling(), 30)
+        seen = _cooling()["fakegpu:0"]
+        time.sleep(0.3)
+        _set_state(tmp_path, sm_clock_mhz=1980)
+        out, err = p.communicate(timeout=60)
+    finally:
+        reap(p)
+    assert p.returncode == 0, err
+    waited = json.loads(out.strip().splitlines()[-1])["device_audit"]["start"]["cool_down"]
+    assert seen["sm_clock_mhz"] == 990 and seen["min_clock_mhz"] == 1782, seen
+    assert waited["cooled"] and waited["sm_clock_mhz"] == 1980 and waited["waited_s"] >= 0.3
+    assert waited["below_c"] is None and waited["min_clock_mhz"] == 1782

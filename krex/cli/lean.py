@@ -339,9 +339,12 @@ def status_lines(st: dict) -> list[str]:
                        if seen["sharing"] else ""]))
                    + " -- its regions are not clean while they stay")
     for name, c in ((st.get("enforcement") or {}).get("cooling") or {}).items():
+        wants = [f"at or below {c['below_c']:g} C" if c.get("below_c") is not None else "",
+                 f"at {c['min_clock_mhz']} MHz or more" if c.get("min_clock_mhz") else "",
+                 "with no throttling"]
         out.append(f"{name}: job {c['job_id']}'s grant waits for the device to cool: "
-                   f"{c['temperature_c']} C, granted at or below {c['below_c']:g} C with no "
-                   f"throttling (waited {c['waited_s']:.1f} s of at most "
+                   f"{c['temperature_c']} C, {c.get('sm_clock_mhz')} MHz; granted "
+                   f"{' '.join(filter(None, wants))} (waited {c['waited_s']:.1f} s of at most "
                    f"{c['timeout_s']:g} s); the queue waits behind it")
     out += _table("jobs (times in ms: docs/protocol.md, where a job's time went)",
                   ["job", "name", "device", "mode", "kind", "pid", "regions", "waited",

@@ -163,6 +163,10 @@ class DaemonConfig:
         "hold a GPU grant, once the other jobs are stopped, until NVML reads the device at "
         "or below this temperature (C) with no throttle reason, at most --cool-timeout-s",
         metavar="C", shown_default="off"))
+    min_clock_frac: float | None = field(default=None, metadata=flag(
+        "with --lock-clocks: also hold a GPU grant until the device's SM clock is at least "
+        "this fraction of the locked clock (an idle device's clock is its idle clock "
+        "unless locked), at most --cool-timeout-s", metavar="FRAC", shown_default="off"))
     cool_timeout_s: float = field(default=30.0, metadata=flag(
         "the longest a grant waits for the device to cool (then it is granted, and its "
         "report says it was not cooled)"))
@@ -219,6 +223,12 @@ class DaemonConfig:
                              "clocks (run krex serve as root, or leave clocks unlocked)")
         if self.event_log_max_mb < 0:
             raise ValueError("--event-log-max-mb must be 0 (never rotated) or more")
+        if self.min_clock_frac is not None and not 0 < self.min_clock_frac <= 1:
+            raise ValueError("--min-clock-frac must be above 0 and at most 1")
+        if self.min_clock_frac is not None and self.lock_clocks is None:
+            raise ValueError("--min-clock-frac needs --lock-clocks: an idle device runs at "
+                             "its idle clock, so a clock before the grant means something "
+                             "only when it is locked")
         if self.cool_timeout_s < 0:
             raise ValueError("--cool-timeout-s must be 0 or more")
         if self.device_sample_ms < 0:

@@ -26,7 +26,7 @@ from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
 from krex.enforce.checkpointlock import CheckpointLock, FakegpuIdle, NvmlIdle, load_driver
 from krex.enforce.clocklock import ClockLocks
-from krex.enforce.cooldown import Cooling, cool_down
+from krex.enforce.cooldown import Cooling, Readiness, cool_down
 from krex.enforce.devicewatch import FakegpuWatch, finish_all
 from krex.enforce.enforcer import EnforceConfig, Enforcement, Enforcer
 from krex.enforce.gate import GateFile
@@ -324,23 +324,34 @@ class Exclusivity:
         return held
 
     def _cool_down(self, device: str, holder: Any) -> Cooling | None:
-        """With ``--cool-below-c``: wait, the others stopped, until the device is cool and
-        not throttled (:mod:`krex.enforce.cooldown`); ``cooling`` in status meanwhile."""
-        nvml = self._reader(device) if self.config.cool_below_c is not None else None
-        if nvml is None or self.config.cool_below_c is None:
+        """With ``--cool-below-c`` or ``--min-clock-frac``: wait, the others stopped, until
+        the device is ready (:mod:`krex.enforce.cooldown`); ``cooling`` in status
+        meanwhile."""
+        want = self._readiness(device)
+        reader = self._reader(device) if want is not None else None
+        if reader is None or want is None:
             return None
 
         def waiting(state: Any, waited_s: float) -> None:
             self.cooling[device] = {"job_id": getattr(holder, "job_id", None),
                                     "waited_s": round(waited_s, 3),
                                     "temperature_c": state.temperature_c,
-                                    "below_c": self.config.cool_below_c,
+                                    "sm_clock_mhz": state.sm_clock_mhz,
+                                    "below_c": want.below_c, "min_clock_mhz": want.min_mhz,
                                     "timeout_s": self.config.cool_timeout_s}
         try:
-            return cool_down(nvml, self.config.cool_below_c, self.config.cool_timeout_s,
-                             waiting)
+            return cool_down(reader, want, self.config.cool_timeout_s, waiting)
         finally:
             self.cooling.pop(device, None)
+
+    def _readiness(self, device: str) -> Readiness | None:
+        locked = self.clock_locks.locks.get(device)
+        min_mhz = None
+        if self.config.min_clock_frac is not None and locked is not None:
+            min_mhz = int(self.config.min_clock_frac * locked[0].sm_mhz)
+        if self.config.cool_below_c is None and min_mhz is None:
+            return None
+        return Readiness(self.config.cool_below_c, min_mhz)
 
     def _watches(self, device: str, enforcement: Enforcement, jobs: list[Any],
                  cooling: Cooling | None = None) -> tuple[Watch, ...]:

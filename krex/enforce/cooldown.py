@@ -9,9 +9,11 @@ reason (other than idle and the applications clock setting) — bounded by
 ``--cool-timeout-s``, after which it grants anyway and says so.  The wait is the
 daemon's, read from NVML by the daemon; nothing the holder writes reaches it.
 
-The SM clock is not waited for: an idle device runs at its idle clock, so "at clock"
-cannot be seen before work starts; a clock that falls during the region is
-``throttled`` (:mod:`krex.enforce.nvmlwatch`).
+With ``--min-clock-frac F`` (which needs ``--lock-clocks``) it also waits for an SM
+clock of at least F times the locked one.  Without a lock the clock is not waited
+for: an idle device runs at its idle clock, so "at clock" cannot be read before work
+starts; a clock that falls during the region is ``throttled``
+(:mod:`krex.enforce.nvmlwatch`).
 
 In: the device (:class:`~krex.devices.audit.NvmlDevice`).  Out: :class:`Cooling`, in
 the region's ``device_audit.start.cool_down``.
@@ -30,38 +32,51 @@ POLL_S = 0.05  # NVML's temperature moves in whole degrees over seconds
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """What a grant waits for: at or below ``below_c`` (None: any temperature), no
+    throttle reason, and an SM clock at ``min_mhz`` or more (None: any clock)."""
+
+    below_c: float | None = None
+    min_mhz: int | None = None
+
+    def met(self, state: DeviceState) -> bool:
+        """A temperature or a clock the device does not give counts as met."""
+        hot = self.below_c is not None and state.temperature_c is not None \
+            and state.temperature_c > self.below_c
+        slow = self.min_mhz is not None and state.sm_clock_mhz is not None \
+            and state.sm_clock_mhz < self.min_mhz
+        return not hot and not slow and not state.throttling
+
+
+@dataclass(frozen=True)
 class Cooling:
     """How a grant's cool-down went."""
 
-    below_c: float
+    want: Readiness
     waited_s: float
-    cooled: bool  # False: the timeout ended the wait with the device still hot or throttled
+    cooled: bool  # False: the timeout ended the wait with the device not ready
     temperature_c: int | None  # at the end of the wait
+    sm_clock_mhz: int | None
     throttling: list[str]  # the throttle reasons still set then
 
     def to_dict(self) -> dict[str, Any]:
-        return {"below_c": self.below_c, "waited_s": round(self.waited_s, 4),
-                "cooled": self.cooled, "temperature_c": self.temperature_c,
+        return {"below_c": self.want.below_c, "min_clock_mhz": self.want.min_mhz,
+                "waited_s": round(self.waited_s, 4), "cooled": self.cooled,
+                "temperature_c": self.temperature_c, "sm_clock_mhz": self.sm_clock_mhz,
                 "throttling": self.throttling}
 
 
-def ready(state: DeviceState, below_c: float) -> bool:
-    """Cool enough and not throttled (a temperature NVML does not give counts as cool)."""
-    hot = state.temperature_c is not None and state.temperature_c > below_c
-    return not hot and not state.throttling
-
-
-def cool_down(device: DeviceReader, below_c: float, timeout_s: float,
+def cool_down(device: DeviceReader, want: Readiness, timeout_s: float,
               waiting: Callable[[DeviceState, float], None] | None = None) -> Cooling:
-    """Wait until the device is :func:`ready`, at most ``timeout_s``; ``waiting`` is told
-    of each reading that is not (the state and the seconds waited so far)."""
+    """Wait until the device meets ``want``, at most ``timeout_s``; ``waiting`` is told
+    of each reading that does not (the state and the seconds waited so far)."""
     t0 = time.monotonic()
     while True:
         state = device.state()
         waited = time.monotonic() - t0
-        if ready(state, below_c) or waited >= timeout_s:
-            return Cooling(below_c, waited, ready(state, below_c), state.temperature_c,
-                           throttle_names(state.throttling))
+        if want.met(state) or waited >= timeout_s:
+            return Cooling(want, waited, want.met(state), state.temperature_c,
+                           state.sm_clock_mhz, throttle_names(state.throttling))
         if waiting is not None:
             waiting(state, waited)
         time.sleep(min(POLL_S, max(0.0, timeout_s - waited)))
