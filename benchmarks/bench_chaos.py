@@ -234,7 +234,8 @@ def well_formed_loop(sock: str, stop: threading.Event, out: dict[str, Any]) -> N
 def check_malformed(frames: int = 10_000) -> dict[str, Any]:
     d = Krexd().start()
     try:
-        rss0, fds0 = d.usage()
+        d.settled()  # a status answered: the daemon's start-up descriptors are all open
+        rss0, fds0 = d.usage()  # (taken before, 5-6 of them read as a leak of 3 after)
         stop, good = threading.Event(), {}
         loop = threading.Thread(target=well_formed_loop, args=(d.socket, stop, good))
         loop.start()
@@ -263,10 +264,6 @@ def check_malformed(frames: int = 10_000) -> dict[str, Any]:
         loop.join(60)
         d.settled()
         rss1, fds1 = d.usage()
-        deadline = time.monotonic() + 3.0  # connections closed just now may still be open
-        while fds1 > fds0 + 2 and time.monotonic() < deadline:  # a leak stays: 100 killers
-            time.sleep(0.1)
-            rss1, fds1 = d.usage()
         out = {"malformed_frames": sent, "error_replies": answered,
                "connection_killers": killers, **good, "daemon_alive": d.proc.poll() is None,
                "rss_growth_mb": round((rss1 - rss0) / 2**20, 1), "fds_before": fds0,
