@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import subprocess
 import time
 
 import pytest
@@ -67,6 +68,24 @@ def _own_cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _processes() -> list[tuple]:
+    """krex's processes on the machine as they are (state: R, S, D, T = stopped...), and
+    the cgroups each is in: what a hang was waiting on."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "ppid", "status", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "krex" in cmd:
+            try:
+                with open(f"/proc/{p.info['pid']}/cgroup") as f:
+                    groups = [line.rsplit(":", 1)[-1].strip() for line in f if "krex" in line]
+            except OSError:
+                groups = []
+            out.append((p.info["pid"], p.info["ppid"], p.info["status"], cmd[:120], groups))
+    return out
+
+
 def _clean_rows(doc: dict) -> list[dict]:
     return [r for b in doc["blocks"] for r in metrics.inflations(b) if r["clean"] is True]
 
@@ -76,7 +95,11 @@ def test_region_mode_on_fakegpu_is_faithful_and_its_reports_truthful(tmp_path):
     env.pop("KREX_SHIELD", None)  # the suite's daemons leave it off; users get it on as root
     out = tmp_path / "out"
     busy0, own0, t0 = _busy_cpu_s(), _own_cpu_s(), time.monotonic()
-    proc = run_krex(*RUN, "--out", str(out), env=env, timeout=240)
+    try:
+        proc = run_krex(*RUN, "--out", str(out), env=env, timeout=240)
+    except subprocess.TimeoutExpired as exc:  # seen twice beside a CPU loop, not explained
+        pytest.fail(f"krex eval did not end in 240 s (usually 15-25 s); its stderr: "
+                    f"{(exc.stderr or '')[-2000:]!r}; processes then: {_processes()}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     other = ((_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)) / (time.monotonic() - t0)
     doc = results.load(json.loads(proc.stdout)["results"])
