@@ -2,7 +2,8 @@
 (issue 44, fair share: krex.service.fairqueue), through a real service and daemon.
 
 Alice submits 12 jobs of 1 s to a service with 2 runners; then Bob submits one.  Bob's
-job must start within about one job's time (a runner frees, and Bob has none running);
+job must start within about one runner's turn (a job's time and the hand-over to the
+next, read from Alice's own starts: a runner frees, and Bob has none running);
 one FIFO queue made it wait for all of Alice's (about 6 job-times).  The control is in
 the same run: Alice's own last job waited several job-times, so the runners were taken.
 """
@@ -51,7 +52,11 @@ def test_another_tenants_job_waits_at_most_about_one_jobs_time(daemon, tmp_path)
         [(j["state"], j["error"]) for j in [bob, *done]]
     job_s = statistics.median(j["ended_s"] - j["started_s"] for j in done)
     alice_waits = sorted(j["started_s"] - j["created_s"] for j in done)
+    starts = sorted(j["started_s"] for j in done)
+    # one runner's turn: a job's time plus the hand-over to the next (spawn, bookkeeping),
+    # read from Alice's own starts, which come RUNNERS to a turn
+    turn_s = statistics.median(b - a for a, b in zip(starts, starts[RUNNERS:]))
     bob_wait = bob["started_s"] - bob["created_s"]
     # control: the runners were Alice's -- her last job waited for most of the others
     assert alice_waits[-1] >= 3 * job_s, (alice_waits, job_s)
-    assert bob_wait <= 1.5 * job_s, (bob_wait, job_s, alice_waits)
+    assert bob_wait <= 1.5 * turn_s, (bob_wait, turn_s, job_s, alice_waits)
