@@ -25,6 +25,7 @@ from krex.measure import (
     measure,
 )
 from krex.measure import regions as regions_mod
+from krex.measure.stopping import CountRule
 from krex.protocol.report import DeviceAudit, Outcome, Reason, ReasonCode, RegionReport
 
 W = MeasureWarning
@@ -324,6 +325,31 @@ def test_bench_budgets_set_counts():
 def test_bench_counts_include_the_flush_as_do_bench_estimates():
     # triton's estimate times cache clear + fn: 3 host operations of 0.25 ms + 1 ms per sample
     assert len(_scripted_bench([1.0], overhead_ms=0.25, rep=35, return_mode="all")) == 20
+
+
+def test_bench_counts_follow_the_samples_in_the_region_not_a_slow_estimate_outside():
+    # Outside the region a busy host makes every call 10x slower than inside (the first call,
+    # the 5 estimate samples, the warm-up): do_bench's count from that estimate is 10 where
+    # the 100 ms budget holds about 90 samples of 1 ms.  On fakegpu under load a 0.1 ms kernel
+    # so got 1-15 samples, and their median was the region's first, slowest ones (issue 41).
+    import itertools
+
+    from krex.measure.timers import FakeKernel
+
+    timer = FakeTimer(host_overhead_ms=0.01)
+    outside = 1 + 5 + 1  # first call, estimate, one warm-up call (warmup=10 ms of 10 ms)
+    kernel = FakeKernel(timer, itertools.chain([10.0] * outside, itertools.repeat(1.0)))
+    times = bench(kernel, timer=timer, region=ScriptedRegions(clock=timer.now_s), warmup=10,
+                  rep=100, return_mode="all")
+    assert 80 <= len(times) <= 101 and times == pytest.approx([1.0] * len(times)), len(times)
+    # control: the rule without the budget to refit from keeps the estimate's count
+    rule = CountRule(10)
+    rule.refit(1.0)
+    assert rule.count == 10
+    refit = CountRule(10, rep_ms=100)
+    refit.refit(1.0)
+    refit.refit(2.0)  # a slower batch later never lowers it: the hold bounds the time
+    assert refit.count == 100
 
 
 def test_bench_rejects_unknown_return_mode():

@@ -156,7 +156,8 @@ def timed_loop(plan: Plan, rule: Any, estimate: Estimate, hold: Hold | None = No
 
     A batch is cut to what fits before the rule's limit on the hold; when not
     even one sample fits (and some were taken) the loop stops with the
-    limit's reason.
+    limit's reason.  After each batch, the batch size and the rule's count
+    (``rule.refit``) follow a sample's wall time as measured in the region.
     """
     timer = plan.timer
     offcpu = getattr(timer, "offcpu_ms", None)
@@ -179,6 +180,10 @@ def timed_loop(plan: Plan, rule: Any, estimate: Estimate, hold: Hold | None = No
         samples.extend(read_samples(plan, pending))
         if offcpu is not None:
             offcpu_ms.extend(offcpu(p) / plan.inner for p in pending)
+        # a sample's wall time in here, not the estimate's from outside on a busy host
+        wall_ms = (timer.now_s() - start_s) * 1e3 / len(samples)
+        batch = batch_size(wall_ms)
+        rule.refit(wall_ms)
         reason = rule.decide(samples, timer.now_s() - hold.start_s)
         if reason:
             return LoopResult(samples, reason, timer.now_s() - start_s, offcpu_ms)
