@@ -3,7 +3,10 @@
 import json
 import os
 
-from helpers import run_krex
+import pytest
+from helpers import descendants, krex, run_krex
+
+from krex.devices import fakegpu
 
 PROG = """
 import os, sys, krex
@@ -151,3 +154,25 @@ def test_status_while_the_first_pool_starts_does_not_deadlock(runtime_dir, monke
         assert results and results[0].ok and polls > 10
     finally:
         d.stop()
+
+
+def test_a_fakegpu_pool_of_many_workers_starts_them_all_on_one_device_server(make_daemon,
+                                                                             tmp_path):
+    # The pool starts its workers at once, and each asked for the device's environment: two
+    # of them could each start the daemon's fakegpu server on the same socket, and the one
+    # that lost the bind failed its worker -- `krex eval` then waited for it without end
+    # (once in 16 quick evals on a quiet machine, twice beside a CPU loop).
+    if not fakegpu.available():
+        pytest.skip("fakegpu was not built")
+    d = make_daemon("--workers-min", "6", "--workers-max", "6")
+    prog = tmp_path / "noop.py"
+    prog.write_text("print('ok')\n")
+    for _ in range(3):
+        runs = [krex("exec", "--device", "fakegpu:0", str(prog)) for _ in range(6)]
+        outs = [p.communicate(timeout=120) for p in runs]
+        assert all(p.returncode == 0 for p in runs), [e[-500:] for _, e in outs]
+    servers = [p for p in descendants(d.proc.pid) if p.name() == "krex-fakegpu-server"]
+    assert len(servers) == 1, servers
+    with d.client() as c:
+        pool = c.status()["pools"]["fakegpu:0"]
+    assert len(pool["workers"]) == 6 and pool["last_start_failure"] is None, pool

@@ -16,7 +16,7 @@ import pytest
 from helpers import reap, spawn, wait_for
 from workers_support import run, write
 
-from krex.errors import WorkerFailed
+from krex.errors import KrexError, WorkerFailed
 from krex.workers import ExecRequest, ExecResult, PoolSpec, WorkerPool
 
 
@@ -454,6 +454,32 @@ def test_status_reports_workers_and_missing_preloads():
 def test_a_device_that_cannot_start_is_a_clear_error():
     with pytest.raises(WorkerFailed, match="unknown device kind"):
         WorkerPool(PoolSpec("nosuchdevice:0", preload=[])).start()
+
+
+class _FailingLauncher:
+    """A launcher whose ``prepare`` fails the way the daemon's did when its device server
+    would not start: with a KrexError, not an OSError."""
+
+    def prepare(self, index):
+        raise KrexError("the fakegpu server did not start", hint="see its stderr")
+
+    def started(self, pid):
+        pass
+
+    def exited(self, pid):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_that_fails_is_a_clear_error_not_a_start_in_progress_forever():
+    # A pool start thread that died of it left the start counted as in progress: the pool
+    # never started another, and `krex eval` waited for its warm workers without end.
+    pool = WorkerPool(PoolSpec("cpu", preload=[], start_timeout_s=5), launcher=_FailingLauncher())
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match="fakegpu server did not start"):
+        pool.start()
+    assert time.monotonic() - t0 < 30
+    assert pool.status()["starting"] == 0
 
 
 FAKEGPU = Path(__file__).resolve().parent.parent / "krex" / "_native"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
@@ -181,6 +182,7 @@ class Exclusivity:
         self.sightings = Sightings()  # what audited regions saw krex does not manage
         self.job_envs = JobEnvironments()
         self.fakegpu: Any = None
+        self._fakegpu_start = threading.Lock()  # a pool starts its workers at once
 
     @property
     def journal_path(self) -> str:
@@ -242,16 +244,22 @@ class Exclusivity:
         return self._fakegpu().env(base={})
 
     def _fakegpu(self) -> Any:
-        if self.fakegpu is None:
-            from krex.devices.fakegpu import FakeGpu
+        """The node's fakegpu server, started on first use -- once: a pool's workers ask for
+        the device's environment from threads of their own, and several servers started on
+        one socket left the losers of the bind failing their workers (issue 41)."""
+        with self._fakegpu_start:
+            return self.fakegpu or self._start_fakegpu()
 
-            sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
-            self.fakegpu = FakeGpu(sock, core=self._fakegpu_core(),
-                                   ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
-            # The fake device stands for a GPU: its execution thread keeps to its own core
-            # (off the reserved ones), and its serving threads do the work a driver does in
-            # the caller's thread, so they run where the caller runs: not shielded.
-            self.enforcer.shield.exempt_device(self.fakegpu.proc.pid)
+    def _start_fakegpu(self) -> Any:
+        from krex.devices.fakegpu import FakeGpu
+
+        sock = os.path.join(self.config.runtime_dir, "fakegpu.sock")
+        self.fakegpu = FakeGpu(sock, core=self._fakegpu_core(),
+                               ctx_delay_ms=self.config.fakegpu_ctx_delay_ms).start()
+        # The fake device stands for a GPU: its execution thread keeps to its own core (off
+        # the reserved ones), and its serving threads do the work a driver does in the
+        # caller's thread, so they run where the caller runs: not shielded.
+        self.enforcer.shield.exempt_device(self.fakegpu.proc.pid)
         return self.fakegpu
 
     def _fakegpu_core(self) -> int | None:

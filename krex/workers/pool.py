@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex.errors import ShuttingDown, WorkerFailed
+from krex.errors import KrexError, ShuttingDown, WorkerFailed
 from krex.workers.execution import run_on
 from krex.workers.launcher import DefaultLauncher, WorkerLauncher
 from krex.workers.process import WorkerProcess, WorkerStartError
@@ -193,8 +193,10 @@ class WorkerPool:
         try:
             worker = WorkerProcess.spawn(self.spec, self.launcher, index)
             worker.wait_ready(self.spec.start_timeout_s)
-        except (WorkerStartError, OSError) as e:
-            self._start_failed(worker, str(e))
+        except (WorkerStartError, OSError, KrexError) as e:  # KrexError: the launcher's own
+            # (a device server that would not start) -- once left counted as a start in
+            # progress: the pool never started another and its callers waited on
+            self._start_failed(worker, str(e) or type(e).__name__)
             return
         with self._cond:
             self._starting -= 1
