@@ -5,22 +5,23 @@ reports.  Both regressed once for a week unnoticed (issue 41: a region slowed 2x
 on fakegpu still said ``clean``), so a short run of the same experiment holds
 them here:
 
-- **truth**: no timed kernel of the ≥ 1 ms buckets more than 20 % above its
-  alone reference is in a region reported clean (``metrics.slow_but_clean``).
-  Not under load yet: beside a CPU loop (which the shield puts on the device's
-  core) one run had 8 such kernels (a 1 ms kernel read 2.9 ms) in regions
-  called clean — the waits of the fake device's serving threads, on the
-  holder's core, are in no account; both halves are judged only on a machine
-  quiet enough that most regions are clean.  (The 0.1 ms bucket is left out: with the quick
-  profile's few samples, 2 of 16 such kernels read > 20 % slow in regions no
-  counter could fault, in one of two quiet runs — docs/notes/headline-eval.md, issue 41.)
+- **truth**: no timed kernel more than 20 % above its alone reference is in a
+  region reported clean (``metrics.slow_but_clean``), the 0.1 ms bucket included
+  since a rep budget's count follows the region's own sample time (before, 2 of 16
+  such kernels, with 1-15 samples, read > 20 % slow in regions no counter could
+  fault).  Not under load yet: beside a CPU loop (which the shield puts on the
+  device's core) one run had 8 such kernels (a 1 ms kernel read 2.9 ms) in regions
+  called clean — the waits of the fake device's serving threads, on the holder's
+  core, are in no account; both halves are judged only on a machine quiet enough
+  that most regions are clean.
 - **fidelity**: the kernels of clean regions are within the bounds below.
 
-The bounds come from runs on the quiet 2-core machine (clean regions' p95 at
-≥ 10 / ≥ 1 / ≥ 0.1 ms: 0.10-0.75 / 0.76-8.5 / 9.6-21 % in three runs; the
-quick profile's loops are short), with room above them; the code before the
-fix measured far outside them (p95 ≥ 1 ms 86-362 %, 33 of 37 slow kernels
-called clean).  When the machine is so busy that few regions are clean (a
+The bounds come from runs on the 2-core machine (clean regions' p95 at
+≥ 10 / ≥ 1 / ≥ 0.1 ms: 0.14-0.69 / 0.62-3.58 / 0.40-3.94 % in three runs of
+2026-12-07, two of them with half the regions not clean), with room above
+them.  The code before each fix measured outside them: p95 ≥ 1 ms 86-362 %
+with 33 of 37 slow kernels called clean (issue 41's regression), and p95
+≥ 0.1 ms 9.6-21 % (the count from an estimate taken outside the region).  When the machine is so busy that few regions are clean (a
 CPU loop beside the suite sits on the fake device's core: most regions say
 ``device_preempted``), nothing can be judged, and the test says so and skips.  It
 skips likewise when other work than the eval's own processes used more than
@@ -49,7 +50,7 @@ RUN = ("eval", "--device", "fakegpu:0", "--modes", "region", "--profile", "quick
        "--agents", "4", "--commands", "4", "--rounds", "1", "--json")
 # p95 inflation (%) of kernels in clean regions, per bucket (ms): measured on the quiet
 # 2-core machine (docs/notes/headline-eval.md), with room for a noisy CI machine.
-P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 50.0}
+P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 8.0}
 MIN_CLEAN_SHARE = 0.5  # below it the machine is too busy to judge fidelity
 MAX_OTHER_CORES = 0.3  # CPUs used by others than the eval beyond it: not a quiet machine
 
@@ -115,9 +116,8 @@ def test_region_mode_on_fakegpu_is_faithful_and_its_reports_truthful(tmp_path):
     if len(rows) < MIN_CLEAN_SHARE * len(kernels):
         pytest.skip(f"only {len(rows)} of {len(kernels)} timed kernels ran in clean regions "
                     f"(reasons: {s['not_clean_reasons']}): too busy a machine to judge")
-    long = [r for r in kernels if r["bucket_ms"] >= 1.0]
-    assert metrics.slow_but_clean(long)["clean"] == 0, [  # the truth half
-        r for r in long if r["inflation_pct"] > metrics.SLOW_PCT]
+    assert metrics.slow_but_clean(kernels)["clean"] == 0, [  # the truth half
+        r for r in kernels if r["inflation_pct"] > metrics.SLOW_PCT]
     p95 = metrics.bucket_stats(rows)
     for bucket, bound in P95_BOUND_PCT.items():
         assert p95[bucket]["p95"] <= bound, (bucket, p95, s["not_clean_reasons"])
