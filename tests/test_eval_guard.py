@@ -21,9 +21,10 @@ The bounds come from runs on the 2-core machine (clean regions' p95 at
 2026-12-07, two of them with half the regions not clean), with room above
 them.  The code before each fix measured outside them: p95 ≥ 1 ms 86-362 %
 with 33 of 37 slow kernels called clean (issue 41's regression), and p95
-≥ 0.1 ms 9.6-21 % (the count from an estimate taken outside the region).  When the machine is so busy that few regions are clean (a
-CPU loop beside the suite sits on the fake device's core: most regions say
-``device_preempted``), nothing can be judged, and the test says so and skips.  It
+≥ 0.1 ms 9.6-21 % (the count from an estimate taken outside the region).  When
+the machine is so busy that few regions are clean (a CPU loop beside the suite
+sits on the fake device's core: most regions say ``device_preempted``), nothing
+can be judged, and the test says so and skips.  It
 skips likewise when other work than the eval's own processes used more than
 ``MAX_OTHER_CORES`` of the machine's CPUs during the eval (from /proc/stat against
 the eval's own CPU time): beside a CPU loop a run once had 9 such kernels with most

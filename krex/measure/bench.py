@@ -84,8 +84,9 @@ def measure(
 
 def _rule(rep_ms, inregion_warmup_ms, estimate, noise_target, min_time_s, max_time_s, timeout_s):
     """do_bench's count from ``rep_ms`` (a sample's estimate includes its flush, as in
-    triton; refit in the region from the samples' own wall time: ``CountRule.refit``), bounded by ``rep_ms`` of hold after the in-region warm-up (``inregion_warmup_ms``
-    or one call); else the noise rule."""
+    triton; raised in the region from the samples' own wall time: ``CountRule.refit``),
+    bounded by ``rep_ms`` of hold after the in-region warm-up (``inregion_warmup_ms`` or
+    one call); else the noise rule."""
     if rep_ms is not None:
         count = max(1, int(rep_ms / estimate.sample_wall_ms))
         warm_ms = max(inregion_warmup_ms, estimate.call_ms)

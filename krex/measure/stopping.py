@@ -50,11 +50,11 @@ class CountRule:
 
     With ``rep_ms``, :meth:`refit` raises the count to what the samples' wall time in the
     region gives, never lowers it (the hold is bounded by ``max_time_s`` anyway; a region
-    slower than the estimate keeps do_bench's count).  The first count comes from an estimate taken outside the region, where a busy
-    host can make a sample look many times longer than it is inside.  On fakegpu, under
-    the eval's load, a 0.1 ms kernel got 1-15 samples where about 90 were due, and the
-    median of so few was the region's first, slowest samples: 7-17 % above alone, in
-    regions reported clean (issue 41).
+    slower than the estimate keeps do_bench's count).  The first count comes from an
+    estimate taken outside the region, where a busy host can make a sample look many
+    times longer than it is inside.  On fakegpu, under the eval's load, a 0.1 ms kernel
+    got 1-15 samples where about 90 were due, and the median of so few was the region's
+    first, slowest samples: 7-17 % above alone, in regions reported clean (issue 41).
     """
 
     count: int
