@@ -104,7 +104,7 @@ def test_pipelined_regions_keep_the_job_queued_so_no_chain_ends(daemon, tmp_path
     # (the report is made after the handoff), and its chains end
     read, counters = _on_daemon(tmp_path, monkeypatch, "rt0-read", "--requeue-ms", "0",
                                 how="plain-read")
-    assert _chain_ends(read) >= N // 4, read
+    assert _chain_ends(read) >= N // 2, read  # 40-54 of 80 on the quiet 2-core machine
     assert sum(not r["handed_over"] for r in read) >= N // 4, read
     # ... and the daemon says why: nobody was queued at those releases
     assert counters["chain_ends"].get("nobody_queued", 0) >= N // 4, counters
@@ -131,9 +131,12 @@ def test_a_plain_loop_asks_again_before_the_handoff_freezes_it(daemon, tmp_path,
     plain, counters = _on_daemon(tmp_path, monkeypatch, "rt0-plain", "--requeue-ms", "0")
     assert len(plain) == 2 * N
     assert all(b["granted"] >= a["released"] for a, b in zip(plain, plain[1:], strict=False))
-    assert _chain_ends(plain) <= N // 4, plain
-    assert sum(not r["handed_over"] for r in plain) <= N // 4, plain
-    assert counters["chain_ends"].get("nobody_queued", 0) <= N // 4, counters
+    # 0-6 chain ends of 80 handoffs mostly, 11-13 in 3 of 22 runs alone on the quiet
+    # 2-core machine (CI read 11 once); the control, reading each report, 40-54
+    most = 3 * N // 8
+    assert _chain_ends(plain) <= most, plain
+    assert sum(not r["handed_over"] for r in plain) <= most, plain
+    assert counters["chain_ends"].get("nobody_queued", 0) <= most, counters
 
 
 @pytest.mark.parametrize("leave", ["break", "raise"])
