@@ -175,7 +175,13 @@ def test_an_unmanaged_hog_on_the_holders_core_makes_regions_not_clean(daemon, tm
         if report.clean is not False:  # a clean region's holder was not kept waiting ...
             host = report.host
             assert host is not None and host.holder_run_delay_ms is not None
-            assert host.holder_run_delay_ms <= (host.run_delay_threshold_ms or 0)
+            threshold = host.run_delay_threshold_ms or 0
+            if host.holder_run_delay_ms > threshold:  # ... or its own threads kept it waiting
+                # (thread-nested): they filled its cores, others had at most the threshold
+                # (Contention.preempted; CI read 3.172 ms of delay against 3.017 so)
+                cores = len(host.holder_cores or [])
+                assert cores and cores * row["elapsed_ms"] - (host.holder_cpu_ms or 0) \
+                    <= threshold, report.to_dict()
             assert (host.holder_cpu_ms or 0) >= 0.9 * row["elapsed_ms"], report.to_dict()
             continue  # ... it ran the whole region: its timing is the work's own
         preempted = report.reason(ReasonCode.HOLDER_PREEMPTED)
