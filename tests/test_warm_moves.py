@@ -266,8 +266,10 @@ def test_a_chain_of_handoffs_keeps_moves_warm_without_pings(tmp_path, monkeypatc
     periods = chain_s / 4e-3
     idle_pings = idle["pings"] - after["pings"]
     assert idle_pings > 0.4 * periods, (idle_pings, periods, idle)  # the control
-    # the chain's: at most one per long gap (no move for a period), plus those of the
-    # 50 ms before it and of the time until the status read after it
-    gaps = [b["granted"] - a["released"] for a, b in zip(rows, rows[1:], strict=False)]
-    allowed = 0.1 * periods + sum(g > 4e-3 for g in gaps) + 15
+    # the chain's: one per period with no move in it -- moves come at the grants, so a
+    # hold stretched past a period by a loaded machine allows one too (beside a CPU loop
+    # CI read 367 against 287 when only release-to-grant gaps counted) -- plus those of
+    # the 50 ms before it and of the time until the status read after it
+    between = [b["granted"] - a["granted"] for a, b in zip(rows, rows[1:], strict=False)]
+    allowed = 0.1 * periods + sum(int(dt / 4e-3) for dt in between) + 15
     assert after["pings"] - ahead["pings"] <= allowed, (after, ahead, periods, allowed)
