@@ -19,9 +19,9 @@ them here:
 The bounds come from runs on the 2-core machine (clean regions' p95 at
 ≥ 10 / ≥ 1 / ≥ 0.1 ms: 0.14-0.69 / 0.62-3.58 / 0.40-3.94 % in three runs of
 2026-12-07, two of them with half the regions not clean), with room above
-them.  The code before each fix measured outside them: p95 ≥ 1 ms 86-362 %
-with 33 of 37 slow kernels called clean (issue 41's regression), and p95
-≥ 0.1 ms 9.6-21 % (the count from an estimate taken outside the region).  When
+them.  The code before the fix measured outside them: p95 ≥ 1 ms 86-362 %
+with 33 of 37 slow kernels called clean (issue 41's regression).  At 0.1 ms the
+bound is loose (see ``P95_BOUND_PCT``).  When
 the machine is so busy that few regions are clean (a CPU loop beside the suite
 sits on the fake device's core: most regions say ``device_preempted``), nothing
 can be judged, and the test says so and skips.  It
@@ -51,7 +51,10 @@ RUN = ("eval", "--device", "fakegpu:0", "--modes", "region", "--profile", "quick
        "--agents", "4", "--commands", "4", "--rounds", "1", "--json")
 # p95 inflation (%) of kernels in clean regions, per bucket (ms): measured on the quiet
 # 2-core machine (docs/notes/headline-eval.md), with room for a noisy CI machine.
-P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 8.0}
+# The 0.1 ms bound cannot tell the count's fix from the code before it: a quiet suite read
+# 9.45 % with it (10 clean kernels: the p95 is their largest), the code before 9.6-21 %
+# alone; tests/test_measure.py's refit test holds that fix, with its control.
+P95_BOUND_PCT = {"10": 2.0, "1": 15.0, "0.1": 25.0}
 MIN_CLEAN_SHARE = 0.5  # below it the machine is too busy to judge fidelity
 MAX_OTHER_CORES = 0.3  # CPUs used by others than the eval beyond it: not a quiet machine
 
