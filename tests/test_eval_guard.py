@@ -123,5 +123,9 @@ def test_region_mode_on_fakegpu_is_faithful_and_its_reports_truthful(tmp_path):
     assert metrics.slow_but_clean(kernels)["clean"] == 0, [  # the truth half
         r for r in kernels if r["inflation_pct"] > metrics.SLOW_PCT]
     p95 = metrics.bucket_stats(rows)
-    for bucket, bound in P95_BOUND_PCT.items():
+    # a quick run draws few kernels per bucket, and a bucket's may all be in unclean
+    # regions (CI once had no clean 0.1 ms kernel): what is absent is not judged
+    judged = {b: bound for b, bound in P95_BOUND_PCT.items() if b in p95}
+    assert judged, (p95, s["not_clean_reasons"])
+    for bucket, bound in judged.items():
         assert p95[bucket]["p95"] <= bound, (bucket, p95, s["not_clean_reasons"])
