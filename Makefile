@@ -4,6 +4,7 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 EXTRAS  ?= dev,plot
+TORCH   ?= torch==2.13.0
 NATIVE  := $(shell find native -name '*.c' -o -name '*.h' -o -name '*.def' 2>/dev/null)
 
 .DEFAULT_GOAL := help
@@ -20,6 +21,12 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	@# (docs/notes/startup.md).  Plain -e where a setuptools lacks the mode.
 	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' --config-settings editable_mode=compat \
 	  || $(VPY) -m pip install -q -e '.[$(EXTRAS)]'
+	@# torch's CPU build for the suite's torch paths, only from a wheel pip finds locally
+	@# (find-links): PyPI's torch is a CUDA build of several GB.  Without one they skip.
+	$(VPY) -m pip install -q --no-index --no-deps '$(TORCH)' 2>/dev/null \
+	  && $(VPY) -m pip install -q '$(TORCH)' \
+	  || echo "make install: no local wheel of $(TORCH): the torch tests will skip" \
+	     "(pip install torch --index-url https://download.pytorch.org/whl/cpu)"
 	@# Bytecode now, as pip does for a wheel: where PYTHONDONTWRITEBYTECODE is set, an
 	@# editable install would otherwise compile krex from source at every command.
 	$(VPY) -m compileall -q krex >/dev/null || true

@@ -13,6 +13,7 @@ judge uses is computed here.  The reference runs in a callee of its own.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -21,10 +22,10 @@ from typing import Any
 
 def _types() -> tuple[Any, Any, Any]:
     """(numpy.ndarray, torch.Tensor or None, its to-host function or None): captured
-    before any code of the task's runs, as C objects the dispatcher compares by identity."""
+    before any code of the candidate's runs, as C objects the dispatcher compares by identity."""
     import numpy as np
 
-    torch = sys.modules.get("torch")  # preloaded by the worker, never imported here
+    torch = sys.modules.get("torch")  # loaded by the inputs builder or the driver's preload
     if torch is None:
         return np.ndarray, None, None
     return np.ndarray, torch.Tensor, torch._C.TensorBase.numpy  # a C method descriptor
@@ -70,13 +71,20 @@ def main() -> int:
     status = int(job["status_fd"])
     from krex._native import _dispatch  # type: ignore[attr-defined]
     from krex.evaluate import spec
+    from krex.evaluate.callees import TENSOR_MODULES
 
-    types = _types()
+    for name in job.get("preload", ()):  # the driver's tensor modules (its --preload)
+        if name in TENSOR_MODULES:
+            importlib.import_module(name)
     try:
         pristine, working = _arguments(job)
     except BaseException as exc:  # noqa: BLE001  (the inputs builder: the request's fault)
         _say(status, f"inputs: {type(exc).__name__}: {exc}")
         return 4
+    # The types once the problem's inputs builder has run (it imports torch where its
+    # inputs are tensors), before the function: captured first, a worker without
+    # torch preloaded took every tensor for a bad output.
+    types = _types()
     _say(status, "bound")  # the driver takes this process's threads as krex's now ...
     go = int(job["go_fd"])
     os.read(go, 1)  # ... and says when it has: only then is the function imported

@@ -105,6 +105,14 @@ class Callee:
         return code
 
 
+#: Modules whose array type the dispatcher takes (besides numpy's): the callee imports
+#: those this process has loaded (a worker's ``--preload``, the inputs compared here)
+#: before it captures the types, so before any code of the task's runs.  A callee that
+#: captured them after -- never, it must not import the task's code first -- would
+#: refuse every tensor as a bad output (it did: torch's type was captured as absent).
+TENSOR_MODULES = ("torch",)
+
+
 def spawn(role: str, fn: dict[str, Any], inputs: dict[str, Any],
           cases: list[dict[str, Any]]) -> Callee:
     """Start one side's callee; it reads its job once it is where it will stay (a cgroup
@@ -122,7 +130,8 @@ def spawn(role: str, fn: dict[str, Any], inputs: dict[str, Any],
     block.alive, block.role = proc.poll, role
     callee.accounting = Accounting(proc.pid)
     job = {"role": role, "fn": fn, "inputs": inputs, "cases": cases, "fd": block.fd,
-           "size": block.size, "status_fd": status_w, "go_fd": go_r}
+           "size": block.size, "status_fd": status_w, "go_fd": go_r,
+           "preload": [name for name in TENSOR_MODULES if name in sys.modules]}
     assert proc.stdin is not None
     with contextlib.suppress(BrokenPipeError):
         proc.stdin.write(json.dumps(job).encode())

@@ -257,31 +257,56 @@ typedef struct {
     ctl_t *ctl;
 } block_t;
 
+/* A leaf's buffer: an ndarray's own; a tensor's through its ndarray view (the captured
+ * to-host descriptor: the same memory, so a refill writes the tensor).  The view holds
+ * the ndarray; a leaf with no buffer (a tensor that needs grad, say) is an empty,
+ * read-only placeholder, so that the working and the pristine leaves keep one index. */
+static void leaf(PyObject *obj, PyObject *types, Py_buffer *out, int rw) {
+    PyObject *ndarray = PyTuple_GET_ITEM(types, 0);
+    PyObject *host = obj;
+    if ((PyObject *)Py_TYPE(obj) != ndarray) {
+        host = PyObject_CallOneArg(PyTuple_GET_ITEM(types, 2), obj);
+        if (!host || (PyObject *)Py_TYPE(host) != ndarray) {
+            PyErr_Clear();
+            Py_XDECREF(host);
+            host = NULL;
+        }
+    }
+    /* a read-only input is taken read-only (never refilled: nothing writes it) */
+    int ok = 0;
+    if (host) {
+        ok = PyObject_GetBuffer(host, out, rw ? PyBUF_RECORDS : PyBUF_RECORDS_RO) == 0;
+        if (!ok && rw) {
+            PyErr_Clear();
+            ok = PyObject_GetBuffer(host, out, PyBUF_RECORDS_RO) == 0;
+        }
+        PyErr_Clear();
+        if (host != obj)
+            Py_DECREF(host);
+    }
+    if (!ok) {
+        memset(out, 0, sizeof(Py_buffer));  /* no buffer at all: an empty placeholder */
+        out->readonly = 1;
+    }
+}
+
 /* Every leaf buffer of an argument tree, depth first (exact containers only). */
-static int buffers(PyObject *tree, PyObject *ndarray, Py_buffer *out, int cap, int n, int rw) {
+static int buffers(PyObject *tree, PyObject *types, Py_buffer *out, int cap, int n, int rw) {
     if (n < 0 || n >= cap)
         return n;  /* beyond MAX_LEAVES the rest is not looked at */
-    if ((PyObject *)Py_TYPE(tree) == ndarray) {
-        /* a read-only input is taken read-only (never refilled: nothing writes it), so
-         * that the working and the pristine leaves keep the same index */
-        if (PyObject_GetBuffer(tree, &out[n], rw ? PyBUF_RECORDS : PyBUF_RECORDS_RO) == 0)
-            return n + 1;
-        PyErr_Clear();
-        if (rw && PyObject_GetBuffer(tree, &out[n], PyBUF_RECORDS_RO) == 0)
-            return n + 1;
-        PyErr_Clear();
-        memset(&out[n], 0, sizeof(Py_buffer));  /* no buffer at all: an empty placeholder */
-        out[n].readonly = 1;
+    PyObject *t = (PyObject *)Py_TYPE(tree), *tensor = PyTuple_GET_ITEM(types, 1);
+    if (t == PyTuple_GET_ITEM(types, 0) || (tensor != Py_None && t == tensor)) {
+        leaf(tree, types, &out[n], rw);
         return n + 1;
     }
     if (PyTuple_CheckExact(tree) || PyList_CheckExact(tree)) {
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tree); i++)
-            n = buffers(PySequence_Fast_GET_ITEM(tree, i), ndarray, out, cap, n, rw);
+            n = buffers(PySequence_Fast_GET_ITEM(tree, i), types, out, cap, n, rw);
     } else if (PyDict_CheckExact(tree)) {
         PyObject *k, *v;
         Py_ssize_t pos = 0;
         while (PyDict_Next(tree, &pos, &k, &v))
-            n = buffers(v, ndarray, out, cap, n, rw);
+            n = buffers(v, types, out, cap, n, rw);
     }
     return n;
 }
@@ -302,10 +327,10 @@ static int overlaps(emit_t *e, Py_buffer *out) {
 }
 
 /* After a call: was working[slot] changed, then copy pristine[src] into it. */
-static void after(PyObject *ndarray, PyObject *work, PyObject *pristine, ctl_t *ctl, int check) {
+static void after(PyObject *types, PyObject *work, PyObject *pristine, ctl_t *ctl, int check) {
     Py_buffer w[MAX_LEAVES], p[MAX_LEAVES];
-    int nw = buffers(work, ndarray, w, MAX_LEAVES, 0, 1);
-    int np_ = buffers(pristine, ndarray, p, MAX_LEAVES, 0, 0);
+    int nw = buffers(work, types, w, MAX_LEAVES, 0, 1);
+    int np_ = buffers(pristine, types, p, MAX_LEAVES, 0, 0);
     uint32_t mutated = 0;
     for (int i = 0; i < nw && i < np_ && nw == np_; i++) {
         if (w[i].len != p[i].len || !PyBuffer_IsContiguous(&w[i], 'C') ||
@@ -331,7 +356,7 @@ static void run_call(block_t *b, PyObject *fn, PyObject *args, PyObject *types) 
     emit_t e = {b->base + META_OFF, 0, b->base + DATA_OFF, 0, b->size - DATA_OFF,
                 PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(types, 1),
                 PyTuple_GET_ITEM(types, 2), args, ST_OK, 0};
-    in_count = buffers(args, e.ndarray, in_views, MAX_LEAVES, 0, 0);
+    in_count = buffers(args, types, in_views, MAX_LEAVES, 0, 0);
     PyObject *result = PyObject_Call(fn, args, NULL);
     if (!result) {
         PyObject *type, *value, *tb;
@@ -412,7 +437,7 @@ static PyObject *serve(PyObject *self, PyObject *a) {
         /* outside the timed span: the mutation check and fresh inputs for the next call */
         if (valid && (op == OP_CALL || op == OP_REFILL)) {
             int from = op == OP_REFILL && src >= 0 && src < PyList_GET_SIZE(pristine) ? src : slot;
-            after(PyTuple_GET_ITEM(types, 0), PyList_GET_ITEM(working, slot),
+            after(types, PyList_GET_ITEM(working, slot),
                   PyList_GET_ITEM(pristine, from), ctl, op == OP_CALL);
         }
         atomic_store_explicit(&ctl->ready, seen, memory_order_release);
