@@ -296,6 +296,43 @@ def test_the_snapshot_puts_module_globals_back_and_sees_an_unchanged_heap_in_one
         del sys.modules["krex_fake_snap"], sys.modules["krex_fake_snap_proxy"]
 
 
+def test_taking_a_snapshot_changes_nothing_it_then_compares():
+    """A module that warns when a class's ``__module__`` is read (torch's deprecated
+    aliases do) and ``__mp_main__`` bound to the program's main (torch's import does):
+    a snapshot taken beside them sees an unchanged heap at once.  Before, with torch
+    imported, it did not (the warning's ``__warningregistry__`` was added to the
+    snapshot module after its namespaces were copied, and ``__mp_main__`` is the
+    program's own namespace), and the snapshot test above failed after any torch test
+    in the same process."""
+    import types
+    import warnings
+
+    from krex.workers import snapshot
+
+    class Warns(type):
+        def __getattribute__(cls, name):
+            if name == "__module__":
+                warnings.warn("deprecated alias", FutureWarning, stacklevel=2)
+            return super().__getattribute__(name)
+
+    mod = types.ModuleType("krex_fake_deprecated")
+    mod.Alias = Warns("Alias", (), {})
+    main = types.ModuleType("krex_fake_main")
+    sys.modules["krex_fake_deprecated"], sys.modules["__mp_main__"] = mod, main
+    registry = vars(snapshot).pop("__warningregistry__", None)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            snap = snapshot.take()
+            main.x = 1  # the program's own global
+            assert snap.bindings is not None and snap.bindings.changed() == set()
+        assert not seen, [str(w.message) for w in seen]  # nor is the program warned
+    finally:
+        del sys.modules["krex_fake_deprecated"], sys.modules["__mp_main__"]
+        if registry is not None:
+            vars(snapshot)["__warningregistry__"] = registry
+
+
 def test_the_snapshot_puts_class_attributes_back():
     """``snapshot.restore``'s classes step: a rebound, an added and a removed attribute of
     a class some module defines are named and put back, past a metaclass that refuses

@@ -33,7 +33,9 @@ from krex.workers.launcher import same_file
 _UNSETTABLE = {signal.SIGKILL, signal.SIGSTOP}
 RESTORE_FAILED = "restore-failed"  # in what restore() names: the worker must be recycled
 _TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-_SKIP_MODULES = {"__main__"}
+# the program's own; ``__mp_main__`` is multiprocessing's name for the same module
+# (torch's import binds it)
+_SKIP_MODULES = {"__main__", "__mp_main__"}
 
 
 @dataclass
@@ -124,12 +126,14 @@ class _Classes:
 
     def __init__(self, modules: dict[str, ModuleType]) -> None:
         found: dict[int, type] = {}
-        for name, module in modules.items():
-            namespace = _namespace(module)
-            if type(namespace) is dict:
-                for value in list(namespace.values()):
-                    if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                        found.setdefault(id(value), value)
+        with warnings.catch_warnings():  # a deprecated alias's warning is not the program's
+            warnings.simplefilter("ignore")
+            for name, module in modules.items():
+                namespace = _namespace(module)
+                if type(namespace) is dict:
+                    for value in list(namespace.values()):
+                        if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                            found.setdefault(id(value), value)
         self.classes = list(found.values())
         dicts = [dictversion.class_dict(c) for c in self.classes]
         self.tracked = [i for i, d in enumerate(dicts) if d is not None]
@@ -164,6 +168,10 @@ def _namespace(module: ModuleType) -> Any:
 
 def take() -> Snapshot:
     mods = {k: m for k, m in sys.modules.items() if m is not None and k not in _SKIP_MODULES}
+    # The classes first: reading a class's ``__module__`` can run code (torch's deprecated
+    # aliases warn, and the warning adds ``__warningregistry__`` to this module), which
+    # the flat copy of every namespace must already hold.
+    classes = _Classes(mods)
     return Snapshot(
         cwd=os.getcwd(), environ=dict(os.environ),
         lists={k: list(getattr(sys, k)) for k in ("path", "argv", "meta_path", "path_hooks")},
@@ -173,7 +181,7 @@ def take() -> Snapshot:
         warnings_filters=list(warnings.filters), umask=_umask(), settings=_settings(),
         streams=(sys.stdin, sys.stdout, sys.stderr),
         fds={fd: os.dup(fd) for fd in (0, 1, 2)}, torch=_torch_state(),
-        bindings=_Flat(mods), classes=_Classes(mods),
+        bindings=_Flat(mods), classes=classes,
     )
 
 
