@@ -287,9 +287,8 @@ def _torch_checks(folder: str) -> None:
                         f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
     assert "WRONG_OUTPUT" in low.codes(), low.summary()
     # Tensor inputs are refilled and checked as arrays are: without it (the dispatcher
-    # took only numpy's buffers) the honest candidate above read STALE_OUTPUT, and these
-    # cheats went unseen.
-    for cheat, code in (("cached", "STALE_OUTPUT"), ("scribbles", "INPUT_MUTATED")):
-        caught = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:{cheat}",
-                               f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
-        assert code in caught.codes() and caught.verdict == "invalid", (cheat, caught.summary())
+    # took only numpy's buffers) the honest candidate above read STALE_OUTPUT, and a
+    # scribbled input went unseen (a cached answer: tests/test_kernelbench.py).
+    caught = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:scribbles",
+                           f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert "INPUT_MUTATED" in caught.codes() and caught.verdict == "invalid", caught.summary()

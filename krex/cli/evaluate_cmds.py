@@ -16,10 +16,13 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                                    "shapes, time both A/B in one region, and report the verdict, "
                                    "the speedup and every integrity finding.  The result is "
                                    "stored in the records database (krex history).")
-    p.add_argument("--ref", required=True, help="reference, as path.py:function")
-    p.add_argument("--cand", required=True, help="candidate, as path.py:function")
-    p.add_argument("--inputs", required=True,
-                   help="inputs builder, path.py:function(seed[, shape]) -> args")
+    p.add_argument("--ref", help="reference, as path.py:function")
+    p.add_argument("--cand", required=True,
+                   help="candidate, as path.py:function (with --kernelbench: SOLUTION.py)")
+    p.add_argument("--inputs", help="inputs builder, path.py:function(seed[, shape]) -> args")
+    p.add_argument("--kernelbench", metavar="PROBLEM.py",
+                   help="a KernelBench problem (Model, get_inputs, get_init_inputs) against "
+                        "the solution --cand names (ModelNew); instead of --ref and --inputs")
     p.add_argument("--device", help="cpu, fakegpu:N, cuda:N, rocm:N (default $KREX_DEVICE or cpu)")
     p.add_argument("--seeds", type=int, default=3, help="correctness seeds (default 3)")
     p.add_argument("--shapes", help="JSON list of shapes: the first timed, the rest held out "
@@ -56,7 +59,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from krex.evaluate.pipeline import evaluate
 
     shapes = _shapes(args.shapes)
-    ev = evaluate(args.ref, args.cand, args.inputs, device=args.device, atol=args.atol,
+    ref, cand, inputs = _sides(args)
+    ev = evaluate(ref, cand, inputs, device=args.device, atol=args.atol,
                   rtol=args.rtol, seeds=args.seeds, shapes=shapes, cache=args.cache,
                   timeout_s=args.timeout_s, fresh=args.fresh, records=args.records)
     if args.json:
@@ -66,6 +70,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         _print_evaluation(ev.to_dict())
     return 0
+
+
+def _sides(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(reference, candidate, inputs) specs: as given, or a KernelBench pair's."""
+    if args.kernelbench is None:
+        if not args.ref or not args.inputs:
+            raise BadRequest("krex evaluate needs --ref and --inputs (or --kernelbench)",
+                             hint="--ref ref.py:fn --cand cand.py:fn --inputs ref.py:make, or "
+                                  "--kernelbench PROBLEM.py --cand SOLUTION.py")
+        return args.ref, args.cand, args.inputs
+    if args.ref or args.inputs:
+        raise BadRequest("--kernelbench takes the place of --ref and --inputs",
+                         hint="krex evaluate --kernelbench PROBLEM.py --cand SOLUTION.py")
+    from krex.evaluate.kernelbench import specs
+
+    s = specs(args.kernelbench, args.cand)
+    return s["reference"], s["candidate"], s["inputs"]
 
 
 def json_of(ev: dict[str, Any]) -> dict[str, Any]:

@@ -25,16 +25,6 @@ def bf16(x):
     return y, {"sum": y.sum(dim=1)}
 
 
-_seen = {}
-
-
-def cached(x):
-    """A cheat: the first result for an input object, whatever its contents later."""
-    if id(x) not in _seen:
-        _seen[id(x)] = candidate(x)
-    return _seen[id(x)]
-
-
 def scribbles(x):
     """A cheat: the right result, then the input overwritten (the next call's work)."""
     out = candidate(x)

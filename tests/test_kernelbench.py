@@ -1,0 +1,76 @@
+"""KernelBench problems through ``krex evaluate --kernelbench`` (issue 46), on ``cpu``.
+
+The examples in examples/kernelbench/ through the real CLI, a real daemon and the
+sealed evaluation: a correct solution is correct, a cached answer is caught, a
+solution computes with the problem's weights where it keeps the problem's layer
+names (its control: the same solution with the layer renamed is wrong), and one that
+does not load is an ``invalid`` verdict with its error, not a failure of krex.  Only
+verdicts of correctness and integrity are asserted (no speed): the module runs in the
+suite's parallel phase, on one daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import run_krex
+
+pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0)")
+pytestmark = pytest.mark.slow
+
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                    "kernelbench")
+
+
+def _evaluate(daemon, tmp_path, problem: str, solution: str) -> dict:
+    proc = run_krex("evaluate", "--kernelbench", os.path.join(HERE, "problems", problem),
+                    "--cand", os.path.join(HERE, "solutions", solution), "--device", "cpu",
+                    "--seeds", "2", "--cache", "hot", "--records",
+                    str(tmp_path / "records.sqlite3"), "--json",
+                    env={**os.environ, "KREX_SOCKET": daemon.socket,
+                         "XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _codes(ev: dict) -> list[str]:
+    return [f["code"] for f in ev["findings"]]
+
+
+def test_a_solution_keeps_the_problems_weights_under_the_problems_names(daemon_m, tmp_path):
+    """Both solutions draw a probe vector before their layer, so their own weights are
+    not the problem's: the one that names its layer as the problem does gets the
+    problem's (correct); the one that renames it keeps its own (wrong: the control)."""
+    same = _evaluate(daemon_m, tmp_path, "2_Linear_ReLU.py", "2_Linear_ReLU_fused.py")
+    assert same["correct"] and same["verdict"] != "invalid", _codes(same)
+    renamed = _evaluate(daemon_m, tmp_path, "2_Linear_ReLU.py", "2_Linear_ReLU_renamed.py")
+    assert not renamed["correct"] and renamed["verdict"] == "invalid", _codes(renamed)
+    assert "WRONG_OUTPUT" in _codes(renamed), _codes(renamed)
+
+
+def test_a_cached_answer_is_caught(daemon_m, tmp_path):
+    """Its answers are right for the input tensors' first contents (it passes the
+    correctness seeds); refilled with another seed's values, the same tensors get the
+    old answer."""
+    cached = _evaluate(daemon_m, tmp_path, "1_Softplus.py", "1_Softplus_cached.py")
+    assert cached["verdict"] == "invalid" and "STALE_OUTPUT" in _codes(cached), _codes(cached)
+
+
+def test_a_solution_that_does_not_load_is_an_invalid_verdict(daemon_m, tmp_path):
+    broken = _evaluate(daemon_m, tmp_path, "2_Linear_ReLU.py", "2_Linear_ReLU_broken.py")
+    assert broken["verdict"] == "invalid" and not broken["correct"], broken
+    assert "ModuleNotFoundError" in json.dumps(broken["findings"]), broken["findings"]
+
+
+def test_a_problem_without_the_format_is_refused_with_what_it_lacks(tmp_path):
+    bad = tmp_path / "p.py"
+    bad.write_text("def get_inputs():\n    return []\n")
+    proc = run_krex("evaluate", "--kernelbench", str(bad), "--cand",
+                    os.path.join(HERE, "solutions", "1_Softplus_fused.py"), timeout=60)
+    assert proc.returncode != 0
+    assert "defines no Model" in proc.stderr, proc.stderr
+    both = run_krex("evaluate", "--kernelbench", str(bad), "--ref", "x.py:f", "--cand",
+                    os.path.join(HERE, "solutions", "1_Softplus_fused.py"), timeout=60)
+    assert both.returncode != 0 and "takes the place of --ref" in both.stderr, both.stderr
