@@ -71,9 +71,11 @@ for family, make in (("driver", driver_kernels), ("torch", torch_kernels)):
         except Exception as exc:  # noqa: BLE001  (recorded; the other family still runs)
             errors[family] = f"{type(exc).__name__}: {exc}"
 def bare_samples(fn, timer, ms: float) -> list[float]:
-    """krex.measure's warm-up and sample budget, timed with the same timer, no region."""
-    end = time.perf_counter() + max(5, 3 * ms) / 1e3
-    while time.perf_counter() < end:
+    """krex.measure's warm-up and sample budget, timed with the same timer, no region.
+    The warm-up is counted in kernels, as krex.measure's is (``loop.warm_up``): launches
+    are asynchronous, and a loop on the host's clock queued seconds of device work (on
+    fakegpu a 10 ms kernel's 30 ms warm-up took 6-15 s to drain)."""
+    for _ in range(max(1, int(max(5, 3 * ms) / ms))):
         fn()
     timer.synchronize()
     samples, end = [], time.perf_counter() + max(0.15, 30 * ms / 1e3)
