@@ -1,4 +1,5 @@
-"""KernelBench problems through ``krex evaluate --kernelbench`` (issue 46), on ``cpu``.
+"""KernelBench problems through ``krex evaluate --kernelbench`` (issue 46), and torch
+functions through ``krex.evaluate``, on ``cpu``.
 
 The examples in examples/kernelbench/ through the real CLI, a real daemon and the
 sealed evaluation: a correct solution is correct, a cached answer is caught, a
@@ -15,11 +16,16 @@ import json
 import os
 
 import pytest
+from evaluate_helpers import module_daemon
 from helpers import run_krex
+
+import krex
 
 pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0)")
 pytestmark = pytest.mark.slow
 
+TORCH_GALLERY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "evaluate_gallery",
+                             "torch_cpu")
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                     "kernelbench")
 
@@ -74,3 +80,28 @@ def test_a_problem_without_the_format_is_refused_with_what_it_lacks(tmp_path):
     both = run_krex("evaluate", "--kernelbench", str(bad), "--ref", "x.py:f", "--cand",
                     os.path.join(HERE, "solutions", "1_Softplus_fused.py"), timeout=60)
     assert both.returncode != 0 and "takes the place of --ref" in both.stderr, both.stderr
+
+
+# -- krex.evaluate on torch functions (the path KernelBench pairs take) ------------------
+
+def test_torch_tensors_and_nested_outputs(tmp_path_factory):
+    """krex.evaluate on torch functions, in workers that preload torch (it cannot be
+    imported twice in one process)."""
+    for _daemon in module_daemon(tmp_path_factory, "--preload", "numpy,torch"):
+        _torch_checks(TORCH_GALLERY)
+
+
+def _torch_checks(folder: str) -> None:
+    good = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:candidate",
+                         f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert good.correct and good.verdict != "invalid", good.summary()
+    assert good.provenance.get("torch")
+    low = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:bf16",
+                        f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert "WRONG_OUTPUT" in low.codes(), low.summary()
+    # Tensor inputs are refilled and checked as arrays are: without it (the dispatcher
+    # took only numpy's buffers) the honest candidate above read STALE_OUTPUT, and a
+    # scribbled input went unseen (a cached answer: tests/test_kernelbench.py).
+    caught = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:scribbles",
+                           f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
+    assert "INPUT_MUTATED" in caught.codes() and caught.verdict == "invalid", caught.summary()
