@@ -80,6 +80,9 @@ def test_a_problem_without_the_format_is_refused_with_what_it_lacks(tmp_path):
     both = run_krex("evaluate", "--kernelbench", str(bad), "--ref", "x.py:f", "--cand",
                     os.path.join(HERE, "solutions", "1_Softplus_fused.py"), timeout=60)
     assert both.returncode != 0 and "takes the place of --ref" in both.stderr, both.stderr
+    shaped = run_krex("evaluate", "--kernelbench", str(bad), "--shapes", "[[4]]", "--cand",
+                      os.path.join(HERE, "solutions", "1_Softplus_fused.py"), timeout=60)
+    assert shaped.returncode != 0 and "--shapes does not apply" in shaped.stderr, shaped.stderr
 
 
 # -- krex.evaluate on torch functions (the path KernelBench pairs take) ------------------

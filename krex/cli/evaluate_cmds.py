@@ -83,6 +83,9 @@ def _sides(args: argparse.Namespace) -> tuple[str, str, str]:
     if args.ref or args.inputs:
         raise BadRequest("--kernelbench takes the place of --ref and --inputs",
                          hint="krex evaluate --kernelbench PROBLEM.py --cand SOLUTION.py")
+    if args.shapes:
+        raise BadRequest("--shapes does not apply to --kernelbench: a KernelBench problem's "
+                         "get_inputs() fixes its shapes", hint="leave out --shapes")
     from krex.evaluate.kernelbench import specs
 
     s = specs(args.kernelbench, args.cand)
