@@ -99,9 +99,6 @@ def _torch_checks(folder: str) -> None:
                          f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
     assert good.correct and good.verdict != "invalid", good.summary()
     assert good.provenance.get("torch")
-    low = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:bf16",
-                        f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
-    assert "WRONG_OUTPUT" in low.codes(), low.summary()
     # Tensor inputs are refilled and checked as arrays are: without it (the dispatcher
     # took only numpy's buffers) the honest candidate above read STALE_OUTPUT, and a
     # scribbled input went unseen (a cached answer: tests/test_kernelbench.py).
