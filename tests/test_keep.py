@@ -18,7 +18,14 @@ import sys
 import time
 
 import pytest
-from helpers import Daemon, reap, skip_if_another_daemon_owns_the_shield, wait_for, why_not
+from helpers import (
+    Daemon,
+    clean_but_contention,
+    reap,
+    skip_if_another_daemon_owns_the_shield,
+    wait_for,
+    why_not,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, the shield)")
 
@@ -140,6 +147,10 @@ def test_a_task_on_the_holders_core_between_kept_regions_is_seen(daemon):
     try:
         region(0.0)
         control = region(0.3)
+        if not control["clean"] and clean_but_contention(control):
+            # beside a CPU loop (a fresh clone's suite, 2026-12-07) the control once
+            # waited 5.96 ms for core 1 against a 3.3 ms threshold: judged elsewhere
+            pytest.skip(f"the machine is not quiet: {why_not(control)}")
         assert control["host"]["kept"] and control["clean"], why_not(control)
         core = max(control["host"]["holder_cores"])
         hog = subprocess.Popen(["sh", "-c", "while :; do :; done"])
