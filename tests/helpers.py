@@ -121,7 +121,10 @@ class Daemon:
                  preexec_fn: Callable[[], object] | None = None) -> None:
         self.runtime_dir = runtime_dir
         self.socket = os.path.join(runtime_dir, "krexd.sock")
-        self.extra = list(extra)
+        # tenants' code as the daemon's user (root here): this machine's Python is under
+        # /root, where no tenant user may go; tests/test_tenant_users.py runs them apart
+        self.extra = list(extra) if "--tenant-uids" in extra else \
+            ["--tenant-uids", "daemon", *extra]
         self.preexec_fn = preexec_fn  # in the child before it starts (resource limits)
         self.proc: subprocess.Popen | None = None
 

@@ -54,6 +54,7 @@ from krex.protocol.address import forget_node_socket, is_node_choice, socket_pat
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
 from krex.protocol.liveness import PATIENT, Watch, lock_pid, reply_timeout_from_env
+from krex.protocol.runas import RunAs
 from krex.workers.spec import ExecRequest, ExecResult
 
 CANCEL_TIMEOUT_S = 5.0
@@ -529,6 +530,14 @@ class Client:
         """Kill the warm worker running the program started in ``cwd``, with its cgroup
         (operators): ``stopped``, ``worker_pid``, ``by`` (``cgroup`` or ``tree``)."""
         return self._call(m.StopProgram(cwd=cwd))
+
+    def program_user(self, tenant: str | None = None) -> tuple[RunAs | None, int]:
+        """Whom ``tenant``'s programs (default :data:`ACTING_FOR`) run as in the daemon's
+        warm workers: a tenant's own user on a root daemon (None: the daemon's user), and
+        the daemon's uid (operators; a service gives that user the folder a program
+        writes, and runs a bench's commands as it)."""
+        reply = self._call(m.ProgramUser(tenant=tenant or ACTING_FOR.get()))
+        return RunAs.from_dict(reply.get("run_as")), int(reply["daemon_uid"])
 
     def close(self) -> None:
         self.conn.close()

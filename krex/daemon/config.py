@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from krex.daemon.users import parse_range
 from krex.enforce.enforcer import FREEZE_CHOICES
 from krex.enforce.gatedrain import POLICIES as DRAIN_POLICIES
 from krex.enforce.warm import DEFAULT_LINGER_S, DEFAULT_PERIOD_MS
-from krex.protocol.address import SOCKET_NAME, node_dir, runtime_dir
+from krex.protocol.address import SOCKET_NAME, group_id, node_dir, runtime_dir
+from krex.protocol.runas import DEFAULT_UIDS
 
 if TYPE_CHECKING:
     from krex.workers import PoolSpec
@@ -95,6 +97,13 @@ class DaemonConfig:
     tenant_max_hold_s: float | None = field(default=None, metadata=flag(
         "longest hold one tenant's region may ask for (within --max-hold-s)",
         shown_default="--max-hold-s"))
+    tenant_uids: str = field(default=DEFAULT_UIDS, metadata=flag(
+        "as root: the uids tenants' code runs as -- each tenant a trusted peer names (the "
+        "HTTP/MCP service's API tokens) gets one of its own, never root; the first is the "
+        "socket's group when there is no --group ('off': such programs are refused; "
+        "'daemon': they run as this daemon's user, root included -- only where every "
+        "tenant may have a shell as it)",
+        metavar="FIRST-LAST"))
     max_connections_per_uid: int = field(default=256, metadata=flag(
         "connections one uid may keep open at once"))
     max_acquires_per_connection: int = field(default=64, metadata=flag(
@@ -237,6 +246,20 @@ class DaemonConfig:
             raise ValueError("--release-clock-frac must be between 0 (off) and 1")
         if not self.socket_path:
             self.socket_path = os.path.join(self.runtime_dir, SOCKET_NAME)
+        parse_range(self.tenant_uids)  # a bad range fails here, not at the first program
+
+    def tenant_uid_range(self) -> range | None:
+        """The uids for tenants' code (krex.daemon.users): only a root daemon can give
+        them; None where it cannot or ``--tenant-uids off``."""
+        return parse_range(self.tenant_uids) if os.geteuid() == 0 else None
+
+    def socket_gid(self) -> int | None:
+        """The group that may open the socket: ``--group``'s, else the tenant users'
+        (the first of ``--tenant-uids``), else none (owner-only)."""
+        if self.group:
+            return group_id(self.group)
+        uids = self.tenant_uid_range()
+        return uids.start if uids is not None else None
 
     def pool_spec(self) -> PoolSpec:
         from krex.workers import PoolSpec

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -38,9 +39,10 @@ from krex.daemon.holds import Holds, Phase, RegionState
 from krex.daemon.jobs import MODES, Job, JobRegistry
 from krex.daemon.lanes import Lanes
 from krex.daemon.neighbours import Neighbours
-from krex.daemon.pools import Pools
+from krex.daemon.pools import Pools, TenantUser
 from krex.daemon.scheduler import Request, Scheduler
 from krex.daemon.tenants import Ledger, Quota
+from krex.daemon.users import DAEMON, TenantUsers
 from krex.devices import discover, parse_device
 from krex.enforce.process import ProcessGroup, ProcessRef, is_descendant, process_uid
 from krex.enforce.warm import MoveWarmer
@@ -97,6 +99,11 @@ class Counters:
     chain_ends: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
+# what a tenant user's worker reads first: the interpreter's start-up, krex's package
+_KREX_FILES = [os.__file__, os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                        "__init__.py")]
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig, exclusivity: Exclusivity | None = None) -> None:
         self.config = config
@@ -115,7 +122,11 @@ class Daemon:
                                max_bytes=int(config.event_log_max_mb * 2**20) or None)
         self.exclusivity = exclusivity or Exclusivity(config)
         self.exclusivity.lock_clocks([d.name for d in self.devices])
-        self.access = Access(config.node, os.getuid())
+        uids = config.tenant_uid_range()
+        gid = config.socket_gid()
+        self.users = TenantUsers(uids, config.runtime_dir, gid) \
+            if uids is not None and gid is not None else None
+        self.access = Access(config.node, os.getuid(), self.users)
         self.quota = Quota(config.tenant_max_jobs, config.tenant_region_s_per_min,
                            config.tenant_max_hold_s)
         self.ledger = Ledger()
@@ -396,16 +407,53 @@ class Daemon:
 
     # -- workers --------------------------------------------------------------------------
 
-    def new_worker_job(self, device: str, index: int) -> Job:
-        """A job for a pool worker about to be spawned (its pid comes in worker_started)."""
+    def new_worker_job(self, device: str, index: int, user: TenantUser | None = None) -> Job:
+        """A job for a pool worker about to be spawned (its pid comes in worker_started):
+        the daemon's user's, or a tenant's as its uid."""
+        uid = user.run_as.uid if user else os.getuid()
         with self.locked():
             me = ProcessRef.of(os.getpid())
             job = self.jobs.add(Job(self.jobs.new_id(), f"worker-{device}-{index}", device,
-                                    "region", "worker", me, uid=os.getuid(),
-                                    tenant=f"daemon:{os.getuid()}"))
+                                    "region", "worker", me, uid=uid,
+                                    tenant=user.tenant if user else f"daemon:{uid}"))
             self._job_created(job)
             job.cgroups = self.exclusivity.create_cgroups(job.job_id, device)
             return job
+
+    def tenant_user(self, tenant: str | None) -> TenantUser | None:
+        """Whom a program run for ``tenant`` runs as: None for the daemon's own user (no
+        tenant named, or a daemon that is not root); never root for a tenant."""
+        if tenant is None:
+            return None
+        if self.users is not None:
+            user = TenantUser(tenant, self.users.run_as(tenant))
+            why = user.run_as.cannot_reach([sys.executable, *_KREX_FILES],
+                                           [os.path.dirname(self.config.socket_path)])
+            if why:
+                raise AccessDenied(
+                    f"tenant {tenant[:40]!r}'s code would run as uid {user.run_as.uid}, "
+                    f"which cannot run krex here: {why}",
+                    hint="install krex (and its Python) where every user may read it -- a "
+                         "venv under /opt from the system's Python -- or, where every tenant "
+                         "may have a shell as this daemon's user, krex serve --tenant-uids "
+                         "daemon (krex doctor)")
+            return user
+        if os.geteuid() == 0 and self.config.tenant_uids != DAEMON:
+            raise AccessDenied(
+                f"this daemon runs as root and has no tenant uids (--tenant-uids "
+                f"{self.config.tenant_uids}): it does not run tenant {tenant[:40]!r}'s code "
+                "as root",
+                hint="restart it with krex serve --tenant-uids FIRST-LAST (krex doctor), or "
+                     "run the service and the daemon as a service user")
+        return None
+
+    def _on_program_user(self, session: Session, msg: m.ProgramUser) -> dict[str, Any]:
+        """Whom ``msg.tenant``'s programs run as (operators: a service giving a tenant's
+        program its folder)."""
+        self.access.require_operator(session.peer, "ask whom a tenant's programs run as")
+        tenant = self.access.tenant(session.peer, msg.tenant) if msg.tenant else None
+        user = self.tenant_user(tenant)
+        return {"run_as": user.run_as.to_dict() if user else None, "daemon_uid": os.getuid()}
 
     def worker_started(self, job_id: int, pid: int) -> None:
         with self.locked():

@@ -231,8 +231,11 @@ class Exclusivity:
         gated = self.gates.get(job.job_id)
         if gated is None:
             path = os.path.join(self.config.runtime_dir, "gates", f"job-{job.job_id}")
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.chmod(os.path.dirname(path), 0o711)  # each job opens its own by name
             gated = GatedJob(job.job_id, GateFile.create(path, ndev=1), path)
+            if job.uid != os.getuid():  # the job's processes map it: another user's job
+                os.chown(path, job.uid, -1)  # (a tenant user's worker, a node user's run)
             self.gates[job.job_id] = gated
         from krex.devices.native import preload_env
 
@@ -260,6 +263,9 @@ class Exclusivity:
         # the reserved ones), and its serving threads do the work a driver does in the
         # caller's thread, so they run where the caller runs: not shielded.
         self.enforcer.shield.exempt_device(self.fakegpu.proc.pid)
+        # like a GPU, open to every job: tenant users (krex.daemon.users) and a node
+        # daemon's users reach it through the runtime directory's group
+        os.chmod(sock, 0o666)
         return self.fakegpu
 
     def _fakegpu_core(self) -> int | None:

@@ -7,19 +7,25 @@ on a thread of their own; output streams back to the requesting connection.
 A connection may have only so many programs in flight (and the node only
 :data:`MAX_EXEC_THREADS`): past that, ``exec`` fails with ``limit_exceeded``.
 A program run for a tenant gets ``KREX_TENANT`` in its environment, so the
-regions it takes are that tenant's.
+regions it takes are that tenant's; on a root daemon it runs in a pool of
+that tenant's own, as the tenant's uid (:mod:`krex.daemon.users`), never as
+root.  ``status`` shows each device's pools as one: their workers (each with
+its ``uid``) together, their counts summed.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from krex.daemon import priority
 from krex.errors import KrexError, LimitExceeded, WorkerFailed
 from krex.protocol import messages as m
+from krex.protocol.runas import RunAs
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
 from krex.workers.launcher import join_cgroups, merge_env
 
@@ -27,27 +33,33 @@ if TYPE_CHECKING:
     from krex.daemon.core import Daemon, Session
 
 MAX_EXEC_THREADS = 512  # programs in flight on the whole node (one thread each)
+PoolKey = tuple[str, int | None]  # (device, the tenant user's uid; None: the daemon's user)
 
 
 class DaemonLauncher:
     """Makes each worker of a pool a managed job of the daemon."""
 
-    def __init__(self, daemon: Daemon, device: str) -> None:
+    def __init__(self, daemon: Daemon, device: str, user: TenantUser | None = None) -> None:
         self.daemon = daemon
         self.device = device
+        self.user = user  # None: the daemon's own user
         self._spawning = threading.local()  # prepare() and started() share the spawn thread
 
     def prepare(self, index: int) -> tuple[dict[str, str], Callable[[], None] | None]:
-        job = self.daemon.new_worker_job(self.device, index)
+        job = self.daemon.new_worker_job(self.device, index, self.user)
         info = self.daemon.job_env(job)
         self._spawning.job_id = job.job_id
         join = join_cgroups(info["cgroups"], new_group=False)
+        run_as = self.user.run_as if self.user else None
 
         def setup() -> None:  # the daemon thread that forks it may keep off some cores
             priority.widen()
-            join()
+            join()  # as root: then the tenant's user for good
+            if run_as is not None:
+                run_as.become()
 
-        return merge_env(dict(os.environ), info["env"]), setup
+        env = merge_env(dict(os.environ), info["env"])
+        return {**env, **run_as.env()} if run_as else env, setup
 
     def started(self, pid: int) -> None:
         self.daemon.worker_started(self._spawning.job_id, pid)
@@ -56,29 +68,38 @@ class DaemonLauncher:
         self.daemon.worker_exited(pid)
 
 
+@dataclass(frozen=True)
+class TenantUser:
+    """Whose pool: the tenant and the user its code runs as."""
+
+    tenant: str
+    run_as: RunAs
+
+
 class Pools:
     def __init__(self, daemon: Daemon, spec: PoolSpec, per_connection: int = 16) -> None:
         self.daemon = daemon
         self.template = spec
-        self.pools: dict[str, WorkerPool] = {}
-        self._starting: dict[str, threading.Event] = {}
+        self.pools: dict[PoolKey, WorkerPool] = {}
+        self._starting: dict[PoolKey, threading.Event] = {}
         self._lock = threading.Lock()
         self.per_connection = per_connection
         self._in_flight: dict[Any, int] = {}  # session -> programs running for it
         self._running = 0  # programs running on the node, their connections open or not
 
-    def pool(self, device: str) -> WorkerPool:
-        """The device's pool, started on first use.
+    def pool(self, device: str, user: TenantUser | None = None) -> WorkerPool:
+        """The device's pool (``user``'s: that tenant's, as its uid), started on first use.
 
         Never holds ``_lock`` while a pool starts: starting calls back into the
         daemon (each worker becomes a job), and ``status`` holds the daemon's lock
         while it reads the pools.
         """
+        key = (device, user.run_as.uid if user else None)
         with self._lock:
-            pool = self.pools.get(device)
-            starting = self._starting.get(device)
+            pool = self.pools.get(key)
+            starting = self._starting.get(key)
             if pool is None and starting is None:
-                starting = self._starting[device] = threading.Event()
+                starting = self._starting[key] = threading.Event()
                 owner = True
             else:
                 owner = False
@@ -87,17 +108,19 @@ class Pools:
         if not owner:
             assert starting is not None
             starting.wait()
-            return self.pool(device)
+            return self.pool(device, user)
         try:
-            spec = PoolSpec(**{**vars(self.template), "device": device})
-            pool = WorkerPool(spec, DaemonLauncher(self.daemon, device))
+            fields: dict[str, Any] = {**vars(self.template), "device": device}
+            if user is not None:  # who the worker is wins over what a program's request says
+                fields["pinned_env"] = [*self.template.pinned_env, *user.run_as.env()]
+            pool = WorkerPool(PoolSpec(**fields), DaemonLauncher(self.daemon, device, user))
             pool.start()
             with self._lock:
-                self.pools[device] = pool
+                self.pools[key] = pool
             return pool
         finally:
             with self._lock:
-                self._starting.pop(device).set()
+                self._starting.pop(key).set()
 
     def run(self, session: Session, msg: m.Exec, device: str, tenant: str | None = None) -> None:
         """Start the program on a thread of its own; the reply comes when it ends."""
@@ -155,7 +178,7 @@ class Pools:
         if tenant is not None:
             req.env = {**(req.env or {}), "KREX_TENANT": tenant}
         try:
-            pool = self.pool(device)
+            pool = self.pool(device, self.daemon.tenant_user(tenant))
             result = pool.submit(req, lambda stream, text: session.push(
                 m.Output(re=msg.id, stream=stream, data=text)))
         except KrexError as exc:
@@ -163,12 +186,22 @@ class Pools:
         return m.Reply(re=msg.id, data={"result": result.to_dict()})
 
     def status(self) -> dict[str, Any]:
+        """Each device's pools as one (the daemon's and its tenants')."""
         with self._lock:
             pools = dict(self.pools)
             starting = list(self._starting)
-        out: dict[str, Any] = {name: pool.status() for name, pool in pools.items()}
-        out.update({name: {"starting": True, "workers": [], "served": 0, "queue_length": 0,
-                           "recycles": {}} for name in starting})
+        out: dict[str, Any] = {}
+        for (device, uid), pool in sorted(pools.items(), key=lambda kv: kv[0][1] or -1):
+            st = pool.status()
+            for w in st["workers"]:
+                w["uid"] = uid
+            if device in out:
+                _add(out[device], st)
+            else:
+                out[device] = st
+        for device, _ in starting:
+            out.setdefault(device, {"starting": True, "workers": [], "served": 0,
+                                    "queue_length": 0, "recycles": {}})
         return out
 
     def running_in(self, cwd: str) -> int | None:
@@ -185,3 +218,11 @@ class Pools:
             pools, self.pools = list(self.pools.values()), {}
         for pool in pools:
             pool.shutdown()
+
+
+def _add(into: dict[str, Any], st: dict[str, Any]) -> None:
+    """Another pool of the same device, added to ``into``'s workers and counts."""
+    into["workers"] = [*into["workers"], *st["workers"]]
+    for key in ("served", "queue_length", "starting"):
+        into[key] = into.get(key, 0) + st.get(key, 0)
+    into["recycles"] = dict(Counter(into.get("recycles", {})) + Counter(st.get("recycles", {})))

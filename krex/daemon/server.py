@@ -44,7 +44,7 @@ from krex.errors import (
     VersionMismatch,
 )
 from krex.protocol import messages as m
-from krex.protocol.address import ensure_private_dir, ensure_shared_dir, group_id
+from krex.protocol.address import ensure_private_dir, ensure_shared_dir
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import installation
 from krex.protocol.peer import Peer, peer_of
@@ -131,11 +131,12 @@ class Server:
     # -- life cycle --------------------------------------------------------------
 
     def bind(self) -> None:
-        gid = group_id(self.config.group) if self.config.group else None
+        gid = self.config.socket_gid()
         if gid is None:
             ensure_private_dir(self.config.runtime_dir)
-        else:
-            ensure_shared_dir(self.config.runtime_dir, gid)
+        else:  # tenant users (krex.daemon.users) may reach the socket, not list the dir
+            ensure_shared_dir(self.config.runtime_dir, gid,
+                              0o750 if self.config.group else 0o710)
         self._take_lock()
         path = self.config.socket_path
         if os.path.exists(path):

@@ -252,7 +252,28 @@ def diagnose(layout: CgroupLayout | None = None,
     checks += _enforce_checks(caps)
     checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
+    checks.append(_tenant_users_check())
     return {"checks": checks, "devices": [d.to_dict() for d in devices], "capabilities": caps}
+
+
+def _tenant_users_check() -> dict[str, Any]:
+    """Can a root daemon's tenant user (krex serve --tenant-uids) run krex here?"""
+    from krex.protocol.runas import DEFAULT_UIDS, RunAs
+
+    if os.geteuid() != 0:
+        return _check("tenant users", True, f"euid {os.geteuid()}: a daemon of this user "
+                      "runs tenants' code as this user")
+    first = int(DEFAULT_UIDS.split("-")[0])
+    user = RunAs(uid=first + 1, gid=first + 1, groups=(first,), home="/")
+    package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "__init__.py")
+    why = user.cannot_reach([os.path.realpath(sys.executable), os.__file__, package], [])
+    return _check("tenant users", why is None,
+                  why or f"uid {user.uid} (--tenant-uids {DEFAULT_UIDS}) can run krex here",
+                  "a root daemon runs each tenant's code as a uid of its own, which must "
+                  "read the interpreter and krex: install krex where every user may read it "
+                  "(a venv under /opt from the system's Python), or give the daemon "
+                  "--tenant-uids daemon where every tenant may have a shell as root")
 
 
 def _check(name: str, ok: bool, detail: str, advice: str = "") -> dict[str, Any]:

@@ -213,6 +213,20 @@ def plan(options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _workdir() -> str:
+    """The evaluation's working directory, where its programs write their outputs: given
+    to the tenant's user where they run as one (a service's job on a root node)."""
+    workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
+    if ACTING_FOR.get() is not None:
+        from krex.client import Client
+
+        with Client() as client:
+            run_as, _ = client.program_user()
+        if run_as is not None:
+            run_as.give(workdir)
+    return workdir
+
+
 def _new_id() -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"ev-{stamp}-{secrets.token_hex(3)}"
@@ -222,7 +236,7 @@ def _run(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any], ke
          timeout_s: float, label: str | None, use_cache: bool = True) -> Evaluation:
     evaluation_id, t0 = _new_id(), time.monotonic()
     cases = plan(options)
-    workdir = tempfile.mkdtemp(prefix="krex-evaluate-")
+    workdir = _workdir()
     try:
         job = _job(specs, device, options, cases, workdir, label or f"evaluate {evaluation_id}")
         sealed = options.get("isolation") == "process"

@@ -6,7 +6,8 @@ A command is an argv list (run as given) or a string (run through a shell,
 caches, lazy compilation), then the timed runs inside one region.  Output
 goes to /dev/null as in hyperfine; each run's wall time comes from
 ``perf_counter`` and user/system CPU time from ``RUSAGE_CHILDREN`` deltas.
-``prepare`` (a shell command) runs before every run, untimed.
+``prepare`` (a shell command) runs before every run, untimed.  ``run_as``
+(a service's bench for a tenant on a root node): every run as that user.
 
 The number of timed runs is ``runs`` when given; otherwise it follows a time
 budget: ``budget_s`` worth of runs at the warm-up's pace, at least
@@ -33,6 +34,7 @@ from krex.errors import CommandFailed, CommandTimeout, UsageError, command_error
 from krex.measure import checks, loop, stats
 from krex.measure.regions import RegionFactory, get_region_factory
 from krex.measure.result import RESULT_FORMAT, split_findings, warnings_dicts
+from krex.protocol.runas import RunAs
 
 Command = Sequence[str] | str
 
@@ -46,6 +48,7 @@ class Spec:
     prepare: list[str] | None
     timeout_s: float | None
     ignore_failure: bool
+    run_as: RunAs | None = None  # who the runs are (None: this process's user)
 
 
 def as_argv(command: Command, shell: str | None = "sh") -> list[str]:
@@ -57,16 +60,19 @@ def as_argv(command: Command, shell: str | None = "sh") -> list[str]:
     return [shell, "-c", command]
 
 
-def run_once(argv: Sequence[str], timeout_s: float | None) -> tuple[float, float, float, int]:
+def run_once(argv: Sequence[str], timeout_s: float | None,
+             run_as: RunAs | None = None) -> tuple[float, float, float, int]:
     """(wall_s, user_s, system_s, exit_code) of one run with output discarded.
 
     The run gets a session of its own, so a timeout kills what it started too.
     """
+    env = {**os.environ, **run_as.env()} if run_as else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+                                preexec_fn=run_as.become if run_as else None)
     except OSError as exc:
         raise command_error(argv[0], exc) from None
     try:
@@ -90,11 +96,11 @@ def _kill_session(proc: subprocess.Popen) -> None:
 
 def _one(spec: Spec) -> tuple[float, float, float, int]:
     if spec.prepare:
-        prep = run_once(spec.prepare, spec.timeout_s)
+        prep = run_once(spec.prepare, spec.timeout_s, spec.run_as)
         if prep[3] != 0:
             raise CommandFailed(f"prepare command exited with status {prep[3]}: "
                                 f"{shlex.join(spec.prepare)}")
-    result = run_once(spec.argv, spec.timeout_s)
+    result = run_once(spec.argv, spec.timeout_s, spec.run_as)
     if result[3] != 0 and not spec.ignore_failure:
         raise CommandFailed(f"command exited with status {result[3]}"
                             f"{' (command not found?)' if result[3] == 127 else ''}: {spec.text}")
@@ -156,6 +162,7 @@ def bench_command(
     timeout_s: float | None = None,
     max_hold_s: float | None = None,
     ignore_failure: bool = False,
+    run_as: RunAs | None = None,
 ) -> dict[str, Any]:
     """Time ``command``: warm-up runs outside the region, the timed runs inside it."""
     argv = as_argv(command, shell)
@@ -165,7 +172,7 @@ def bench_command(
     device = device or "cpu"
     text = command if isinstance(command, str) else shlex.join(argv)
     spec = Spec(text, argv, as_argv(prepare, shell) if prepare else None, timeout_s,
-                ignore_failure)
+                ignore_failure, run_as)
     warm = _runs(spec, max(warmup_runs, 0 if runs is not None else 1))
     count = plan_runs([w[0] for w in warm] or [timeout_s or 1.0], runs, min_runs, max_runs,
                       budget_s)

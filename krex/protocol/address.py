@@ -110,9 +110,10 @@ def group_id(name: str) -> int:
                               "the daemon, or pass --group GROUP") from None
 
 
-def ensure_shared_dir(path: str, gid: int) -> str:
-    """Create ``path`` for a daemon shared with a group: ours, group ``gid``, 0750."""
-    os.makedirs(path, mode=0o750, exist_ok=True)
+def ensure_shared_dir(path: str, gid: int, mode: int = 0o750) -> str:
+    """Create ``path`` for a daemon shared with a group: ours, group ``gid``, ``mode``
+    (0750; 0710 where the group may open what it knows the name of, not list it)."""
+    os.makedirs(path, mode=mode, exist_ok=True)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise AccessDenied(
@@ -120,5 +121,5 @@ def ensure_shared_dir(path: str, gid: int) -> str:
             hint="remove it or pass --runtime-dir")
     if st.st_gid != gid:
         os.chown(path, -1, gid)
-    os.chmod(path, 0o750)
+    os.chmod(path, mode)
     return path

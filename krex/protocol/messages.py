@@ -197,6 +197,15 @@ class Exec(Message):
 
 
 @dataclass(frozen=True)
+class ProgramUser(Message):
+    """Whom the programs of ``tenant`` run as (operators): ``run_as`` -- a
+    :class:`krex.protocol.runas.RunAs` dict, or null for the daemon's own user."""
+
+    type: ClassVar[str] = "program_user"
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
 class Stop(Message):
     type: ClassVar[str] = "stop"
 

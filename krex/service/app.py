@@ -73,6 +73,7 @@ class Service:
         from krex import memtrace
 
         memtrace.install()  # KREX_TRACEMALLOC=PATH: what this process keeps (off: nothing)
+        _owner_only(config)
         self.config = config
         self.tokens = TokenStore(config.tokens_path)
         self.token, self.token_made = own_token(self.tokens, config.token_path)
@@ -114,6 +115,27 @@ class Service:
         self.jobs.close()
         self.node.stop()
         memtrace.dump()
+
+
+def _owner_only(config: ServiceConfig) -> None:
+    """What the service writes is its own (umask 077), and so are the stores it finds:
+    a job's code runs as another user that may enter the state directory (its job's
+    folder is in there), never read the databases or the tokens."""
+    import os
+
+    from krex.records.store import default_path
+
+    os.umask(0o077)
+    os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+    names = [os.path.join(config.state_dir, n) for n in os.listdir(config.state_dir)]
+    records = config.records or default_path()
+    for path in [*names, *(records + s for s in ("", "-wal", "-shm", "-journal"))]:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_mode & 0o077 and not os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o600)
 
 
 def create_app(service: Service) -> FastAPI:

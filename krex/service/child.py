@@ -3,7 +3,7 @@
 In: ``python -m krex.service.child``, started by :mod:`krex.service.work` in a
 session of its own ahead of its job (a spare: its imports are done before the
 job comes), then the job (``kind``, ``tenant``, ``request``, ``records``,
-``folder``) as JSON on stdin; it moves into the job's folder, sets
+``folder``, ``work``, ``run_as``) as JSON on stdin; it moves into ``work``, sets
 ``KREX_TENANT`` and sends its output to ``child.log`` there (its temporary files go
 under ``tmp/`` there too).  A spare whose
 stdin closes (the service stopped) exits.  Out: ``result.json`` in that
@@ -14,7 +14,9 @@ result (and an evaluation killed before it ended stores no record).
 
 The work runs as the job's tenant: an evaluation's programs carry it to the
 daemon (:data:`krex.client.connection.ACTING_FOR`), a bench's region and
-ad-hoc job are charged to it (``KREX_TENANT``, read by :mod:`krex.client.region`).
+ad-hoc job are charged to it (``KREX_TENANT``, read by :mod:`krex.client.region`),
+and a bench's commands run as ``run_as`` (the tenant's user on a root node).
+This process stays the service's user: it writes the job's result and record.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ RESULT_NAME = "result.json"
 LOG_NAME = "child.log"
 
 
-def evaluate(request: dict[str, Any], tenant: str, records: str | None) -> dict[str, Any]:
+def evaluate(job: dict[str, Any]) -> dict[str, Any]:
     from krex.evaluate.pipeline import evaluate
     from krex.service import summary
 
+    request, tenant, records = job["request"], job["tenant"], job.get("records")
     opts = {k: request[k] for k in ("device", "seeds", "shapes", "atol", "rtol", "cache",
                                     "timeout_s", "fresh") if request.get(k) is not None}
     ev = evaluate(request["reference"], request["candidate"], request["inputs"],
@@ -41,15 +44,17 @@ def evaluate(request: dict[str, Any], tenant: str, records: str | None) -> dict[
     return summary.evaluation(ev.to_dict())
 
 
-def bench(request: dict[str, Any], tenant: str, records: str | None) -> dict[str, Any]:
+def bench(job: dict[str, Any]) -> dict[str, Any]:
     from krex.measure.command import bench_command
+    from krex.protocol.runas import RunAs
     from krex.service import summary
 
-    r = request
+    r = job["request"]
     result = bench_command(r["command"], warmup_runs=r.get("warmup", 1), runs=r.get("runs"),
                            device=r.get("device"), budget_s=r.get("budget_s", 1.0),
                            timeout_s=r.get("timeout_s"), shell=r.get("shell", "sh"),
-                           label=f"tenant:{tenant}")
+                           label=f"tenant:{job['tenant']}",
+                           run_as=RunAs.from_dict(job.get("run_as")))
     return summary.bench(result)
 
 
@@ -63,7 +68,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     ACTING_FOR.set(job["tenant"])
     try:
-        return {"result": KINDS[job["kind"]](job["request"], job["tenant"], job.get("records"))}
+        return {"result": KINDS[job["kind"]](job)}
     except KrexError as exc:
         return {"error": {"code": exc.code, "message": exc.message, "fields": exc.fields()}}
 
@@ -82,17 +87,23 @@ def _warm() -> None:
 
 
 def _enter(job: dict[str, Any]) -> None:
-    """Become the job's process: its folder, its tenant, its log, and its temporary files
-    in the folder (an evaluation's working directory and kept copies go with the folder
-    when the service removes it, even when a cancel killed this process mid-way)."""
+    """Become the job's process: its code's working directory, its tenant, its log, and
+    its temporary files in the folder (an evaluation's working directory and kept copies
+    go with the folder when the service removes it, even when a cancel killed this
+    process mid-way).  The folder is the service's: the job's user may enter ``tmp/``
+    (to reach what it is given there), not list it."""
     import tempfile
 
-    os.chdir(job["folder"])
-    scratch = os.path.join(job["folder"], "tmp")
-    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    folder = job["folder"]
+    scratch = os.path.join(folder, "tmp")
+    os.mkdir(scratch, 0o700)
+    if job.get("run_as"):
+        os.chown(scratch, -1, job["run_as"]["gid"])
+        os.chmod(scratch, 0o710)
     tempfile.tempdir = scratch  # this process's own: the commands it runs keep TMPDIR
     os.environ["KREX_TENANT"] = job["tenant"]
-    fd = os.open(LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.chdir(job.get("work") or folder)  # where a bench's commands and a program run
+    fd = os.open(os.path.join(folder, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
@@ -107,7 +118,7 @@ def main() -> int:
     except ValueError:  # stdin closed: the service stopped before it needed this spare
         return 0
     _enter(job)
-    write(run(job), os.getcwd())
+    write(run(job), job["folder"])
     return 0
 
 

@@ -21,8 +21,18 @@ Evaluations and benches run in a process of their own
 cancel can kill them and so that a bench's region and ad-hoc job are its
 tenant's too.
 
+Whose code runs as whom (:class:`Place`): the daemon says whom a tenant's
+programs run as (``program_user``; on a root node daemon the tenant's own uid,
+never root).  The job's folder stays the service's (``0750``, the tenant user's
+group: its code reads the files the service wrote there and writes none);
+its code works in ``work/`` inside, which is the tenant user's (``0700``), and
+an evaluation's working directory is given to that user too.  A bench's
+commands run as that user; a service that runs as root in front of a daemon
+that runs tenants' code as another user refuses benches rather than run them
+as root.
+
 Cancel (:meth:`Work.stop`): an exec job's program runs in a warm worker, its
-request naming the job's own folder as its working directory; the service asks
+request naming the job's ``work/`` as its working directory; the service asks
 the daemon (``stop_program``) to kill the worker running the program of that
 folder (the daemon's record, which a program's ``chdir`` does not change): the
 daemon stops it, checks again (the worker may have moved on), and kills every
@@ -48,10 +58,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from krex.client.connection import ACTING_FOR, Client
 from krex.errors import (
+    AccessDenied,
     BadRequest,
     InternalError,
     JobStopped,
@@ -59,6 +71,7 @@ from krex.errors import (
     QuotaExceeded,
     error_class,
 )
+from krex.protocol.runas import RunAs
 from krex.service import summary
 from krex.service.child import LOG_NAME, RESULT_NAME
 from krex.service.config import ServiceConfig
@@ -90,6 +103,26 @@ def daemon_client() -> Client:
     return Client()
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a job's files are, and whom its code runs as."""
+
+    folder: str  # the service's: what it writes for the job (the job's code reads it)
+    work: str  # the working directory of the job's code, its user's
+    run_as: RunAs | None  # None: the daemon's own user
+
+    def write(self, name: str, text: str) -> str:
+        """A file of the job's (a program's source) that its code may read, not change."""
+        path = os.path.join(self.folder, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+        with os.fdopen(fd, "w") as f:
+            if self.run_as is not None:  # (the service's umask is 077)
+                os.fchown(f.fileno(), -1, self.run_as.gid)
+                os.fchmod(f.fileno(), 0o640)
+            f.write(text)
+        return path
+
+
 class Work:
     """The job kinds, bound to a configuration; ``kinds()`` is what ``JobStore`` runs."""
 
@@ -118,11 +151,12 @@ class Work:
         return {"exec": self._told(self.exec), "evaluate": self._told(self.evaluate),
                 "bench": self._told(self.bench)}
 
-    def _told(self, fn: Callable[[Job], dict[str, Any]]) -> Callable[[Job], dict[str, Any]]:
+    def _told(self, fn: Callable[[Job, Place], dict[str, Any]]
+              ) -> Callable[[Job], dict[str, Any]]:
         def run(job: Job) -> dict[str, Any]:
             acting = ACTING_FOR.set(job.tenant)
             try:
-                result = fn(job)
+                result = fn(job, self._place(job))
             except QuotaExceeded as exc:
                 with self._lock:
                     wait = exc.seconds if exc.seconds is not None else QUOTA_BACKOFF_S
@@ -136,19 +170,38 @@ class Work:
             return result
         return run
 
-    def folder(self, job: Job) -> str:
-        path = os.path.join(self.config.state_dir, "jobs", job.id)
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return path
+    def _place(self, job: Job) -> Place:
+        """The job's folder and ``work/``, made for whom the daemon runs its code as."""
+        with daemon_client() as client:
+            run_as, daemon_uid = client.program_user(job.tenant)
+        if job.kind == "bench" and run_as is None and os.geteuid() == 0 and daemon_uid != 0:
+            raise AccessDenied(
+                f"this service runs as root and its node daemon runs tenants' code as uid "
+                f"{daemon_uid}: a bench's commands would run as root",
+                hint="run the service as the daemon's user, or the daemon as root (its "
+                     "tenants' code then runs as their own uids: krex serve --tenant-uids)")
+        jobs = os.path.join(self.config.state_dir, "jobs")
+        folder, work = _paths(self.config.state_dir, job.id)
+        os.makedirs(jobs, mode=0o700, exist_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)  # a run the service's stop interrupted
+        os.mkdir(folder, 0o700)
+        os.mkdir(work, 0o700)
+        if run_as is not None:  # its user enters the state directory, lists nothing
+            for d in (self.config.state_dir, jobs):
+                os.chmod(d, 0o711)
+            os.chown(folder, os.getuid(), run_as.gid, follow_symlinks=False)
+            os.chmod(folder, 0o750)
+            run_as.give(work)
+        return Place(folder, work, run_as)
 
     def _clean(self, job: Job) -> None:
         shutil.rmtree(os.path.join(self.config.state_dir, "jobs", job.id), ignore_errors=True)
 
     # -- the kinds -----------------------------------------------------------------------
 
-    def exec(self, job: Job) -> dict[str, Any]:
+    def exec(self, job: Job, place: Place) -> dict[str, Any]:
         r = job.request
-        path = r.get("path") or self._write(job, "program.py", r["program"])
+        path = r.get("path") or place.write("program.py", r["program"])
         if not os.path.isfile(path):
             raise BadRequest(f"no such program on this node: {path}",
                              hint="send the program's source as `program`")
@@ -156,16 +209,16 @@ class Work:
         env = {**job_environment(), **r.get("env", {})}
         with daemon_client() as client:
             result = client.exec(path, r.get("args", []), device=r.get("device"),
-                                 timeout_s=r.get("timeout_s"), cwd=self.folder(job), env=env,
+                                 timeout_s=r.get("timeout_s"), cwd=place.work, env=env,
                                  on_output=out.add)
         _raise_quota(result.exception)
         return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
 
-    def evaluate(self, job: Job) -> dict[str, Any]:
-        specs = {side: self._spec(job, side, job.request[side]) for side in
+    def evaluate(self, job: Job, place: Place) -> dict[str, Any]:
+        specs = {side: _spec(place, side, job.request[side]) for side in
                  ("reference", "candidate", "inputs")}
         try:
-            return self._in_child(job, {**job.request, **specs})
+            return self._in_child(job, place, {**job.request, **specs})
         finally:
             self._fit_records()
 
@@ -179,15 +232,18 @@ class Work:
         with RecordStore(self.config.records) as store:  # SQLite serialises two prunes
             store.prune(int(self.config.records_max_mb * 2**20))
 
-    def bench(self, job: Job) -> dict[str, Any]:
-        return self._in_child(job, job.request)
+    def bench(self, job: Job, place: Place) -> dict[str, Any]:
+        return self._in_child(job, place, job.request)
 
-    def _in_child(self, job: Job, request: dict[str, Any]) -> dict[str, Any]:
+    def _in_child(self, job: Job, place: Place, request: dict[str, Any]) -> dict[str, Any]:
         """Run ``job`` in a process of its own (:mod:`krex.service.child`), in its folder,
         as its tenant; its result, or its error raised here."""
-        folder = self.folder(job)
+        folder = place.folder
         payload = json.dumps({"kind": job.kind, "tenant": job.tenant, "request": request,
-                              "records": self.config.records, "folder": folder}).encode()
+                              "records": self.config.records, "folder": folder,
+                              "work": place.work,
+                              "run_as": place.run_as.to_dict() if place.run_as else None}
+                             ).encode()
         proc = self._spare()
         with self._lock:
             self._children[job.id] = proc
@@ -202,16 +258,16 @@ class Work:
 
     def stop(self, job: Job) -> bool:
         """Interrupt ``job``'s running work; True once it was (False: not started yet)."""
-        folder = os.path.join(self.config.state_dir, "jobs", job.id)
+        folder, work = _paths(self.config.state_dir, job.id)
         if job.kind == "exec":
-            return _kill_workers_in(folder)
+            return _kill_workers_in(work)
         with self._lock:
             proc = self._children.get(job.id)
         if proc is None:
             return False
         _kill_child(proc, folder)
         if job.kind == "evaluate":  # a program sent just before the child stopped
-            _linger(lambda: _kill_workers_in(folder), LATE_PROGRAM_S)
+            _linger(lambda: _kill_workers_in(work), LATE_PROGRAM_S)
         return True
 
     def close(self) -> None:
@@ -241,20 +297,19 @@ class Work:
                     self._spares.append(_spawn_child())
         return proc or _spawn_child()
 
-    # -- helpers -------------------------------------------------------------------------
 
-    def _spec(self, job: Job, side: str, value: str | dict[str, str]) -> str:
-        if isinstance(value, str):  # a node path (absolute: schemas refuse a relative one)
-            path, sep, fn = value.rpartition(":")
-            return f"{os.path.abspath(path)}:{fn}" if sep and path.endswith(".py") else value
-        path = self._write(job, f"{side}.py", value["source"])
-        return f"{path}:{value['function']}"
 
-    def _write(self, job: Job, name: str, text: str) -> str:
-        path = os.path.join(self.folder(job), name)
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+def _paths(state_dir: str, job_id: str) -> tuple[str, str]:
+    """A job's folder and its code's working directory."""
+    folder = os.path.join(state_dir, "jobs", job_id)
+    return folder, os.path.join(folder, "work")
+
+
+def _spec(place: Place, side: str, value: str | dict[str, str]) -> str:
+    if isinstance(value, str):  # a node path (absolute: schemas refuse a relative one)
+        path, sep, fn = value.rpartition(":")
+        return f"{os.path.abspath(path)}:{fn}" if sep and path.endswith(".py") else value
+    return f"{place.write(f'{side}.py', value['source'])}:{value['function']}"
 
 
 def _kill_workers_in(folder: str) -> bool:

@@ -1,0 +1,90 @@
+"""Which unprivileged user a tenant's code runs as: :class:`RunAs`.
+
+A root node daemon never runs a tenant's code as root: each tenant a trusted
+peer (the HTTP/MCP service) names gets a uid of its own from the daemon's
+``--tenant-uids`` range, with a group of the same number, the daemon socket's
+group beside it (so its programs can take regions) and a home directory of
+its own.  The daemon says which (``program_user``); whoever starts a
+tenant's process — the daemon's warm workers, a service's bench commands —
+calls :meth:`RunAs.become` in the child before ``exec``, and whoever hands a
+tenant's process a directory to write gives it with :meth:`RunAs.give`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from typing import Any
+
+UMASK = 0o077  # what a tenant's process creates is its own: /tmp included
+DEFAULT_UIDS = "60500-60999"  # krex serve --tenant-uids: below systemd's dynamic users
+
+
+@dataclass(frozen=True)
+class RunAs:
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary: the daemon socket's group
+    home: str
+
+    def become(self) -> None:
+        """In a child before ``exec`` (a ``preexec_fn``): drop to this user for good."""
+        os.setgroups(list(self.groups))
+        os.setgid(self.gid)
+        os.setuid(self.uid)
+        os.umask(UMASK)
+
+    def env(self) -> dict[str, str]:
+        """The variables that say who the process is and where its files go."""
+        name = f"krex-{self.uid}"
+        return {"HOME": self.home, "USER": name, "LOGNAME": name,
+                "XDG_CACHE_HOME": os.path.join(self.home, ".cache"),
+                "XDG_CONFIG_HOME": os.path.join(self.home, ".config"),
+                "XDG_DATA_HOME": os.path.join(self.home, ".local", "share"),
+                "XDG_STATE_HOME": os.path.join(self.home, ".local", "state")}
+
+    def give(self, path: str) -> str:
+        """Make ``path`` (a directory this process just created in a directory of its
+        own, so nobody can have swapped it for a link) this user's, owner-only."""
+        os.chown(path, self.uid, self.gid, follow_symlinks=False)
+        os.chmod(path, 0o700)
+        return path
+
+    def cannot_reach(self, files: list[str], dirs: list[str]) -> str | None:
+        """Why this user could not read ``files`` or enter ``dirs`` (each through every
+        directory above it), or None: a tenant's worker must run the interpreter, import
+        krex and reach the daemon's socket."""
+        for path, last in [*((f, os.R_OK) for f in files), *((d, os.X_OK) for d in dirs)]:
+            parts = os.path.abspath(path).split(os.sep)[1:]
+            for i in range(len(parts)):
+                here = os.sep + os.sep.join(parts[: i + 1])
+                need = last if i == len(parts) - 1 else os.X_OK
+                try:
+                    st = os.stat(here)
+                except OSError as exc:
+                    return f"{here}: {exc.strerror}"
+                if not self._allows(st, need):
+                    return (f"{here} ({stat.filemode(st.st_mode)}, uid {st.st_uid}, gid "
+                            f"{st.st_gid}) does not let uid {self.uid} "
+                            f"{'read it' if need == os.R_OK else 'enter it'}")
+        return None
+
+    def _allows(self, st: os.stat_result, need: int) -> bool:
+        bits = {os.R_OK: (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH),
+                os.X_OK: (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)}[need]
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & bits[0])
+        if st.st_gid == self.gid or st.st_gid in self.groups:
+            return bool(st.st_mode & bits[1])
+        return bool(st.st_mode & bits[2])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "groups": list(self.groups)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RunAs | None:
+        if not d:
+            return None
+        return cls(uid=int(d["uid"]), gid=int(d["gid"]),
+                   groups=tuple(int(g) for g in d.get("groups", ())), home=str(d["home"]))
