@@ -655,10 +655,15 @@ def main() -> int:
                     help="a second HTTP service beside the first, with this environment "
                          "variable (e.g. KREX_MALLOC_MMAP_THRESHOLD=0): the HTTP agents take "
                          "turns between the two; both services' RSS is sampled")
+    ap.add_argument("--tenant-uids", default="daemon",
+                    help="the daemon's --tenant-uids: 'daemon' (tenants' code as its user, as "
+                         "where the interpreter is out of other users' reach, like /root here) "
+                         "or FIRST-LAST (a uid per tenant: needs krex readable by every user)")
     ap.add_argument("--out", help="results file (default results/bench_service_load_<dev>.json)")
     args = ap.parse_args()
     daemon_flags = [f for name in ("keep_regions", "keep_jobs") if getattr(args, name)
                     for f in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
+    daemon_flags += ["--tenant-uids", args.tenant_uids]
     with private_daemon(*daemon_flags) as _sock, tempfile.TemporaryDirectory() as tmp:
         res = run(args, tmp)
     res["daemon_flags"] = daemon_flags

@@ -215,12 +215,16 @@ def main() -> int:
     ap.add_argument("--wrap", default="", help="a command the server runs under (heaptrack)")
     ap.add_argument("--daemon", action="store_true",
                     help="trace the private daemon too (KREX_DAEMON_TRACEMALLOC)")
+    ap.add_argument("--tenant-uids", default="daemon",
+                    help="the daemon's --tenant-uids: 'daemon' (tenants' code as its user, as "
+                         "where the interpreter is out of other users' reach, like /root here) "
+                         "or FIRST-LAST (a uid per tenant: needs krex readable by every user)")
     ap.add_argument("--out", help="results file (default results/bench_service_memory.json)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.daemon:
             os.environ["KREX_DAEMON_TRACEMALLOC"] = os.path.join(tmp, "daemon-trace.json")
-        with private_daemon() as _sock:
+        with private_daemon("--tenant-uids", args.tenant_uids) as _sock:
             res = run(args, tmp)
     report(res)
     print("wrote", write_results("bench_service_memory", res, args.out))

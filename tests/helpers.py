@@ -124,7 +124,7 @@ class Daemon:
         # tenants' code as the daemon's user (root here): this machine's Python is under
         # /root, where no tenant user may go; tests/test_tenant_users.py runs them apart
         self.extra = list(extra) if "--tenant-uids" in extra else \
-            ["--tenant-uids", "daemon", *extra]
+            [*extra, "--tenant-uids", "daemon"]
         self.preexec_fn = preexec_fn  # in the child before it starts (resource limits)
         self.proc: subprocess.Popen | None = None
 

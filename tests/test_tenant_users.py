@@ -40,6 +40,7 @@ pytestmark = [
 ]
 
 RANGE = "60500-60999"
+NODE_GROUP = 60400  # a node daemon's --group (a number: no such group need exist)
 PROBE = textwrap.dedent("""
     import json, os, sys
     import krex
@@ -93,10 +94,14 @@ def shared_tmp():
 
 
 @pytest.fixture
-def tenant_daemon(shared_tmp, monkeypatch):
+def tenant_daemon(request, shared_tmp, monkeypatch):
+    """A root daemon with tenant users: per-user (the socket's group is the range's first
+    id) or a node daemon (its --group's)."""
     rt = os.path.join(shared_tmp, "rt")
     os.mkdir(rt, 0o700)
-    d = NamespacedDaemon(rt, "--tenant-uids", RANGE)
+    node = getattr(request, "param", "per-user") == "node"
+    mode = ["--node", "--group", str(NODE_GROUP)] if node else []
+    d = NamespacedDaemon(rt, "--tenant-uids", RANGE, *mode)
     d.start()
     monkeypatch.setenv("KREX_SOCKET", d.socket)
     try:
@@ -120,6 +125,7 @@ def _probe(client, shared_tmp: str, tenant: str | None, *paths: str,
     return json.loads(line[5:])
 
 
+@pytest.mark.parametrize("tenant_daemon", ["per-user", "node"], indirect=True)
 def test_a_tenants_program_runs_as_its_own_uid_and_reads_nothing_of_others(
         tenant_daemon, shared_tmp):
     rt = tenant_daemon.runtime_dir
@@ -138,7 +144,8 @@ def test_a_tenants_program_runs_as_its_own_uid_and_reads_nothing_of_others(
     first, last = map(int, RANGE.split("-"))
     assert first < alice["uid"] <= last and first < bob["uid"] <= last, (alice, bob)
     assert alice["uid"] != bob["uid"] and alice["gid"] == alice["uid"], (alice, bob)
-    assert alice["groups"] == [first], alice  # the socket's group: her regions
+    group = NODE_GROUP if os.stat(tenant_daemon.socket).st_gid == NODE_GROUP else first
+    assert alice["groups"] == [group], alice  # the socket's group: her regions
     assert alice["home"] == os.path.join(rt, "homes", str(alice["uid"])), alice
     assert all(alice[p] == "PermissionError" for p in private), alice
     # the control: the operator's own program is root, and the files are there to read

@@ -435,8 +435,8 @@ class Daemon:
                     f"which cannot run krex here: {why}",
                     hint="install krex (and its Python) where every user may read it -- a "
                          "venv under /opt from the system's Python -- or, where every tenant "
-                         "may have a shell as this daemon's user, krex serve --tenant-uids "
-                         "daemon (krex doctor)")
+                         "may have a shell as this daemon's user, start the daemon yourself "
+                         "with krex serve --tenant-uids daemon (krex doctor)")
             return user
         if os.geteuid() == 0 and self.config.tenant_uids != DAEMON:
             raise AccessDenied(

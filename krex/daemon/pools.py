@@ -86,6 +86,7 @@ class Pools:
         self.per_connection = per_connection
         self._in_flight: dict[Any, int] = {}  # session -> programs running for it
         self._running = 0  # programs running on the node, their connections open or not
+        self._device_slots: dict[str, threading.Semaphore] = {}
 
     def pool(self, device: str, user: TenantUser | None = None) -> WorkerPool:
         """The device's pool (``user``'s: that tenant's, as its uid), started on first use.
@@ -113,6 +114,8 @@ class Pools:
             fields: dict[str, Any] = {**vars(self.template), "device": device}
             if user is not None:  # who the worker is wins over what a program's request says
                 fields["pinned_env"] = [*self.template.pinned_env, *user.run_as.env()]
+                # a tenant's workers stay warm while it uses them, then stop (idle_shutdown_s)
+                fields.update(min_workers=0, spare_workers=0)
             pool = WorkerPool(PoolSpec(**fields), DaemonLauncher(self.daemon, device, user))
             pool.start()
             with self._lock:
@@ -140,6 +143,16 @@ class Pools:
         except RuntimeError as exc:
             self._done(session)
             raise LimitExceeded(f"no thread for the program: {exc}") from None
+
+    def _slots(self, device: str) -> threading.Semaphore:
+        """``max_workers`` programs of ``device`` run at once across its pools (the
+        daemon's and each tenant user's), as in one pool: first come, first served."""
+        with self._lock:
+            slots = self._device_slots.get(device)
+            if slots is None:
+                slots = self._device_slots[device] = threading.Semaphore(
+                    self.template.max_workers)
+            return slots
 
     def idle(self) -> bool:
         """No program running and no pool starting: warm workers only wait."""
@@ -179,8 +192,9 @@ class Pools:
             req.env = {**(req.env or {}), "KREX_TENANT": tenant}
         try:
             pool = self.pool(device, self.daemon.tenant_user(tenant))
-            result = pool.submit(req, lambda stream, text: session.push(
-                m.Output(re=msg.id, stream=stream, data=text)))
+            with self._slots(device):  # the device's programs at once, whoever's pool
+                result = pool.submit(req, lambda stream, text: session.push(
+                    m.Output(re=msg.id, stream=stream, data=text)))
         except KrexError as exc:
             return m.ErrorReply.of(exc, msg.id)
         return m.Reply(re=msg.id, data={"result": result.to_dict()})
