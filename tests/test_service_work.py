@@ -2,7 +2,7 @@
 
 Through a real ``krex service`` and daemon: an exec job does not see a variable of
 the service's own environment (a secret of the service's user), only the
-documented minimal set (``krex.service.work.JOB_ENV``) and what its request's
+documented minimal set (``krex.workers.launcher.JOB_ENV``) and what its request's
 ``env`` adds; an evaluation's or a bench's process (``krex.service.child``,
 started in the service's state directory, which tenant code can write) imports
 nothing planted there.

@@ -3,9 +3,10 @@
 Through a real root daemon with ``--tenant-uids``: a program run for tenant
 alice runs as a uid of hers (not 0, not bob's), takes regions charged to her
 (on fakegpu too: her worker's interposer maps its gate file, made hers),
-and cannot read bob's home, the daemon's tenant map or its event log; the
-operator's own program (no tenant named) runs as root and reads them all (the
-negative control: the probe sees root, and the files are there).  With
+and cannot read bob's home, the daemon's tenant map or its event log, nor see
+the daemon's environment; the operator's own program (no tenant named) runs as
+root and reads them all (the negative control: the probe sees root, the files
+and the variable are there).  With
 ``--tenant-uids off`` a root daemon refuses a tenant's program; where the
 interpreter is out of other users' reach the refusal names the directory.
 Through a real service in front of such a daemon: an exec job and a bench's
@@ -46,6 +47,8 @@ PROBE = textwrap.dedent("""
     import krex
     seen = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
             "home": os.environ["HOME"]}
+    with open("/proc/self/environ", "rb") as f:  # what the worker started with
+        seen["secret"] = b"DAEMON_SECRET=" in f.read()
     for path in sys.argv[1:]:
         try:
             with open(path, "rb") as f:
@@ -53,6 +56,8 @@ PROBE = textwrap.dedent("""
             seen[path] = "read"
         except OSError as exc:
             seen[path] = type(exc).__name__
+    with open("/proc/self/status") as f:  # set-user-ID programs give it nothing back
+        seen["no_new_privs"] = [ln.split()[1] for ln in f if ln.startswith("NoNewPrivs")]
     gate = os.environ.get("KREX_GATE_FILE")  # a GPU job's: its interposer maps it
     seen["gate"] = os.access(gate, os.R_OK | os.W_OK) if gate else None
     with krex.region(os.environ["KREX_DEVICE"], label="probe") as r:
@@ -69,6 +74,7 @@ class NamespacedDaemon(Daemon):
         reach = [os.path.realpath(sys.executable), os.__file__, krex.__file__]
         log = open(os.path.join(self.runtime_dir, "log"), "w")
         env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+        env["DAEMON_SECRET"] = "root's"  # in no tenant's environment
         self.proc = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", PY,
              os.path.join(REPO, "tests", "reachable.py"), *reach, "--", PY, "-m", "krex",
@@ -148,8 +154,11 @@ def test_a_tenants_program_runs_as_its_own_uid_and_reads_nothing_of_others(
     assert alice["groups"] == [group], alice  # the socket's group: her regions
     assert alice["home"] == os.path.join(rt, "homes", str(alice["uid"])), alice
     assert all(alice[p] == "PermissionError" for p in private), alice
+    assert alice["secret"] is False, alice  # the daemon's environment stays its own
+    assert alice["no_new_privs"] == ["1"], alice  # no set-user-ID way back to root
     # the control: the operator's own program is root, and the files are there to read
     assert operator["uid"] == 0 and all(operator[p] == "read" for p in private), operator
+    assert operator["secret"] is True and operator["no_new_privs"] == ["0"], operator
     # on a GPU her worker's interposer maps its gate file (another uid's job's: hers)
     assert gpu["uid"] == alice["uid"] and gpu["gate"] is True, gpu
     tenants = {r.get("label"): set() for r in regions}

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from krex.client.autostart import ensure_daemon
 from krex.errors import (
@@ -50,6 +50,9 @@ from krex.errors import (
     from_wire,
 )
 from krex.protocol import messages as m
+
+if TYPE_CHECKING:
+    from krex.protocol.runas import RunAs
 from krex.protocol.address import forget_node_socket, is_node_choice, socket_path
 from krex.protocol.framing import ConnectionClosed, FrameReader, encode_frame
 from krex.protocol.installation import mismatch
@@ -536,6 +539,8 @@ class Client:
         warm workers: a tenant's own user on a root daemon (None: the daemon's user), and
         the daemon's uid (operators; a service gives that user the folder a program
         writes, and runs a bench's commands as it)."""
+        from krex.protocol.runas import RunAs
+
         reply = self._call(m.ProgramUser(tenant=tenant or ACTING_FOR.get()))
         return RunAs.from_dict(reply.get("run_as")), int(reply["daemon_uid"])
 

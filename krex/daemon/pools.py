@@ -27,7 +27,7 @@ from krex.errors import KrexError, LimitExceeded, WorkerFailed
 from krex.protocol import messages as m
 from krex.protocol.runas import RunAs
 from krex.workers import ExecRequest, PoolSpec, WorkerPool
-from krex.workers.launcher import join_cgroups, merge_env
+from krex.workers.launcher import job_environment, join_cgroups, merge_env
 
 if TYPE_CHECKING:
     from krex.daemon.core import Daemon, Session
@@ -51,15 +51,18 @@ class DaemonLauncher:
         self._spawning.job_id = job.job_id
         join = join_cgroups(info["cgroups"], new_group=False)
         run_as = self.user.run_as if self.user else None
+        become = run_as.preexec() if run_as else None
 
         def setup() -> None:  # the daemon thread that forks it may keep off some cores
             priority.widen()
             join()  # as root: then the tenant's user for good
-            if run_as is not None:
-                run_as.become()
+            if become is not None:
+                become()
 
-        env = merge_env(dict(os.environ), info["env"])
-        return {**env, **run_as.env()} if run_as else env, setup
+        if run_as is None:
+            return merge_env(dict(os.environ), info["env"]), setup
+        # a tenant's worker: none of the daemon's other variables (its user's secrets)
+        return {**merge_env(job_environment(), info["env"]), **run_as.env()}, setup
 
     def started(self, pid: int) -> None:
         self.daemon.worker_started(self._spawning.job_id, pid)

@@ -72,7 +72,7 @@ def run_once(argv: Sequence[str], timeout_s: float | None,
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, env=env,
-                                preexec_fn=run_as.become if run_as else None)
+                                preexec_fn=run_as.preexec() if run_as else None)
     except OSError as exc:
         raise command_error(argv[0], exc) from None
     try:

@@ -6,17 +6,20 @@ peer (the HTTP/MCP service) names gets a uid of its own from the daemon's
 group beside it (so its programs can take regions) and a home directory of
 its own.  The daemon says which (``program_user``); whoever starts a
 tenant's process — the daemon's warm workers, a service's bench commands —
-calls :meth:`RunAs.become` in the child before ``exec``, and whoever hands a
+calls :meth:`RunAs.preexec`'s function in the child before ``exec``, and whoever hands a
 tenant's process a directory to write gives it with :meth:`RunAs.give`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+PR_SET_NO_NEW_PRIVS = 38
 UMASK = 0o077  # what a tenant's process creates is its own: /tmp included
 DEFAULT_UIDS = "60500-60999"  # krex serve --tenant-uids: below systemd's dynamic users
 
@@ -28,12 +31,23 @@ class RunAs:
     groups: tuple[int, ...]  # supplementary: the daemon socket's group
     home: str
 
-    def become(self) -> None:
-        """In a child before ``exec`` (a ``preexec_fn``): drop to this user for good."""
-        os.setgroups(list(self.groups))
-        os.setgid(self.gid)
-        os.setuid(self.uid)
-        os.umask(UMASK)
+    def preexec(self) -> Callable[[], None]:
+        """What a child calls before ``exec`` (a ``preexec_fn``) to become this user for
+        good, letting no set-user-ID program give it back (``PR_SET_NO_NEW_PRIVS``).
+        Made in the parent: the C library is looked up here, not in a forked child of a
+        threaded process (where the loader's lock may be held by a thread that is gone)."""
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        groups = list(self.groups)
+
+        def become() -> None:
+            os.setgroups(groups)
+            os.setgid(self.gid)
+            os.setuid(self.uid)
+            os.umask(UMASK)
+            if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+        return become
 
     def env(self) -> dict[str, str]:
         """The variables that say who the process is and where its files go."""

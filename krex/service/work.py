@@ -76,28 +76,12 @@ from krex.service import summary
 from krex.service.child import LOG_NAME, RESULT_NAME
 from krex.service.config import ServiceConfig
 from krex.service.jobs import Job
+from krex.workers.launcher import job_environment
 
 QUOTA_BACKOFF_S = 5.0  # submits refused after the daemon refused a tenant (seconds unknown)
 LATE_PROGRAM_S = 1.0  # after a cancelled evaluation's process is killed: its program looked for
 STOP_POLL_S = 0.05
 SPARE_CHILDREN = 2  # evaluate/bench processes kept started ahead of their jobs
-# What a job's processes get of the service's environment (docs/service.md): these names,
-# and the prefixes that end in "*".  The rest (the service user's secrets, tokens,
-# credentials) stays out; an exec request's ``env`` adds to it, and a warm worker keeps
-# its own ``KREX_*`` and ``LD_PRELOAD`` whatever the job says (krex.workers.spec).
-JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ",
-           "TERM", "TMPDIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
-           "XDG_CACHE_HOME", "KREX_*", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-           "ROCR_VISIBLE_DEVICES")
-
-
-def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables of ``environ`` (default: this process's) that :data:`JOB_ENV` names."""
-    environ = dict(os.environ if environ is None else environ)
-    return {k: v for k, v in environ.items()
-            if any(k.startswith(p[:-1]) if p.endswith("*") else k == p for p in JOB_ENV)}
-
-
 def daemon_client() -> Client:
     """A connection to the node daemon (started on demand, like any client's)."""
     return Client()
@@ -348,7 +332,8 @@ def _kill_child(proc: subprocess.Popen[bytes], folder: str) -> None:
 def _spawn_child() -> subprocess.Popen[bytes]:
     """A job's process: ``-I`` and cwd ``/``, so nothing is imported from the state
     directory (tenant code can write there) or from PYTHON* variables; the job's minimal
-    environment (:data:`JOB_ENV`: a bench's commands are tenant code)."""
+    environment (:data:`~krex.workers.launcher.JOB_ENV`: a bench's commands are tenant
+    code)."""
     return subprocess.Popen([sys.executable, "-I", "-m", "krex.service.child"], cwd="/",
                             env=job_environment(), stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

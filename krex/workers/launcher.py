@@ -14,6 +14,23 @@ from collections.abc import Callable
 from typing import Protocol
 
 PATH_LISTS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+# What tenant code gets of the environment it is started from (docs/service.md): these
+# names, and the prefixes that end in "*".  The rest (the service's or the daemon's
+# user's secrets, tokens, credentials) stays out: a service's jobs start from it, and a
+# root daemon's tenant users' workers.  An exec request's ``env`` adds to it, and a warm
+# worker keeps its own ``KREX_*`` and ``LD_PRELOAD`` whatever the job says
+# (krex.workers.spec).
+JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ",
+           "TERM", "TMPDIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
+           "XDG_CACHE_HOME", "KREX_*", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+           "ROCR_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that :data:`JOB_ENV` names."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items()
+            if any(k.startswith(p[:-1]) if p.endswith("*") else k == p for p in JOB_ENV)}
 
 
 def merge_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
