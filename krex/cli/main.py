@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("krex.cli.cluster_cmds", "add_cluster"),
     "evaluate": ("krex.cli.evaluate_cmds", "add_evaluate"),
     "history": ("krex.cli.evaluate_cmds", "add_history"),
+    "kernelbench": ("krex.cli.kernelbench_cmds", "add_kernelbench"),
     "service": ("krex.cli.service_cmds", "add_service"),
     "mcp": ("krex.cli.service_cmds", "add_mcp"),
 }
