@@ -57,7 +57,7 @@ def _folder(tmp_path) -> tuple[str, str]:
 def _run(daemon, tmp_path, problems: str, solutions: str):
     return run_krex("kernelbench", "run", "--problems", problems, "--solutions", solutions,
                     "--out", str(tmp_path / "out"), "--jobs", "3", "--seeds", "2",
-                    "--cache", "hot", "--timeout-s", "15", "--records",
+                    "--cache", "hot", "--timeout-s", "30", "--records",
                     str(tmp_path / "records.sqlite3"), "--json",
                     env={**os.environ, "KREX_SOCKET": daemon.socket,
                          "XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=400)
