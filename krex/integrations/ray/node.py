@@ -52,6 +52,7 @@ class KrexNode:
 
     def info(self) -> dict[str, Any]:
         self._ensure()
+        self._warm("cpu")  # a daemon restarted since (it died) has its warm pool again
         st = self._status()
         pools = st.get("pools") or {}
         return {"node_id": self.node_id, "node_ip": self.node_ip, "host": socket.gethostname(),
