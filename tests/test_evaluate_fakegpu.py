@@ -46,12 +46,17 @@ def test_honest_device_kernels(daemon_m, cand, verdict):
         assert all(p["pending_ms"] is not None for p in ev.integrity["probe"])
 
 
-@pytest.mark.parametrize("hack,code", [("hacks.py:background_launches", "WORK_AFTER_RETURN"),
-                                       ("hacks.py:no_device_work", "NO_DEVICE_WORK")])
-def test_device_hacks(daemon_m, hack, code):
+# Each hack is caught by the codes named: the background launcher's thread launches after
+# the call returned (WORK_AFTER_RETURN) -- or, where the machine is loaded and the thread
+# runs before the call has returned, inside some calls and not others
+# (LAUNCH_COUNT_VARIES: seen once in a fresh clone's suite beside a CPU loop).
+@pytest.mark.parametrize("hack,codes", [
+    ("hacks.py:background_launches", {"WORK_AFTER_RETURN", "LAUNCH_COUNT_VARIES"}),
+    ("hacks.py:no_device_work", {"NO_DEVICE_WORK"})])
+def test_device_hacks(daemon_m, hack, codes):
     for _ in range(2):
         ev = evaluate(hack)
-        assert code in ev.codes() and ev.verdict == "invalid", ev.summary()
+        assert codes & set(ev.codes()) and ev.verdict == "invalid", ev.summary()
 
 
 def test_a_sticky_device_error_is_contained_and_the_worker_recycled(tmp_path_factory):
