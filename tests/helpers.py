@@ -185,6 +185,32 @@ class Daemon:
 CONTENTION = frozenset({"holder_preempted", "foreign_task", "device_preempted"})
 
 
+class NamespacedDaemon(Daemon):
+    """A root ``krex serve`` where the interpreter's directories let other users in
+    (tests/reachable.py: a mount namespace of its own, the same files), as a node installs
+    krex: its tenant users and the candidates of its evaluations can run Python there.
+    Its environment carries ``DAEMON_SECRET``, which none of theirs may."""
+
+    def start(self, timeout_s: float = 30.0) -> Daemon:
+        import krex
+
+        reach = [os.path.realpath(sys.executable), os.__file__, krex.__file__]
+        log = open(os.path.join(self.runtime_dir, "log"), "w")
+        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+        env["DAEMON_SECRET"] = "root's"
+        self.proc = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", PY,
+             os.path.join(REPO, "tests", "reachable.py"), *reach, "--", PY, "-m", "krex",
+             "serve", "--runtime-dir", self.runtime_dir, "--exit-with", str(os.getpid()),
+             *self.extra], stdout=log, stderr=log, env=env, cwd="/")
+        log.close()
+        INFRASTRUCTURE.add(self.proc.pid)
+        wait_for(lambda: os.path.exists(self.socket) or self.proc.poll() is not None,
+                 timeout_s=timeout_s)
+        assert os.path.exists(self.socket), self.log()
+        return self
+
+
 def clean_but_contention(report) -> bool:
     """Clean, or not clean only because of unmanaged tasks on the holder's cores
     (``report``: a RegionReport or its dict)."""

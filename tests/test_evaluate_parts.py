@@ -922,3 +922,20 @@ def test_records_prune_to_a_byte_budget_oldest_first(tmp_path):
         orphans = store.db.execute("SELECT count(*) FROM regions WHERE evaluation_id NOT IN "
                                    "(SELECT id FROM evaluations)").fetchone()[0]
         assert orphans == 0
+
+
+def test_a_kernelbench_pairs_candidate_names_the_files_its_sandbox_must_read(tmp_path):
+    """The candidate's sandbox checks that its uid can read what its module loads: a
+    KernelBench pair's generated module names the problem and the solution."""
+    import os
+
+    from krex.evaluate import kernelbench
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "kernelbench")
+    problem = os.path.join(root, "problems", "1_Softplus.py")
+    solution = os.path.join(root, "solutions", "1_Softplus_fused.py")
+    specs = kernelbench.specs(problem, solution, folder=str(tmp_path))
+    names = [problem, solution]
+    assert spec.reads(specs["candidate"].rsplit(":", 1)[0]) == names
+    assert spec.reads(problem) == []  # the control: a file that names none

@@ -24,16 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
 
 import pytest
 from evaluate_helpers import CPU, spec
-from helpers import INFRASTRUCTURE, PY, REPO, Daemon, run_krex, wait_for
-
-import krex
+from helpers import NamespacedDaemon, run_krex, wait_for
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="tenant users need a root daemon"),
@@ -65,27 +62,6 @@ PROBE = textwrap.dedent("""
     seen["clean"] = r.report.clean
     print("SEEN " + json.dumps(seen))
 """)
-
-
-class NamespacedDaemon(Daemon):
-    """A root ``krex serve`` where the interpreter's directories let other users in."""
-
-    def start(self, timeout_s: float = 30.0) -> Daemon:
-        reach = [os.path.realpath(sys.executable), os.__file__, krex.__file__]
-        log = open(os.path.join(self.runtime_dir, "log"), "w")
-        env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
-        env["DAEMON_SECRET"] = "root's"  # in no tenant's environment
-        self.proc = subprocess.Popen(
-            ["unshare", "-m", "--propagation", "private", PY,
-             os.path.join(REPO, "tests", "reachable.py"), *reach, "--", PY, "-m", "krex",
-             "serve", "--runtime-dir", self.runtime_dir, "--exit-with", str(os.getpid()),
-             *self.extra], stdout=log, stderr=log, env=env, cwd="/")
-        log.close()
-        INFRASTRUCTURE.add(self.proc.pid)
-        wait_for(lambda: os.path.exists(self.socket) or self.proc.poll() is not None,
-                 timeout_s=timeout_s)
-        assert os.path.exists(self.socket), self.log()
-        return self
 
 
 @pytest.fixture

@@ -37,6 +37,11 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="measure again even if an identical request is recorded")
     p.add_argument("--records", help="records database (default $KREX_RECORDS_DB or "
                                      "~/.local/share/krex/records.sqlite3)")
+    p.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
+                   help="the candidate's process: auto (a uid of its own where the driver "
+                        "is root, no network, a private tmp, limits: as far as this machine "
+                        "allows, the rest named in the record), required (refuse without "
+                        "all of it), off (as the driver runs)")
     p.add_argument("--json", action="store_true", help="print the whole evaluation as JSON")
     p.set_defaults(func=cmd_evaluate)
 
@@ -62,7 +67,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ref, cand, inputs = _sides(args)
     ev = evaluate(ref, cand, inputs, device=args.device, atol=args.atol,
                   rtol=args.rtol, seeds=args.seeds, shapes=shapes, cache=args.cache,
-                  timeout_s=args.timeout_s, fresh=args.fresh, records=args.records)
+                  timeout_s=args.timeout_s, fresh=args.fresh, records=args.records,
+                  sandbox=args.sandbox)
     if args.json:
         from krex.cli.output import print_json
 

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import stat
 import threading
 
 from krex.errors import AccessDenied
-from krex.protocol.runas import RunAs
+from krex.protocol.runas import RunAs, has_account, running_uids, uid_range
 
 MAP_NAME = "tenant-uids.json"
 HOMES = "homes"
@@ -37,12 +36,10 @@ def parse_range(text: str) -> range | None:
     ``"daemon"`` -> None."""
     if text in (OFF, DAEMON):
         return None
-    first, sep, last = text.partition("-")
-    if not sep or not first.isdigit() or not last.isdigit() or int(last) <= int(first) \
-            or int(first) < 1000:
-        raise ValueError(f"--tenant-uids {text!r} is not FIRST-LAST (two numbers from 1000 "
-                         "up, LAST above FIRST), 'off' or 'daemon'")
-    return range(int(first), int(last) + 1)
+    try:
+        return uid_range(text, "--tenant-uids")
+    except ValueError as exc:
+        raise ValueError(f"{exc}, 'off' or 'daemon'") from None
 
 
 class TenantUsers:
@@ -71,9 +68,9 @@ class TenantUsers:
             return self._by_uid.get(uid)
 
     def _allocate(self, tenant: str) -> int:
-        taken = set(self._by_uid) | _running_uids()
+        taken = set(self._by_uid) | running_uids()
         for uid in self.uids[1:]:
-            if uid not in taken and not _has_account(uid):
+            if uid not in taken and not has_account(uid):
                 self._by_tenant[tenant] = uid
                 self._by_uid[uid] = tenant
                 self._save()
@@ -114,23 +111,3 @@ def _directory(path: str, uid: int, gid: int, mode: int) -> None:
         os.chown(path, uid, gid, follow_symlinks=False)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)
-
-
-def _has_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
-
-
-def _running_uids() -> set[int]:
-    """Every real uid a process runs as now (a uid in use is never given to a tenant)."""
-    import psutil
-
-    out: set[int] = set()
-    for p in psutil.process_iter(["uids"]):
-        uids = p.info.get("uids")
-        if uids is not None:
-            out.update((uids.real, uids.effective))
-    return out

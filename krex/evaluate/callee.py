@@ -68,6 +68,10 @@ def main() -> int:
     _die_with_the_driver()
     job = json.loads(sys.stdin.read())
     sys.stdin.close()
+    if job["role"] == "reference" and job.get("hidden"):  # unreadable to a candidate of its uid
+        from krex.evaluate.sandbox import dumpable
+
+        dumpable(False)
     status = int(job["status_fd"])
     from krex._native import _dispatch  # type: ignore[attr-defined]
     from krex.evaluate import spec

@@ -24,6 +24,7 @@ from typing import Any
 
 from krex.evaluate.accounting import Accounting
 from krex.evaluate.dispatch import Block
+from krex.evaluate.sandbox import Sandbox, SandboxReport, SandboxUnavailable
 
 BLOCK_BYTES = 1 << 30  # sparse: only what the outputs touch is ever allocated
 START_TIMEOUT_S = 60.0
@@ -49,6 +50,8 @@ class Callee:
     go_fd: int = -1  # one byte on it lets the callee import its function
     lines: list[str] = field(default_factory=list)
     schedstat_fd: int = -1  # the callee's main thread: its run delay around each call
+    sandbox: Sandbox | None = None  # the candidate's: released once it is dead
+    confined: SandboxReport | None = None  # what it runs under
 
     @property
     def pid(self) -> int:
@@ -102,6 +105,8 @@ class Callee:
                 os.close(fd)
         self.status_fd = self.schedstat_fd = self.go_fd = -1
         self.block.close()
+        if self.sandbox is not None:
+            self.sandbox.close()
         return code
 
 
@@ -114,23 +119,42 @@ TENSOR_MODULES = ("torch",)
 
 
 def spawn(role: str, fn: dict[str, Any], inputs: dict[str, Any],
-          cases: list[dict[str, Any]]) -> Callee:
-    """Start one side's callee; it reads its job once it is where it will stay (a cgroup
+          cases: list[dict[str, Any]], sandbox: Sandbox | None = None,
+          hidden: bool = True) -> Callee:
+    """Start one side's callee (the candidate's in ``sandbox``; the reference's not
+    dumpable where ``hidden``); it reads its job once it is where it will stay (a cgroup
     of its own, the reference's too: a cgroup the other side lacks made the candidate's
     calls 1-3 % slower at equal speed, measured with both loops on one CPU)."""
     block = Block(BLOCK_BYTES)
     status_r, status_w = os.pipe()
     go_r, go_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "krex.evaluate.callee"],
-                            stdin=subprocess.PIPE, pass_fds=(block.fd, status_w, go_r))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "krex.evaluate.callee"], stdin=subprocess.PIPE,
+            pass_fds=(block.fd, status_w, go_r),
+            preexec_fn=sandbox.preexec() if sandbox is not None else None,
+            env=sandbox.env(dict(os.environ)) if sandbox is not None else None)
+    except BaseException:
+        for fd in (status_r, status_w, go_r, go_w):
+            os.close(fd)
+        block.close()
+        if sandbox is not None:
+            sandbox.close()
+        raise
     os.close(status_w)
     os.close(go_r)
     callee = Callee(role, proc, block, {c["id"]: i for i, c in enumerate(cases)},
-                    status_fd=status_r, go_fd=go_w)
+                    status_fd=status_r, go_fd=go_w, sandbox=sandbox)
     block.alive, block.role = proc.poll, role
+    if sandbox is not None:
+        try:
+            callee.confined = sandbox.started()
+        except SandboxUnavailable:
+            callee.stop()
+            raise
     callee.accounting = Accounting(proc.pid)
     job = {"role": role, "fn": fn, "inputs": inputs, "cases": cases, "fd": block.fd,
-           "size": block.size, "status_fd": status_w, "go_fd": go_r,
+           "size": block.size, "status_fd": status_w, "go_fd": go_r, "hidden": hidden,
            "preload": [name for name in TENSOR_MODULES if name in sys.modules]}
     assert proc.stdin is not None
     with contextlib.suppress(BrokenPipeError):

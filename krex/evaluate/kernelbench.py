@@ -41,6 +41,8 @@ TEMPLATE = '''\
 problem  {problem} sha256 {problem_sha}
 solution {solution} sha256 {solution_sha}
 """
+# krex reads: {problem}
+# krex reads: {solution}
 
 from krex.evaluate import kernelbench as _kb
 

@@ -31,6 +31,7 @@ from krex.evaluate import evidence, references, spec, values
 from krex.evaluate import judge as judging
 from krex.evaluate.findings import Code, Finding
 from krex.evaluate.result import Evaluation
+from krex.evaluate.sandbox import MODES as SANDBOX_MODES
 
 OUTPUT_TAIL_CHARS = 4000
 ROTATION_SEED, HELD_OUT_SEED, IDENTITY_SEED = 1000, 2000, 3000
@@ -69,6 +70,7 @@ def evaluate(
     save: bool = True,
     label: str | None = None,
     isolation: str | None = None,
+    sandbox: str = "auto",
 ) -> Evaluation:
     """Is ``candidate`` correct against ``reference``, and faster?  See docs/evaluate.md.
 
@@ -81,12 +83,17 @@ def evaluate(
     record unless ``fresh=True``.  ``isolation``: ``process`` (the reference, the
     candidate and the trusted driver each in a process of their own: the default on
     ``cpu``) or ``worker`` (one program in the candidate's worker: the default on
-    devices, where the counters of the interposer are read in-process).
+    devices, where the counters of the interposer are read in-process).  ``sandbox``
+    (``process`` only): ``auto`` confines the candidate's process as far as this machine
+    allows and records what it could not (``integrity.sandbox``), ``required`` refuses
+    to evaluate without all of it, ``off`` runs it as the driver does.
     """
     if seeds < 1 or rotation < 2:
         raise ValueError("need seeds >= 1 and rotation >= 2")
     if isolation not in (None, "process", "worker"):
         raise ValueError(f"isolation must be 'process' or 'worker', not {isolation!r}")
+    if sandbox not in SANDBOX_MODES:
+        raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, not {sandbox!r}")
     specs = {"reference": spec.of(reference, "reference"),
              "candidate": spec.of(candidate, "candidate"), "inputs": spec.of(inputs, "inputs")}
     device = device or os.environ.get("KREX_DEVICE") or "cpu"
@@ -96,6 +103,8 @@ def evaluate(
                "rotation": rotation, "same_within": same_within, "confidence": confidence,
                "max_time_s": max_time_s, "timing_timeout_s": timing_timeout_s,
                "plausible_speedup": plausible_speedup, "isolation": isolation}
+    if isolation == "process":
+        options["sandbox"] = sandbox
     key = request_key(specs, device, options)
     tenant = ACTING_FOR.get()  # a service's job: its records are that tenant's alone
     stored = _stored(records, key, tenant) if not fresh and save else None
@@ -308,7 +317,8 @@ def _job(specs: dict[str, spec.FnSpec], device: str, options: dict[str, Any],
     return {"inputs": specs["inputs"].to_dict(), "reference": specs["reference"].to_dict(),
             "dir": workdir, "device": device, "reference_cases": ref_cases,
             "candidate": specs["candidate"].to_dict(), "cases": cases, "timing": timing,
-            "label": label, "atol": options["atol"], "rtol": options["rtol"]}
+            "label": label, "atol": options["atol"], "rtol": options["rtol"],
+            "sandbox": options.get("sandbox", "auto")}
 
 
 class _Output:
@@ -371,6 +381,10 @@ def _reference(path: str, announced: str | None, result: Any, tail: str,
     """The reference's outputs as announced before the candidate was imported (or as this
     process already holds them), or a finding when the files no longer match the
     announcement."""
+    ended = evidence.summary(result) if result.status == "ok" else None
+    if isinstance(ended, dict) and ended.get("status") == "sandbox_unavailable":
+        raise EvaluationFailed(f"the candidate's sandbox could not be applied here "
+                               f"(sandbox='required'): {ended.get('exception')}")
     if _reference_failed(result):
         summary = evidence.summary(result) or {}
         raise EvaluationFailed(f"the reference or the inputs builder failed: "
@@ -454,8 +468,8 @@ def _candidate_outcome(result: Any, timeout_s: float) -> tuple[dict[str, Any], s
 
 
 def _integrity(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("isolation", "dispatch", "accounting", "between_calls", "reference_between_calls",
-            "one_cpu", "checked_timed", "bad_output",
+    keys = ("isolation", "sandbox", "dispatch", "accounting", "between_calls",
+            "reference_between_calls", "one_cpu", "checked_timed", "bad_output",
             "counters", "probe", "bursts", "probe_error", "probe_skipped", "tampered",
             "threads_started",
             "identity_refilled", "timing_skipped", "precheck_wrong", "mutated", "aliases",

@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.evaluate import evidence, timing, values
+from krex.evaluate import evidence, spec, timing, values
 from krex.evaluate.callees import Callee, CalleeFailed, ready, spawn
 from krex.evaluate.dispatch import OP_CALL, OP_EMPTY, OP_REFILL, BadOutput, CalleeGone, Refused
 from krex.evaluate.onecore import OneCore
+from krex.evaluate.sandbox import Sandbox, SandboxUnavailable, dumpable, is_dumpable, reach
 
 CALIBRATION_CALLS = 41  # empty calls per side before the timing
 
@@ -55,10 +56,14 @@ class Overhead:
 def run_sealed(job: dict[str, Any]) -> str:
     """The whole evaluation's evidence, as JSON text (see the module docstring)."""
     run = SealedRun(job)
+    was = is_dumpable()
+    if run.sandbox != "off":
+        dumpable(False)  # the driver's memory (samples, outputs) unreadable to the candidate
     try:
         run.run()
     finally:
         run.close()
+        dumpable(was)
     return json.dumps(run.out, default=str)
 
 
@@ -75,6 +80,7 @@ class SealedRun:
         self.callees: list[Callee] = []
         self.rng = random.Random(secrets.randbits(64))  # nothing the candidate can seed
         self.deadline = time.monotonic() + float(job.get("timeout_s") or 120.0)
+        self.sandbox = str(job.get("sandbox") or "auto")
 
     # -- start and stop ---------------------------------------------------------------
 
@@ -93,11 +99,21 @@ class SealedRun:
             self._failed(refused.role, refused.stage, f"{refused.kind}: {refused.text}", None)
         except CalleeGone as gone:
             self._failed(gone.role or "candidate", "call", gone.why, gone.exit_code, gone=True)
+        except SandboxUnavailable as missing:
+            self.out.update(status="sandbox_unavailable", exception=str(missing))
         self._account()  # whatever ended the stages: its cgroup still holds what it used
 
     def _start(self, role: str) -> Callee:
-        callee = spawn(role, self.job[role], self.job["inputs"], self.slots)
+        sandbox = None
+        if role == "candidate":
+            files = [self.job[name]["path"] for name in ("candidate", "inputs")]
+            files += [f for path in files for f in spec.reads(path)]
+            sandbox = Sandbox(self.sandbox, reach(files), self._left())
+        callee = spawn(role, self.job[role], self.job["inputs"], self.slots, sandbox,
+                       hidden=self.sandbox != "off")
         self.callees.append(callee)
+        if callee.confined is not None:
+            self.out["sandbox"] = callee.confined.to_dict()
         return callee
 
     def _failed(self, role: str, stage: str, text: str, code: int | None,
@@ -260,7 +276,6 @@ class SealedRun:
     def _input_hashes(self) -> dict[str, str]:
         """Provenance: each case's arguments as built here by the inputs builder (trusted,
         like the reference; the callees built theirs from the same seeds)."""
-        from krex.evaluate import spec
         from krex.evaluate.worker import build
 
         try:

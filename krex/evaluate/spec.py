@@ -41,6 +41,21 @@ class FnSpec:
         return cls(str(data["path"]), str(data["name"]), str(data["sha256"]))
 
 
+READS = "# krex reads: "  # a line of a spec's file naming another file it loads
+
+
+def reads(path: str) -> list[str]:
+    """The files ``path`` says it loads (its ``# krex reads: PATH`` lines, in its first
+    4 KiB: a generated module's, such as a KernelBench pair's), which whoever runs it
+    must be able to read too."""
+    try:
+        with open(path) as f:
+            head = f.read(4096)
+    except OSError:
+        return []
+    return [line[len(READS):].strip() for line in head.splitlines() if line.startswith(READS)]
+
+
 def file_sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()

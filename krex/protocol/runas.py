@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +23,37 @@ from typing import Any
 PR_SET_NO_NEW_PRIVS = 38
 UMASK = 0o077  # what a tenant's process creates is its own: /tmp included
 DEFAULT_UIDS = "60500-60999"  # krex serve --tenant-uids: below systemd's dynamic users
+
+
+def uid_range(text: str, what: str) -> range:
+    """``"60500-60999"`` -> the uids; ``what`` names the setting in the error."""
+    first, sep, last = text.partition("-")
+    if not sep or not first.isdigit() or not last.isdigit() or int(last) <= int(first) \
+            or int(first) < 1000:
+        raise ValueError(f"{what} {text!r} is not FIRST-LAST (two numbers from 1000 up, "
+                         "LAST above FIRST)")
+    return range(int(first), int(last) + 1)
+
+
+def has_account(uid: int) -> bool:
+    """Whether ``/etc/passwd`` (or NSS) names ``uid``: a uid krex never gives out."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def running_uids() -> set[int]:
+    """Every real and effective uid a process runs as now (one in use is never given)."""
+    import psutil
+
+    out: set[int] = set()
+    for p in psutil.process_iter(["uids"]):
+        uids = p.info.get("uids")
+        if uids is not None:
+            out.update((uids.real, uids.effective))
+    return out
 
 
 @dataclass(frozen=True)
