@@ -277,3 +277,11 @@ def bare_connection(sock, reply_timeout_s: float = 5.0):
     conn._pipelined, conn._early, conn.broken = set(), {}, False
     conn.offers, conn._claims, conn._newest_region = {}, {}, 0
     return conn
+
+
+def status_clocks() -> dict:
+    """The daemon's locked clocks (``krex serve --lock-clocks``), from its status."""
+    from krex.client.connection import Client
+
+    with Client(autostart=False) as client:
+        return client.status()["enforcement"]["clocks"]

@@ -13,7 +13,7 @@ import json
 import os
 
 import pytest
-from helpers import PY, REPO, krex, reap, spawn
+from helpers import PY, REPO, krex, reap, spawn, status_clocks, wait_for
 
 from krex.devices import fakegpu
 
@@ -68,6 +68,41 @@ def test_amdsmi_names_a_foreign_process_and_a_power_cap(amd_daemon):
     assert found["evidence"]["clock_ratio"] == pytest.approx(1500 / 2100, abs=1e-3)
 
 
+@pytest.mark.parametrize("end", ["stop", "kill", "control"])
+def test_locked_amd_clocks_are_reset_when_the_daemon_stops_or_dies(make_daemon, tmp_path,
+                                                                   monkeypatch, end):
+    """``--lock-clocks base`` sets an AMD device's performance level to ``STABLE_STD``
+    while the daemon runs (status shows its clock) and back to ``AUTO`` when the daemon
+    stops -- or, killed, by its guardian's lease.  Control: a daemon without the flag
+    leaves another's level (``HIGH``) alone."""
+    state = tmp_path / "amdsmi.json"
+    monkeypatch.setenv("KREX_FAKE_AMDSMI", str(state))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    state.write_text(json.dumps({"perf_level": "HIGH"}))
+    flags = [] if end == "control" else ["--lock-clocks", "base"]
+    d = make_daemon("--fakegpu-amdsmi", "0", *flags)
+
+    def level() -> str:
+        return json.loads(state.read_text())["perf_level"]
+
+    if end == "control":
+        assert status_clocks() == {"locked": [], "errors": {}}
+        d.stop()
+        assert level() == "HIGH"
+        return
+    wait_for(lambda: level() == "STABLE_STD", 10)  # locked while the daemon starts
+    locked = status_clocks()["locked"]  # rocm:0 too: the fake answers for amdsmi's device 0
+    assert {"device": "fakegpu:0", "index": 0, "mode": "base", "sm_mhz": 1700,
+            "library": "amdsmi"} in locked, locked
+    if end == "stop":
+        d.stop()
+    else:
+        d.proc.kill()
+        d.proc.wait(10)
+    wait_for(lambda: level() == "AUTO", 15)
+
+
 def test_a_query_amdsmi_does_not_answer_is_named_and_the_rest_still_read(monkeypatch, tmp_path):
     import importlib
     import sys
@@ -85,3 +120,13 @@ def test_a_query_amdsmi_does_not_answer_is_named_and_the_rest_still_read(monkeyp
     assert state.throttle_reasons is None and state.temperature_c == 71
     assert any(e.startswith("throttle_reasons:") for e in state.errors)
     assert amdsmi_device("cuda:0") is None and amdsmi_device("fakegpu:0") is None
+
+
+def test_doctor_says_whether_an_amd_devices_clocks_are_locked():
+    from krex.enforce.doctor import clock_check
+
+    lock = {"device": "rocm:0", "index": 0, "mode": "base", "sm_mhz": 1700, "library": "amdsmi"}
+    check = clock_check("rocm:0", [lock])
+    assert check["ok"] and "STABLE_STD" in check["detail"] and "1700" in check["detail"]
+    control = clock_check("rocm:0", [])  # the control: no lock, the advice says how
+    assert not control["ok"] and "--lock-clocks" in control["advice"]

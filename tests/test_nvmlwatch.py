@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from helpers import PY, REPO, krex, reap, run_krex, spawn, wait_for
+from helpers import PY, REPO, krex, reap, run_krex, spawn, status_clocks, wait_for
 
 from krex.devices import fakegpu
 
@@ -244,6 +244,7 @@ def test_a_grant_waits_for_the_device_to_cool_and_not_past_its_timeout(make_daem
     assert waited["cooled"] and waited["waited_s"] < 0.5, waited
     assert seen["temperature_c"] == 85 and seen["below_c"] == 70, seen
     assert "fakegpu:0: job" in shown and "waits for the device to cool: 85 C" in shown, shown
+    assert "s at the latest" in shown and "queued behind it" in shown, shown
     waited = hot["device_audit"]["start"]["cool_down"]
     assert waited["cooled"] and waited["temperature_c"] == 60, waited
     assert waited["waited_s"] >= 0.3, waited
@@ -258,13 +259,6 @@ def _locked(tmp_path) -> list[int] | None:
     return json.loads((tmp_path / "nvml.json").read_text()).get("locked_clocks")
 
 
-def _status_clocks() -> dict:
-    from krex.client.connection import Client
-
-    with Client(autostart=False) as client:
-        return client.status()["enforcement"]["clocks"]
-
-
 @pytest.mark.parametrize("end", ["stop", "kill"])
 def test_locked_clocks_are_reset_when_the_daemon_stops_or_dies(make_daemon, tmp_path,
                                                                monkeypatch, end):
@@ -274,8 +268,8 @@ def test_locked_clocks_are_reset_when_the_daemon_stops_or_dies(make_daemon, tmp_
     the clocks alone."""
     d = _nvml_daemon(make_daemon, tmp_path, monkeypatch, "--lock-clocks", "max")
     assert _locked(tmp_path) == [1980, 1980]
-    assert _status_clocks()["locked"] == [{"device": "fakegpu:0", "index": 0, "mode": "max",
-                                           "sm_mhz": 1980}]
+    assert status_clocks()["locked"] == [{"device": "fakegpu:0", "index": 0, "mode": "max",
+                                          "sm_mhz": 1980, "library": "nvml"}]
     if end == "stop":
         d.stop()
     else:
@@ -288,7 +282,7 @@ def test_a_daemon_without_lock_clocks_leaves_them_alone(make_daemon, tmp_path, m
     state = tmp_path / "nvml.json"
     state.write_text(json.dumps({"locked_clocks": [1410, 1410]}))  # someone else's lock
     d = _nvml_daemon(make_daemon, tmp_path, monkeypatch)
-    assert _status_clocks() == {"locked": [], "errors": {}}
+    assert status_clocks() == {"locked": [], "errors": {}}
     d.stop()
     assert _locked(tmp_path) == [1410, 1410]
 

@@ -342,10 +342,13 @@ def status_lines(st: dict) -> list[str]:
         wants = [f"at or below {c['below_c']:g} C" if c.get("below_c") is not None else "",
                  f"at {c['min_clock_mhz']} MHz or more" if c.get("min_clock_mhz") else "",
                  "with no throttling"]
+        behind = len(st["scheduler"].get(name, {}).get("queue", []))
+        left = max(0.0, float(c["timeout_s"]) - float(c["waited_s"]))
         out.append(f"{name}: job {c['job_id']}'s grant waits for the device to cool: "
                    f"{c['temperature_c']} C, {c.get('sm_clock_mhz')} MHz; granted "
-                   f"{' '.join(filter(None, wants))} (waited {c['waited_s']:.1f} s of at most "
-                   f"{c['timeout_s']:g} s); the queue waits behind it")
+                   f"{' '.join(filter(None, wants))}, within {left:.1f} s at the latest "
+                   f"(waited {c['waited_s']:.1f} s of at most {c['timeout_s']:g} s); "
+                   f"{behind} region{'' if behind == 1 else 's'} queued behind it")
     out += _table("jobs (times in ms: docs/protocol.md, where a job's time went)",
                   ["job", "name", "device", "mode", "kind", "pid", "regions", "waited",
                    "frozen", "set-up", "held"], [_job_row(j) for j in st["jobs"]])

@@ -180,9 +180,10 @@ class DaemonConfig:
         "the longest a grant waits for the device to cool (then it is granted, and its "
         "report says it was not cooled)"))
     lock_clocks: str | None = field(default=None, metadata=flag(
-        "lock each NVIDIA device's SM clock while the daemon runs, at its base clock "
-        "(steady under load) or its maximum; reset at stop, and by the guardian if the "
-        "daemon dies (root only)", choices=("base", "max"), shown_default="off"))
+        "lock each GPU's clock while the daemon runs, at its base clock (steady under "
+        "load; AMD: STABLE_STD) or its maximum (AMD: STABLE_PEAK); reset at stop, and by "
+        "the guardian if the daemon dies (root only)", choices=("base", "max"),
+        shown_default="off"))
     fakegpu_nvml: int | None = field(default=None, metadata=flag(
         "test hook: also audit fakegpu devices through NVML device N, whatever module "
         "`pynvml` is on the daemon's path (tests put a fake one there)", metavar="N",

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from krex.daemon.config import DaemonConfig
-from krex.devices.amdaudit import amdsmi_device
+from krex.devices.amdaudit import AmdsmiDevice, amdsmi_device
 from krex.devices.audit import DeviceReader, NvmlDevice, nvml_device
 from krex.devices.sampler import Sampler
 from krex.enforce.cgroups import CgroupLayout, JobCgroups, instance_name
@@ -361,7 +361,8 @@ class Exclusivity:
     def _readiness(self, device: str) -> Readiness | None:
         locked = self.clock_locks.locks.get(device)
         min_mhz = None
-        if self.config.min_clock_frac is not None and locked is not None:
+        if self.config.min_clock_frac is not None and locked is not None \
+                and locked[0].sm_mhz is not None:
             min_mhz = int(self.config.min_clock_frac * locked[0].sm_mhz)
         if self.config.cool_below_c is None and min_mhz is None:
             return None
@@ -530,11 +531,11 @@ class Exclusivity:
         return self.guardian.restarts
 
     def lock_clocks(self, devices: Sequence[str]) -> None:
-        """``--lock-clocks``: lock every device NVML answers for (at start)."""
+        """``--lock-clocks``: lock every device NVML or amdsmi answers for (at start)."""
         if self.config.lock_clocks is None:
             return
-        audited = {name: nvml for name in devices
-                   if isinstance(nvml := self._reader(name), NvmlDevice)}
+        audited = {name: reader for name in devices
+                   if isinstance(reader := self._reader(name), NvmlDevice | AmdsmiDevice)}
         self.clock_locks.lock_all(audited, self.config.lock_clocks)
         for name, why in self.clock_locks.errors.items():
             log.warning("%s: clocks not locked: %s", name, why)

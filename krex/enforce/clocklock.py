@@ -2,16 +2,24 @@
 
 A kernel's time follows its SM clock, and a GPU left to itself boosts and falls back
 with temperature and power: the same code reads differently from one region to the
-next.  With ``--lock-clocks`` the daemon (root only: NVML's locked clocks are root's)
-locks each NVIDIA device's SM clock at start, to its base clock (``base``: the default
-applications clock, steady under load) or its maximum (``max``: fast, but a device at
-its power or thermal limit still throttles, which ``throttled`` reports), and resets
-it when it stops.  The reset is also leased to the guardian for the daemon's
-lifetime, so a daemon that crashes or is killed leaves no device locked: the guardian
-replays ``gpu_clocks_reset`` (:mod:`krex.enforce.undo`) as it does every other undo.
+next.  With ``--lock-clocks`` the daemon (root only: locked clocks are root's) locks
+each device's clock at start and resets it when it stops:
 
-In: the devices' NVML handles (:class:`~krex.devices.audit.NvmlDevice`) and the
-guardian.  Out: :class:`ClockLock` per device, in ``status`` and ``krex doctor``.
+- NVIDIA (NVML): the SM clock at its base clock (``base``: the default applications
+  clock, steady under load) or its maximum (``max``: fast, but a device at its power
+  or thermal limit still throttles, which ``throttled`` reports); reset with
+  ``nvmlDeviceResetGpuLockedClocks``.
+- AMD (amdsmi): the performance level ``STABLE_STD`` (``base``: fixed clocks for
+  profiling) or ``STABLE_PEAK`` (``max``); reset to ``AUTO``.
+
+The reset is also leased to the guardian for the daemon's lifetime, so a daemon that
+crashes or is killed leaves no device locked: the guardian replays
+``gpu_clocks_reset`` or ``amd_perf_level_reset`` (:mod:`krex.enforce.undo`) as it
+does every other undo.
+
+In: the devices' readers (:class:`~krex.devices.audit.NvmlDevice`,
+:class:`~krex.devices.amdaudit.AmdsmiDevice`) and the guardian.  Out:
+:class:`ClockLock` per device, in ``status`` and ``krex doctor``.
 """
 
 from __future__ import annotations
@@ -20,33 +28,48 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from krex.devices.amdaudit import AmdsmiDevice
 from krex.devices.audit import NvmlDevice
 
 MODES = ("base", "max")
-LEASE_BASE = 1 << 41  # + the NVML index: the daemon's leases of locked clocks
+LEASE_BASE = 1 << 41  # + the library's index (+ AMD_LEASES): the daemon's locked clocks
+AMD_LEASES = 1 << 20
+AMD_LEVELS = {"base": "STABLE_STD", "max": "STABLE_PEAK"}  # amdsmi's AmdSmiDevPerfLevel
+Locker = NvmlDevice | AmdsmiDevice
 LEASE_S = 10 * 365 * 86400.0  # as long as the daemon lives
 
 
 @dataclass(frozen=True)
 class ClockLock:
-    device: str  # krex's name of it (cuda:N)
-    index: int  # NVML's
+    device: str  # krex's name of it (cuda:N, rocm:N)
+    index: int  # the library's
     mode: str
-    sm_mhz: int
+    sm_mhz: int | None  # the clock locked (AMD: as read once its level is set)
+    library: str = "nvml"  # nvml | amdsmi
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "index": self.index, "mode": self.mode,
-                "sm_mhz": self.sm_mhz}
+                "sm_mhz": self.sm_mhz, "library": self.library}
 
-    def reset_record(self, nvml: Any) -> dict[str, Any]:
-        """The guardian's undo: reset the locked clocks of NVML device ``index`` through
-        the same ``pynvml`` module the daemon used."""
-        return {"kind": "gpu_clocks_reset", "index": self.index,
-                "module_dir": os.path.dirname(os.path.abspath(nvml.__file__))}
+    @property
+    def lease(self) -> int:
+        return LEASE_BASE + (AMD_LEASES if self.library == "amdsmi" else 0) + self.index
+
+    def reset_record(self, module: Any) -> dict[str, Any]:
+        """The guardian's undo: reset device ``index``'s clocks through the same library
+        module (``pynvml``, ``amdsmi``) the daemon used."""
+        kind = "amd_perf_level_reset" if self.library == "amdsmi" else "gpu_clocks_reset"
+        return {"kind": kind, "index": self.index,
+                "module_dir": os.path.dirname(os.path.abspath(module.__file__))}
 
 
-def lock(name: str, device: NvmlDevice, mode: str) -> ClockLock:
-    """Lock ``device``'s SM clock at its ``mode`` clock; raises NVML's error if refused."""
+def lock(name: str, device: Locker, mode: str) -> ClockLock:
+    """Lock ``device``'s clock at its ``mode`` clock; raises the library's error if refused."""
+    if isinstance(device, AmdsmiDevice):
+        s = device.smi
+        s.amdsmi_set_gpu_perf_level(device.handle, getattr(s.AmdSmiDevPerfLevel,
+                                                           AMD_LEVELS[mode]))
+        return ClockLock(name, device.index, mode, device.state().sm_clock_mhz, "amdsmi")
     n, h = device.nvml, device.handle
     if mode == "max":
         mhz = int(n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM))
@@ -56,8 +79,15 @@ def lock(name: str, device: NvmlDevice, mode: str) -> ClockLock:
     return ClockLock(name, device.index, mode, mhz)
 
 
-def reset(device: NvmlDevice) -> None:
-    device.nvml.nvmlDeviceResetGpuLockedClocks(device.handle)
+def reset(device: Locker) -> None:
+    if isinstance(device, AmdsmiDevice):
+        device.smi.amdsmi_set_gpu_perf_level(device.handle, device.smi.AmdSmiDevPerfLevel.AUTO)
+    else:
+        device.nvml.nvmlDeviceResetGpuLockedClocks(device.handle)
+
+
+def _module(device: Locker) -> Any:
+    return device.smi if isinstance(device, AmdsmiDevice) else device.nvml
 
 
 class ClockLocks:
@@ -65,18 +95,17 @@ class ClockLocks:
 
     def __init__(self, guardian: Any) -> None:
         self.guardian = guardian
-        self.locks: dict[str, tuple[ClockLock, NvmlDevice]] = {}
+        self.locks: dict[str, tuple[ClockLock, Locker]] = {}
         self.errors: dict[str, str] = {}  # device -> why it could not be locked
 
-    def lock_all(self, devices: dict[str, NvmlDevice], mode: str) -> None:
+    def lock_all(self, devices: dict[str, Locker], mode: str) -> None:
         for name, device in devices.items():
             try:
                 locked = lock(name, device, mode)
             except Exception as exc:  # noqa: BLE001 - NVMLError_NoPermission, NotSupported...
                 self.errors[name] = f"{type(exc).__name__}: {exc}"
                 continue
-            self.guardian.lease(LEASE_BASE + locked.index, LEASE_S,
-                                [locked.reset_record(device.nvml)])
+            self.guardian.lease(locked.lease, LEASE_S, [locked.reset_record(_module(device))])
             self.locks[name] = (locked, device)
 
     def reset_all(self) -> None:
@@ -85,7 +114,7 @@ class ClockLocks:
                 reset(device)
             except Exception:  # noqa: BLE001 - the guardian's lease still resets it
                 continue
-            self.guardian.end(LEASE_BASE + locked.index)
+            self.guardian.end(locked.lease)
             del self.locks[name]
 
     def describe(self) -> dict[str, Any]:

@@ -247,8 +247,10 @@ def diagnose(layout: CgroupLayout | None = None,
                      "cgroup freezing and cpusets need root or a delegated cgroup subtree")]
     checks += _cgroup_checks(caps["cgroup_layout"])
     checks.append(_check("devices", True, ", ".join(d.name for d in devices)))
+    locked = (clocks or {}).get("locked")
     checks += device_checks([d.name for d in devices if d.name.startswith("cuda:")],
-                            locked=(clocks or {}).get("locked"))
+                            locked=locked)
+    checks += [clock_check(d.name, locked) for d in devices if d.name.startswith("rocm:")]
     checks += _enforce_checks(caps)
     checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
@@ -346,14 +348,25 @@ def device_checks(names: list[str], fakegpu_nvml: int | None = None,
                           procs or "no process has a context on it",
                           "a process krex does not manage makes its regions "
                           "foreign_device_process: stop it, or run it under krex run"))
-        lock = next((c for c in locked or [] if c["device"] == name), None)
-        out.append(_check(
-            f"{name}: clocks locked", lock is not None,
-            f"SM clock locked at {lock['sm_mhz']} MHz ({lock['mode']}) by the running daemon"
-            if lock else "not locked: kernel times follow the boost clock and the heat",
-            "krex serve --lock-clocks base (root; reset when the daemon stops, or by its "
-            "guardian if it dies)"))
+        out.append(clock_check(name, locked))
     return out
+
+
+def clock_check(name: str, locked: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Whether the running daemon locked ``name``'s clocks (``--lock-clocks``)."""
+    from krex.enforce.clocklock import AMD_LEVELS
+
+    lock = next((c for c in locked or [] if c["device"] == name), None)
+    how = ""
+    if lock is not None:
+        how = f"performance level {AMD_LEVELS[lock['mode']]}, " \
+            if lock.get("library") == "amdsmi" else ""
+        how += f"SM clock {lock['sm_mhz']} MHz ({lock['mode']})"
+    return _check(f"{name}: clocks locked", lock is not None,
+                  f"{how} by the running daemon" if lock
+                  else "not locked: kernel times follow the boost clock and the heat",
+                  "krex serve --lock-clocks base (root; reset when the daemon stops, or by "
+                  "its guardian if it dies)")
 
 
 def _moves_check(cost: dict[str, Any]) -> dict[str, Any]:

@@ -80,6 +80,23 @@ def _gpu_clocks_reset(rec: dict) -> None:
     nvml.nvmlDeviceResetGpuLockedClocks(nvml.nvmlDeviceGetHandleByIndex(int(rec["index"])))
 
 
+def _amd_perf_level_reset(rec: dict) -> None:
+    """AMD device ``index`` back to the ``AUTO`` performance level, through the
+    ``amdsmi`` the daemon used (found again in ``module_dir``)."""
+    import contextlib
+    import importlib
+    import io
+    import sys
+
+    if rec["module_dir"] not in sys.path:
+        sys.path.insert(0, rec["module_dir"])
+    with contextlib.redirect_stdout(io.StringIO()):  # amdsmi prints on import
+        smi = importlib.import_module("amdsmi")
+    smi.amdsmi_init()
+    handle = smi.amdsmi_get_processor_handles()[int(rec["index"])]
+    smi.amdsmi_set_gpu_perf_level(handle, smi.AmdSmiDevPerfLevel.AUTO)
+
+
 _ACTIONS: dict[str, Callable[[dict], None]] = {
     "thaw_v2": _thaw_v2,
     "thaw_v1": _thaw_v1,
@@ -89,6 +106,7 @@ _ACTIONS: dict[str, Callable[[dict], None]] = {
     "gate_open": _gate_open,
     "cuda_unlock": _cuda_unlock,
     "gpu_clocks_reset": _gpu_clocks_reset,
+    "amd_perf_level_reset": _amd_perf_level_reset,
 }
 
 

@@ -4,8 +4,9 @@ A test puts this directory on ``PYTHONPATH`` (the daemon imports it as ``amdsmi`
 ``$KREX_FAKE_AMDSMI`` names the state file; every call reads it, so a test or a job
 changes the device's state with :func:`update`, even inside a region.  State keys:
 ``processes`` (``[{"pid", "mem"}]``, bytes), ``gfx_mhz``, ``mem_mhz``, ``hotspot_c``,
-``power_w``, ``violations`` (names of amdsmi's ``active_*`` flags set), ``unsupported``
-(functions that raise).
+``power_w``, ``violations`` (names of amdsmi's ``active_*`` flags set), ``perf_level``
+(the last ``amdsmi_set_gpu_perf_level``'s name; ``STABLE_STD`` reads ``std_mhz`` as
+its GFX clock), ``unsupported`` (functions that raise).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fakestate import StateFile  # tests/fakenvml's, found beside this folder
 
 STATE_ENV = "KREX_FAKE_AMDSMI"
 DEFAULT = {"processes": [], "gfx_mhz": 2100, "mem_mhz": 1300, "hotspot_c": 50, "power_w": 300,
-           "violations": [], "unsupported": []}
+           "violations": [], "unsupported": [], "perf_level": "AUTO", "std_mhz": 1700}
 ACTIVE = ("active_prochot_thrm", "active_ppt_pwr", "active_socket_thrm", "active_vr_thrm",
           "active_hbm_thrm")
 
@@ -33,6 +34,18 @@ class AmdSmiClkType(IntEnum):
     SYS = 0
     GFX = 0
     MEM = 4
+
+
+class AmdSmiDevPerfLevel(IntEnum):
+    AUTO = 0
+    LOW = 1
+    HIGH = 2
+    MANUAL = 3
+    STABLE_STD = 4
+    STABLE_PEAK = 5
+    STABLE_MIN_MCLK = 6
+    STABLE_MIN_SCLK = 7
+    DETERMINISM = 8
 
 
 class AmdSmiTemperatureType(IntEnum):
@@ -66,9 +79,15 @@ def amdsmi_get_processor_handles() -> list[str]:
 
 def amdsmi_get_clock_info(handle: str, clock_type: AmdSmiClkType) -> dict[str, Any]:
     state = _state("amdsmi_get_clock_info")
-    mhz = state["mem_mhz"] if clock_type == AmdSmiClkType.MEM else state["gfx_mhz"]
+    gfx = state["std_mhz"] if state["perf_level"] == "STABLE_STD" else state["gfx_mhz"]
+    mhz = state["mem_mhz"] if clock_type == AmdSmiClkType.MEM else gfx
     return {"clk": mhz, "min_clk": 500, "max_clk": 2100, "clk_locked": False,
             "clk_deep_sleep": 0}
+
+
+def amdsmi_set_gpu_perf_level(handle: str, level: AmdSmiDevPerfLevel) -> None:
+    _state("amdsmi_set_gpu_perf_level")
+    update(perf_level=AmdSmiDevPerfLevel(level).name)
 
 
 def amdsmi_get_temp_metric(handle: str, sensor: AmdSmiTemperatureType,
