@@ -91,3 +91,38 @@ def _torch_checks(folder: str) -> None:
     caught = krex.evaluate(f"{folder}/kernels.py:reference", f"{folder}/kernels.py:scribbles",
                            f"{folder}/kernels.py:make", cache="hot", fresh=True, save=False)
     assert "INPUT_MUTATED" in caught.codes() and caught.verdict == "invalid", caught.summary()
+
+
+def test_a_kernelbench_pair_through_the_service(service):
+    """``POST /v1/jobs/evaluate`` with ``problem`` and ``solution`` in place of the three
+    functions: a node path or the file's text, the generated modules in the job's folder.
+    The cached solution sent as text is ``STALE_OUTPUT``; its control, the fused one by
+    path, is correct with no such finding.  A body mixing both forms, or giving shapes
+    with a pair, is refused before it runs."""
+    problem = os.path.join(HERE, "problems", "1_Softplus.py")
+    with open(os.path.join(HERE, "solutions", "1_Softplus_cached.py")) as f:
+        cached = {"source": f.read()}
+    jobs = {}
+    for name, solution in (("fused", os.path.join(HERE, "solutions", "1_Softplus_fused.py")),
+                           ("cached", cached)):
+        status, jobs[name] = service.call("POST", "/v1/jobs/evaluate", {
+            "problem": problem, "solution": solution, "seeds": 2, "cache": "hot"})
+        assert status == 201, jobs[name]
+    fused, cheat = (_done(service, jobs[name]["id"]) for name in ("fused", "cached"))
+    assert fused["state"] == "succeeded" and fused["result"]["correct"] is True, fused
+    assert "STALE_OUTPUT" not in {f["code"] for f in fused["result"]["findings"]}, fused
+    assert cheat["result"]["verdict"] == "invalid", cheat
+    assert "STALE_OUTPUT" in {f["code"] for f in cheat["result"]["findings"]}, cheat
+    for bad in ({"problem": problem, "solution": cached, "inputs": "/x.py:make"},
+                {"problem": problem, "solution": cached, "shapes": [[4]]}):
+        status, refused = service.call("POST", "/v1/jobs/evaluate", bad)
+        assert status == 422, refused
+
+
+def _done(service, job_id: str) -> dict:
+    """The job once it is done (long polls of at most the service's 60 s)."""
+    for _ in range(4):
+        job = service.wait(job_id, wait_s=60, timeout=90)
+        if job["state"] not in ("queued", "running"):
+            return job
+    raise AssertionError(f"job {job_id} not done in 4 minutes: {job}")

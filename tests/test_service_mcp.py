@@ -21,7 +21,8 @@ mcp = pytest.importorskip("mcp", reason="the `server` extra is not installed")
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
-TOOLS = {"evaluate", "bench_command", "exec_program", "node_status", "get_record"}
+TOOLS = {"evaluate", "evaluate_kernelbench", "bench_command", "exec_program", "node_status",
+         "get_record"}
 FASTER = {"source": "import numpy as np\n\n\ndef fast(x):\n"
                     "    return x * np.sqrt(x * x + np.float32(1.0))\n", "function": "fast"}
 

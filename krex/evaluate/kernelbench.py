@@ -60,26 +60,34 @@ def specs(problem: str, solution: str, folder: str | None = None) -> dict[str, s
     """The reference, candidate and inputs specs (``path.py:name``) for ``problem`` and
     ``solution``, written under ``folder`` (default :func:`default_folder`)."""
     problem, solution = (os.path.abspath(p) for p in (problem, solution))
+    mods = modules(problem, solution)
+    key = hashlib.sha256("\0".join([problem, solution, *(t for _, _, t in mods.values())])
+                         .encode()).hexdigest()[:16]
+    where = os.path.join(folder or default_folder(), key)
+    os.makedirs(where, exist_ok=True)
+    out = {}
+    for role, (filename, name, text) in mods.items():
+        path = os.path.join(where, filename)
+        _write_if_changed(path, text)
+        out[role] = f"{path}:{name}"
+    return out
+
+
+def modules(problem: str, solution: str) -> dict[str, tuple[str, str, str]]:
+    """The three generated modules of a checked pair (absolute paths): role ->
+    (file name, the function's name, the module's text), for whoever writes them where
+    the evaluation's code may read them (:func:`specs`, a service's job folder)."""
     for role, path, cls in (("problem", problem, "Model"), ("solution", solution, "ModelNew")):
         if not os.path.isfile(path):
             raise BadRequest(f"KernelBench {role} {path} does not exist", hint="check the path")
         _check_defines(path, role, cls)
     _check_defines(problem, "problem", "get_inputs", "get_init_inputs")
     shas = {"problem_sha": _sha256(problem), "solution_sha": _sha256(solution)}
-    key = hashlib.sha256(f"{problem}\0{solution}\0{shas['problem_sha']}\0"
-                         f"{shas['solution_sha']}".encode()).hexdigest()[:16]
-    where = os.path.join(folder or default_folder(), key)
-    os.makedirs(where, exist_ok=True)
-    out = {}
-    for role, name in (("reference", "reference"), ("candidate", "candidate"),
-                       ("inputs", "make")):
-        path = os.path.join(where, f"{role}.py")
-        text = TEMPLATE.format(role=role, problem=problem, solution=solution,
-                               body=BODIES[role].format(problem=problem, solution=solution),
-                               **shas)
-        _write_if_changed(path, text)
-        out[role] = f"{path}:{name}"
-    return out
+    return {role: (f"{role}.py", name, TEMPLATE.format(
+                role=role, problem=problem, solution=solution,
+                body=BODIES[role].format(problem=problem, solution=solution), **shas))
+            for role, name in (("reference", "reference"), ("candidate", "candidate"),
+                               ("inputs", "make"))}
 
 
 def evaluate(problem: str, solution: str, **options: Any) -> Any:

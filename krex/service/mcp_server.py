@@ -119,6 +119,20 @@ def build(service: Service, tenant: str = "local", wait_s: float = 3600.0) -> MC
             timeout_s=timeout_s, fresh=fresh))
 
     @server.tool()
+    async def evaluate_kernelbench(problem: str | schemas.FileSource,
+                                   solution: str | schemas.FileSource,
+                                   device: str | None = None, seeds: int = 3,
+                                   atol: float | None = None, rtol: float | None = None,
+                                   cache: str = "cold", timeout_s: float = 120.0,
+                                   fresh: bool = False) -> dict[str, Any]:
+        """evaluate, for a KernelBench pair: the problem file (Model, get_inputs,
+        get_init_inputs) and the solution file (ModelNew), each "path.py" on this node or
+        {"source": ...}.  Both models get the same seeded weights; answers as evaluate."""
+        return await run("evaluate", dict(
+            problem=_plain(problem), solution=_plain(solution), device=device, seeds=seeds,
+            atol=atol, rtol=rtol, cache=cache, timeout_s=timeout_s, fresh=fresh))
+
+    @server.tool()
     async def bench_command(command: str, device: str | None = None, runs: int | None = None,
                             budget_s: float = 1.0, warmup: int = 1) -> dict[str, Any]:
         """Time a shell command inside a region: p50_ms, p95_ms, noise_rel, runs,
@@ -161,4 +175,4 @@ def _tool_error(exc: KrexError) -> ToolError:
 
 
 def _plain(value: Any) -> Any:
-    return value.model_dump() if isinstance(value, schemas.Source) else value
+    return value.model_dump() if isinstance(value, schemas.Source | schemas.FileSource) else value

@@ -35,6 +35,15 @@ CodeRef = Annotated[str | Source, Field(description="`path.py:function` on the n
                                                     "{source, function}")]
 
 
+class FileSource(_Body):
+    """A whole Python file given as its text."""
+
+    source: str = Field(min_length=1, max_length=200_000)
+
+
+FileRef = Annotated[str | FileSource, Field(description="`path.py` on the node, or {source}")]
+
+
 class ExecBody(_Body):
     """Run a Python program in a warm worker: its source (``program``) or a node path."""
 
@@ -61,9 +70,14 @@ class ExecBody(_Body):
 class EvaluateBody(_Body):
     """``krex.evaluate``: is the candidate correct against the reference, and faster?"""
 
-    reference: CodeRef
-    candidate: CodeRef
-    inputs: CodeRef = Field(description="inputs builder: make(seed) or make(seed, shape)")
+    reference: CodeRef | None = None
+    candidate: CodeRef | None = None
+    inputs: CodeRef | None = Field(default=None, description="inputs builder: make(seed) or "
+                                                             "make(seed, shape)")
+    problem: FileRef | None = Field(default=None, description="or a KernelBench pair: the "
+                                    "problem (Model, get_inputs, get_init_inputs) ...")
+    solution: FileRef | None = Field(default=None, description="... and the solution "
+                                     "(ModelNew), in place of reference, candidate, inputs")
     device: Device = None
     seeds: int = Field(default=3, ge=1, le=32)
     shapes: list[Any] | None = Field(default=None, max_length=16,
@@ -78,6 +92,20 @@ class EvaluateBody(_Body):
     def _specs(self) -> EvaluateBody:
         import re
 
+        functions = [getattr(self, side) for side in ("reference", "candidate", "inputs")]
+        pair = [self.problem, self.solution]
+        if all(v is not None for v in pair) and all(v is None for v in functions):
+            if self.shapes is not None:
+                raise ValueError("shapes: a KernelBench problem's get_inputs() fixes them")
+            for side, value in (("problem", self.problem), ("solution", self.solution)):
+                if isinstance(value, str) and not value.endswith(".py"):
+                    raise ValueError(f"{side}: not a `.py` file: {value[:80]!r}")
+                if isinstance(value, str):
+                    _absolute(side, value)
+            return self
+        if any(v is None for v in functions) or any(v is not None for v in pair):
+            raise ValueError("give reference, candidate and inputs, or a KernelBench pair: "
+                             "problem and solution")
         for side in ("reference", "candidate", "inputs"):
             value = getattr(self, side)
             if isinstance(value, str) and not re.match(SPEC, value):

@@ -199,8 +199,11 @@ class Work:
         return summary.execution(result.to_dict(), out.text("stdout"), out.text("stderr"))
 
     def evaluate(self, job: Job, place: Place) -> dict[str, Any]:
-        specs = {side: _spec(place, side, job.request[side]) for side in
-                 ("reference", "candidate", "inputs")}
+        if job.request.get("problem") is not None:
+            specs = _kernelbench(place, job.request["problem"], job.request["solution"])
+        else:
+            specs = {side: _spec(place, side, job.request[side]) for side in
+                     ("reference", "candidate", "inputs")}
         try:
             return self._in_child(job, place, {**job.request, **specs})
         finally:
@@ -294,6 +297,18 @@ def _spec(place: Place, side: str, value: str | dict[str, str]) -> str:
         path, sep, fn = value.rpartition(":")
         return f"{os.path.abspath(path)}:{fn}" if sep and path.endswith(".py") else value
     return f"{place.write(f'{side}.py', value['source'])}:{value['function']}"
+
+
+def _kernelbench(place: Place, problem: str | dict[str, str],
+                 solution: str | dict[str, str]) -> dict[str, str]:
+    """A KernelBench pair's three specs: its generated modules in the job's folder, where
+    the job's code may read them (the files, sent as text, beside them)."""
+    from krex.evaluate import kernelbench
+
+    paths = [value if isinstance(value, str) else place.write(f"{role}.py", value["source"])
+             for role, value in (("problem", problem), ("solution", solution))]
+    return {role: f"{place.write(f'kernelbench_{filename}', text)}:{name}" for role,
+            (filename, name, text) in kernelbench.modules(*map(os.path.abspath, paths)).items()}
 
 
 def _kill_workers_in(folder: str) -> bool:
