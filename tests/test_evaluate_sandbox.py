@@ -11,8 +11,9 @@ with), a root-only file, the daemon's socket, its tmp and its limits.
   network, in a private tmp, under limits, and it reaches none of them.  The
   negative control, ``sandbox="off"``: the same probe runs as root and reaches all.
 - Through the same daemon for a tenant (the driver is the tenant's uid, not root):
-  the candidate keeps that uid, but the reference and the driver are not dumpable and
-  it has no network; the control (``off``): it reads the reference's descriptors.
+  the candidate keeps that uid, but the reference and the driver are not dumpable, it
+  may signal only itself (seccomp) and it has no network; the control (``off``): it
+  reads the reference's descriptors and could stop it.
 - On this machine's own daemon (its Python under /root, 0700): ``auto`` names what
   it could not apply, ``required`` refuses to evaluate and says why.
 """
@@ -82,6 +83,9 @@ PROBE = textwrap.dedent('''
                 "driver_fds": _try(lambda: os.listdir(f"/proc/{driver}/fd")),
                 "driver_environ": _try(lambda: open(f"/proc/{driver}/environ").read()),
                 "secret": _try(lambda: open(SECRET).read()),
+                "signal_reference": _try(lambda: os.kill(ref, 0)),
+                "signal_driver": _try(lambda: os.kill(driver, 0)),
+                "signal_self": _try(lambda: os.kill(os.getpid(), 0)),
                 "daemon": _try(lambda: _connect(socket.AF_UNIX, os.environ["KREX_SOCKET"])),
                 "tmp_writable": _try(lambda: tempfile.NamedTemporaryFile(dir=tmp).close()),
                 "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
@@ -156,8 +160,9 @@ def test_a_candidate_runs_apart_with_nothing_to_reach(node_daemon, open_dir):
     assert 61000 <= seen["uid"] <= 61999 and seen["uid"] == box["uid"], seen
     assert seen["reference_found"], seen
     for what in ("reference_fds", "reference_mem", "driver_fds", "driver_environ",
-                 "secret", "daemon"):
+                 "secret", "daemon", "signal_reference", "signal_driver"):
         assert seen[what] in ("EACCES", "EPERM"), (what, seen)
+    assert seen["signal_self"] == "read" and box["signals"] == "own", (seen, box)
     assert seen["interfaces"] == ["lo"] and seen["loopback"] == "ENETUNREACH", seen
     assert seen["tmp"] == box["tmp"] != tempfile.gettempdir(), seen
     assert seen["tmp_writable"] == "read" and not os.path.exists(box["tmp"]), seen
@@ -173,7 +178,7 @@ def test_a_candidate_runs_apart_with_nothing_to_reach(node_daemon, open_dir):
     assert ev.correct and ev.integrity["sandbox"]["mode"] == "off", ev.summary()
     assert seen["uid"] == 0 and seen["loopback"] == "ECONNREFUSED", seen
     for what in ("reference_fds", "reference_mem", "driver_fds", "driver_environ",
-                 "secret", "daemon"):
+                 "secret", "daemon", "signal_reference", "signal_driver"):
         assert seen[what] == "read", (what, seen)
 
 
@@ -189,8 +194,10 @@ def test_a_candidate_of_its_drivers_uid_cannot_read_the_reference_or_the_driver(
     box = ev.integrity["sandbox"]
     assert ev.correct and not box["apart"] and 60500 < seen["uid"] <= 60999, (box, seen)
     assert any(m.startswith("uid: the driver runs as uid") for m in box["missing"]), box
-    for what in ("reference_fds", "reference_mem", "driver_fds", "driver_environ"):
+    for what in ("reference_fds", "reference_mem", "driver_fds", "driver_environ",
+                 "signal_reference", "signal_driver"):  # its uid's, and still out of reach
         assert seen[what] in ("EACCES", "EPERM"), (what, seen)
+    assert seen["signal_self"] == "read" and box["signals"] == "own", (seen, box)
     if box["network"] == "none":  # a user namespace of its own, where the kernel allows
         assert seen["interfaces"] == ["lo"], seen
     else:
@@ -198,6 +205,7 @@ def test_a_candidate_of_its_drivers_uid_cannot_read_the_reference_or_the_driver(
     # the control: without the sandbox the same uid reads the reference's descriptors
     assert ev_off.correct and control["uid"] == seen["uid"], control
     assert control["reference_fds"] == "read" and control["driver_fds"] == "read", control
+    assert control["signal_reference"] == "read", control  # it could stop the reference
 
 
 def test_what_this_machine_cannot_apply_is_named_or_refused(daemon_m):

@@ -19,6 +19,10 @@ through a :class:`Sandbox`, which it plans before the start and releases after:
 - **Limits** (``setrlimit``): no core files, files up to 1 GiB, address space up to
   the machine's memory, CPU time up to the evaluation's timeout on every CPU, and
   512 processes and threads where it has a uid of its own (the limit is per uid).
+- **Signals to itself only** (a seccomp filter, :func:`signal_filter`): ``kill``,
+  ``tgkill`` and ``rt_(tg)sigqueueinfo`` only at its own pid, no ``tkill`` or
+  ``pidfd_send_signal``: a candidate of the driver's uid cannot stop the reference
+  (which would slow it) or the driver.  Its own children cannot be signalled either.
 
 Whatever could not be applied is named in :attr:`SandboxReport.missing`, which the
 evaluation's record carries (``integrity.sandbox``); ``sandbox="required"`` refuses
@@ -34,9 +38,11 @@ import ctypes
 import fcntl
 import importlib.util
 import os
+import platform
 import resource
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 from collections.abc import Callable
@@ -53,7 +59,14 @@ FILE_BYTES = 1 << 30
 PROCESSES = 512  # threads count too (RLIMIT_NPROC is per uid)
 CPU_SLACK_S = 10
 PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+# Signal system calls by architecture: (audit arch, {to a pid: [nr]}, [refused outright])
+SIGNALS = {
+    "x86_64": (0xC000003E, [62, 129, 234, 297], [200, 424]),  # kill rt_sigqueueinfo tgkill
+    # rt_tgsigqueueinfo; tkill pidfd_send_signal
+    "aarch64": (0xC00000B7, [129, 138, 131, 240], [130, 424]),
+}
 
 
 class SandboxUnavailable(Exception):
@@ -68,6 +81,7 @@ class SandboxReport:
     uid: int  # the candidate's uid
     apart: bool  # a uid of its own: not the driver's, not the reference's
     network: str  # "none" (a namespace of its own) or "shared"
+    signals: str  # "own" (it may signal only itself) or "any"
     tmp: str | None  # its private TMPDIR (None: off)
     limits: dict[str, int] = field(default_factory=dict)  # RLIMIT_* -> the value set
     missing: list[str] = field(default_factory=list)  # what could not be applied, and why
@@ -172,6 +186,7 @@ class Sandbox:
         limits = [(getattr(resource, name), v) for name, v in self.limits.items()]
         said, root = self._said_w, os.geteuid() == 0
         uid, gid = os.getuid(), os.getgid()
+        table = SIGNALS.get(platform.machine())
 
         def child() -> None:
             prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the driver's flag, forked: /proc/self root's
@@ -184,6 +199,16 @@ class Sandbox:
                 resource.setrlimit(which, (value, value))
             if become is not None:
                 become()
+            if table is None:
+                os.write(said, f"signals: no filter for {platform.machine()}\n".encode())
+                return
+            program = signal_filter(os.getpid(), *table)
+            prog = ctypes.create_string_buffer(program)
+            fprog = struct.pack("HxxxxxxP", len(program) // 8, ctypes.addressof(prog))
+            if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or prctl(
+                    PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0) != 0:
+                os.write(said, f"signals: seccomp: {os.strerror(ctypes.get_errno())}\n"
+                         .encode())
 
         return child
 
@@ -206,10 +231,11 @@ class Sandbox:
             os.close(self._said_r)
             self._said_r = -1
         missing = self.missing + [line for line in said.splitlines() if line]
-        network = "shared" if self.mode == "off" or said.startswith("network") else "none"
+        network = "shared" if self.mode == "off" or "network:" in said else "none"
+        signals = "any" if self.mode == "off" or "signals:" in said else "own"
         report = SandboxReport(
             mode=self.mode, uid=self.run_as.uid if self.run_as else os.getuid(),
-            apart=self.run_as is not None, network=network, tmp=self.tmp,
+            apart=self.run_as is not None, network=network, signals=signals, tmp=self.tmp,
             limits=dict(self.limits), missing=missing)
         if self.mode == "required" and missing:
             raise SandboxUnavailable("; ".join(missing))
@@ -227,6 +253,26 @@ class Sandbox:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
+
+
+def signal_filter(pid: int, arch: int, to_pid: list[int], refused: list[int]) -> bytes:
+    """A seccomp program (classic BPF) letting ``pid`` signal only itself: the system
+    calls in ``to_pid`` are allowed when their first argument is ``pid``, those in
+    ``refused`` never (``EPERM``); other architectures' calls (x32's too) are refused
+    outright, every other call is allowed."""
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # KILL_PROCESS
+    code: list[tuple[int, int, int, int]] = [(ld_w_abs, 0, 0, 4), (jeq_k, 1, 0, arch),
+                                             (ret_k, 0, 0, kill), (ld_w_abs, 0, 0, 0),
+                                             (jge_k, 0, 1, 0x40000000), (ret_k, 0, 0, eperm)]
+    checks = [(nr, True) for nr in to_pid] + [(nr, False) for nr in refused]
+    n = len(checks)
+    for i, (nr, by_pid) in enumerate(checks):  # a match jumps to the pid check or the refusal
+        code.append((jeq_k, n - i if by_pid else n - i + 3, 0, nr))
+    code += [(ret_k, 0, 0, allow),  # none of them
+             (0x20, 0, 0, 16), (jeq_k, 0, 1, pid & 0xFFFFFFFF),  # args[0]'s low word
+             (ret_k, 0, 0, allow), (ret_k, 0, 0, eperm)]
+    return b"".join(struct.pack("HBBI", c, jt, jf, k) for c, jt, jf, k in code)
 
 
 def reach(fn_paths: list[str]) -> list[str]:
