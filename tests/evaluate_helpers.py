@@ -21,7 +21,12 @@ def module_daemon(tmp_path_factory: pytest.TempPathFactory, *extra: str):
     """Start a private daemon for a whole test module; yields it, stops it after."""
     runtime = tmp_path_factory.mktemp("rt")
     os.chmod(runtime, 0o700)
-    daemon = Daemon(str(runtime), *extra)
+    yield from serving(Daemon(str(runtime), *extra))
+
+
+def serving(daemon: Daemon):
+    """Start ``daemon`` and point clients at it (``KREX_SOCKET``); yields it, stops it
+    after."""
     daemon.start()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KREX_SOCKET", daemon.socket)

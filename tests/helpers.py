@@ -285,3 +285,17 @@ def status_clocks() -> dict:
 
     with Client(autostart=False) as client:
         return client.status()["enforcement"]["clocks"]
+
+
+def open_tmp(prefix: str):
+    """A directory every user may enter (pytest's tmp_path is root's only), removed after:
+    a generator for a fixture to ``yield from``."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

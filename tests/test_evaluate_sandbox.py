@@ -27,8 +27,8 @@ import tempfile
 import textwrap
 
 import pytest
-from evaluate_helpers import CPU, spec, verdict_or_abstained
-from helpers import NamespacedDaemon
+from evaluate_helpers import CPU, serving, spec, verdict_or_abstained
+from helpers import NamespacedDaemon, open_tmp
 
 from krex.client.connection import ACTING_FOR
 
@@ -108,12 +108,7 @@ PROBE = textwrap.dedent('''
 def open_dir():
     """A directory every user may enter (tmp_path is root's only): the probe, its report
     and the root-only secret."""
-    d = tempfile.mkdtemp(prefix="krex-sandbox-test-")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    yield from open_tmp("krex-sandbox-test-")
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +116,7 @@ def node_daemon(open_dir):
     """A root daemon where other users can run the interpreter, with tenant users."""
     rt = os.path.join(open_dir, "rt")
     os.mkdir(rt, 0o700)
-    d = NamespacedDaemon(rt, "--tenant-uids", "60500-60999")
-    d.start()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KREX_SOCKET", d.socket)
-        try:
-            yield d
-        finally:
-            d.stop()
+    yield from serving(NamespacedDaemon(rt, "--tenant-uids", "60500-60999"))
 
 
 def _probe(open_dir: str, **kw) -> tuple[dict, object]:

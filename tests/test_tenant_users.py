@@ -25,12 +25,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import textwrap
 
 import pytest
 from evaluate_helpers import CPU, spec
-from helpers import NamespacedDaemon, run_krex, wait_for
+from helpers import NamespacedDaemon, open_tmp, run_krex, wait_for
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="tenant users need a root daemon"),
@@ -67,12 +66,7 @@ PROBE = textwrap.dedent("""
 @pytest.fixture
 def shared_tmp():
     """A directory every user may enter (/tmp's own tmp_path is root's only)."""
-    d = tempfile.mkdtemp(prefix="krex-tenants-")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    yield from open_tmp("krex-tenants-")
 
 
 @pytest.fixture
