@@ -212,6 +212,10 @@ def test_what_this_machine_cannot_apply_is_named_or_refused(daemon_m):
     assert ev.correct and not box["apart"] and box["uid"] == 0, box
     assert box["network"] == "none" and box["limits"]["RLIMIT_FSIZE"] == 1 << 30, box
     assert any(blocked in m for m in box["missing"]), (blocked, box)
+    from krex.enforce.doctor import _sandbox_check  # krex doctor says the same, and why
+
+    check = _sandbox_check()
+    assert not check["ok"] and blocked in check["detail"] and check["advice"], check
     with pytest.raises(EvaluationFailed, match="sandbox='required'.*does not let uid"):
         krex.evaluate(REF, spec(CPU, "honest.py:same"), INPUTS, fresh=True, save=False,
                       cache="hot", sandbox="required")

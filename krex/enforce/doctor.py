@@ -255,27 +255,52 @@ def diagnose(layout: CgroupLayout | None = None,
     checks.append(_moves_check(move_cost(layout, daemon=daemon)))
     checks.append(_selftest_check())
     checks.append(_tenant_users_check())
+    checks.append(_sandbox_check())
     return {"checks": checks, "devices": [d.to_dict() for d in devices], "capabilities": caps}
 
 
 def _tenant_users_check() -> dict[str, Any]:
     """Can a root daemon's tenant user (krex serve --tenant-uids) run krex here?"""
-    from krex.protocol.runas import DEFAULT_UIDS, RunAs
+    from krex.protocol.runas import DEFAULT_UIDS
 
     if os.geteuid() != 0:
         return _check("tenant users", True, f"euid {os.geteuid()}: a daemon of this user "
                       "runs tenants' code as this user")
     first = int(DEFAULT_UIDS.split("-")[0])
-    user = RunAs(uid=first + 1, gid=first + 1, groups=(first,), home="/")
+    return _reach_check("tenant users", first + 1, (first,), f"--tenant-uids {DEFAULT_UIDS}",
+                        "a root daemon runs each tenant's code as a uid of its own, which "
+                        "must read the interpreter and krex: install krex where every user "
+                        "may read it (a venv under /opt from the system's Python), or give "
+                        "the daemon --tenant-uids daemon where every tenant may have a shell "
+                        "as root")
+
+
+def _sandbox_check() -> dict[str, Any]:
+    """Can an evaluation's candidate run as a uid of its own here (krex.evaluate.sandbox)?"""
+    from krex.protocol.runas import SANDBOX_UIDS
+
+    if os.geteuid() != 0:
+        return _check("candidate sandbox", True, f"euid {os.geteuid()}: a candidate runs as "
+                      "its driver's uid, without network, unable to read or signal the "
+                      "driver and the reference (integrity.sandbox says so)")
+    return _reach_check("candidate sandbox", int(SANDBOX_UIDS.split("-")[0]), (),
+                        f"KREX_SANDBOX_UIDS {SANDBOX_UIDS}",
+                        "a root driver runs each evaluation's candidate as a uid of its own, "
+                        "which must read the interpreter and krex; until it can, candidates "
+                        "run as root (no network, limited, signalling only themselves) and "
+                        "each record's integrity.sandbox.missing names this: install krex "
+                        "where every user may read it, or evaluate with --sandbox required")
+
+
+def _reach_check(name: str, uid: int, groups: tuple[int, ...], what: str,
+                 advice: str) -> dict[str, Any]:
+    from krex.protocol.runas import RunAs
+
+    user = RunAs(uid=uid, gid=uid, groups=groups, home="/")
     package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "__init__.py")
     why = user.cannot_reach([os.path.realpath(sys.executable), os.__file__, package], [])
-    return _check("tenant users", why is None,
-                  why or f"uid {user.uid} (--tenant-uids {DEFAULT_UIDS}) can run krex here",
-                  "a root daemon runs each tenant's code as a uid of its own, which must "
-                  "read the interpreter and krex: install krex where every user may read it "
-                  "(a venv under /opt from the system's Python), or give the daemon "
-                  "--tenant-uids daemon where every tenant may have a shell as root")
+    return _check(name, why is None, why or f"uid {uid} ({what}) can run krex here", advice)
 
 
 def _check(name: str, ok: bool, detail: str, advice: str = "") -> dict[str, Any]:

@@ -49,11 +49,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from krex.protocol.runas import RunAs, has_account, running_uids, uid_range
+from krex.protocol.runas import SANDBOX_UIDS, RunAs, has_account, running_uids, uid_range
 
 MODES = ("auto", "required", "off")
 UIDS_ENV = "KREX_SANDBOX_UIDS"
-DEFAULT_UIDS = "61000-61999"  # above the tenant users' (60500-60999)
 LOCK_DIR = "/run/krex-sandbox"
 FILE_BYTES = 1 << 30
 PROCESSES = 512  # threads count too (RLIMIT_NPROC is per uid)
@@ -147,7 +146,7 @@ class Sandbox:
     def _claim(self, reach: list[str]) -> None:
         """The first free uid of the range, locked for this evaluation, if it can reach
         the files the callee must read."""
-        text = os.environ.get(UIDS_ENV) or DEFAULT_UIDS
+        text = os.environ.get(UIDS_ENV) or SANDBOX_UIDS
         try:
             uids = uid_range(text, UIDS_ENV)
             _lock_dir()

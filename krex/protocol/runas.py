@@ -23,6 +23,7 @@ from typing import Any
 PR_SET_NO_NEW_PRIVS = 38
 UMASK = 0o077  # what a tenant's process creates is its own: /tmp included
 DEFAULT_UIDS = "60500-60999"  # krex serve --tenant-uids: below systemd's dynamic users
+SANDBOX_UIDS = "61000-61999"  # an evaluation's candidate under a root driver (KREX_SANDBOX_UIDS)
 
 
 def uid_range(text: str, what: str) -> range:
