@@ -126,7 +126,8 @@ class Sandbox:
         else:
             self.missing.append(f"uid: the driver runs as uid {os.geteuid()}, not root: the "
                                 "candidate runs as its uid (the driver and the reference "
-                                "are not dumpable: their memory stays unreadable to it)")
+                                "are not dumpable and it may signal only itself: their "
+                                "memory stays unreadable and they cannot be stopped)")
         self.limits = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": FILE_BYTES,
                        "RLIMIT_AS": _memory_bytes(),
                        "RLIMIT_CPU": int(cpu_s * (os.cpu_count() or 1)) + CPU_SLACK_S}
